@@ -1,0 +1,19 @@
+"""arcfmt: lossless weight deltas for RL weight sync — a versioned binary format (SPEC.md)."""
+from .api import decode, encode
+from .errors import (
+    ArcError, BadMagicError, ChecksumError, CorruptError, FormatError, InputError, LimitError,
+    ReservedBitsError, SafetensorsError, TruncatedError, UnknownRecordError, UnsupportedError,
+    UnsupportedVersionError, VerificationError, WrongBaseError,
+)
+from .reader import BufferSource, DeltaReader, FileSource
+from .writer import DeltaWriter
+
+__version__ = "0.1.0"
+FORMAT_VERSION = (1, 0)
+
+__all__ = [
+    "encode", "decode", "DeltaWriter", "DeltaReader", "BufferSource", "FileSource", "ArcError", "FormatError",
+    "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
+    "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
+    "VerificationError", "InputError", "SafetensorsError", "FORMAT_VERSION", "__version__",
+]

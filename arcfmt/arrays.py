@@ -1,0 +1,47 @@
+"""Turning caller arrays (numpy, ml_dtypes, torch) into the unsigned views transforms work on, and back."""
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import DType, from_numpy
+from .errors import InputError
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+    import torch  # only reached when a torch tensor was passed in
+
+    import ml_dtypes
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    special = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
+    for name, npdt in (("float8_e4m3fn", ml_dtypes.float8_e4m3fn), ("float8_e5m2", ml_dtypes.float8_e5m2)):
+        if hasattr(torch, name):
+            special[getattr(torch, name)] = (torch.uint8, npdt)
+    if t.dtype in special:
+        view_dt, npdt = special[t.dtype]
+        return t.view(view_dt).numpy().view(npdt)
+    return t.numpy()
+
+
+def as_numpy(x) -> np.ndarray:
+    """A numpy array for ``x`` without copying when possible (torch tensors are viewed, not cast)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        return _torch_to_numpy(x)
+    if isinstance(x, (np.generic, int, float, bool)):
+        return np.asarray(x)
+    raise InputError(f"expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def as_uint(x) -> tuple[DType, tuple, np.ndarray]:
+    """(dtype, shape, flat unsigned-integer view in row-major order) of an input array."""
+    a = as_numpy(x)
+    dt = from_numpy(a.dtype)
+    shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if flat.dtype.byteorder == ">":
+        raise InputError("big-endian arrays are not supported")
+    return dt, shape, flat.view(dt.uint)

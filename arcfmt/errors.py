@@ -1,0 +1,84 @@
+"""One error hierarchy: every way an input can be bad raises a subclass of ArcError.
+
+Each class carries the SPEC.md §15 ``category`` string that conformance vectors name.
+"""
+from __future__ import annotations
+
+
+class ArcError(Exception):
+    """Root of every error arcfmt raises on bad input or a failed check."""
+
+    category = "error"
+
+
+class FormatError(ArcError):
+    """The bytes are not a valid arcfmt file (SPEC.md §15)."""
+
+    category = "corrupt"
+
+
+class BadMagicError(FormatError):
+    category = "bad_magic"
+
+
+class UnsupportedVersionError(FormatError):
+    category = "unsupported_version"
+
+
+class TruncatedError(FormatError):
+    category = "truncated"
+
+
+class ChecksumError(FormatError):
+    category = "checksum"
+
+
+class ReservedBitsError(FormatError):
+    category = "reserved_bits"
+
+
+class LimitError(FormatError):
+    category = "limit"
+
+
+class UnknownRecordError(FormatError):
+    category = "unknown_record"
+
+
+class UnsupportedError(FormatError):
+    category = "unsupported"
+
+
+class CorruptError(FormatError):
+    category = "corrupt"
+
+
+class WrongBaseError(ArcError):
+    """The base given is not the one the delta was made from."""
+
+    category = "wrong_base"
+
+
+class VerificationError(ArcError):
+    """A reconstructed tensor or model does not hash as the file declares."""
+
+    category = "verification"
+
+
+class InputError(ArcError):
+    """A caller's input (arrays, checkpoint files, arguments) cannot be used."""
+
+    category = "input"
+
+
+class SafetensorsError(InputError):
+    """A safetensors checkpoint file is malformed."""
+
+    category = "safetensors"
+
+
+ALL_ERRORS = [
+    ArcError, FormatError, BadMagicError, UnsupportedVersionError, TruncatedError, ChecksumError,
+    ReservedBitsError, LimitError, UnknownRecordError, UnsupportedError, CorruptError, WrongBaseError,
+    VerificationError, InputError, SafetensorsError,
+]

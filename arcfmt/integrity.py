@@ -1,0 +1,33 @@
+"""Tensor hashes and model digests of SPEC.md §13."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import xxhash
+
+
+def tensor_hash(u: np.ndarray) -> int:
+    """xxh3-64 of a tensor's row-major little-endian bytes."""
+    return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(u).reshape(-1)).cast("B"))
+
+
+def record_checksum(header8: bytes, payload) -> int:
+    h = xxhash.xxh3_64(header8)
+    h.update(payload)
+    return h.intdigest()
+
+
+def model_digest(entries) -> bytes:
+    """xxh3-128 over (name, dtype code, shape, tensor hash) of each tensor, sorted by name bytes.
+
+    ``entries`` is an iterable of ``(name_bytes, dtype_code, shape, hash)``.
+    """
+    h = xxhash.xxh3_128()
+    for name, code, shape, th in sorted(entries, key=lambda e: e[0]):
+        h.update(struct.pack("<I", len(name)))
+        h.update(name)
+        h.update(struct.pack("<BB", code, len(shape)))
+        h.update(struct.pack(f"<{len(shape)}Q", *shape))
+        h.update(struct.pack("<Q", th))
+    return h.digest()

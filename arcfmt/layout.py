@@ -1,0 +1,198 @@
+"""Every byte layout of SPEC.md in one place, as construct definitions that both parse and build.
+
+Payload bytes (compressed streams) never pass through construct: the block structure parses only
+its small header and stream table, and the caller slices the payload as a memoryview.
+Construct is used uncompiled, and every count it loops over is bounded by the bytes available.
+"""
+from __future__ import annotations
+
+
+from construct import (
+    Array, Bytes, Construct, GreedyBytes, If, Prefixed, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
+)
+import numpy as np
+from construct.core import ConstructError, StreamError, stream_read, stream_write
+
+from .errors import CorruptError
+
+MAGIC = b"\x8aARC\r\n\x1a\n"
+TRAILER_MAGIC = b"\x8aARCEND\n"
+MAJOR = 1
+MINOR = 0
+HEADER_SIZE = 16
+TRAILER_SIZE = 40
+RECORD_HEADER_SIZE = 16
+NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
+
+# Limits (SPEC.md §14)
+MAX_NAME_BYTES = 1024
+MAX_DIMS = 16
+MAX_TENSOR_ELEMS = 1 << 40
+MAX_BLOCK_ELEMS = 1 << 24
+MAX_BLOCKS_PER_TENSOR = 1 << 24
+MAX_TENSORS = 1 << 20
+MAX_RECORD_PAYLOAD = 1 << 28
+MAX_INDEX_BYTES = 1 << 26
+MAX_WINDOW = 1 << 27
+MAX_XZ_MEMORY = 1 << 27
+
+# Record types (SPEC.md §5)
+META, TENS, BLCK, INDX, NOTE = b"META", b"TENS", b"BLCK", b"INDX", b"note"
+
+# TENS flags
+NEEDS_BASE = 0x01
+
+
+class CanonicalVarInt(Construct):
+    """Unsigned LEB128, at most 10 bytes, value < 2**64, minimal encoding (SPEC.md §1)."""
+
+    def _parse(self, stream, context, path):
+        value = 0
+        for i in range(10):
+            byte = stream_read(stream, 1, path)[0]
+            value |= (byte & 0x7F) << (7 * i)
+            if not byte & 0x80:
+                if i > 0 and byte == 0:
+                    raise CorruptError("non-minimal varint")
+                if value >= 1 << 64:
+                    raise CorruptError("varint value beyond 2**64-1")
+                return value
+        raise CorruptError("varint longer than 10 bytes")
+
+    def _build(self, obj, stream, context, path):
+        if not 0 <= obj < 1 << 64:
+            raise ValueError(f"varint out of range: {obj}")
+        out = bytearray()
+        while True:
+            byte = obj & 0x7F
+            obj >>= 7
+            if obj:
+                out.append(byte | 0x80)
+            else:
+                out.append(byte)
+                break
+        stream_write(stream, bytes(out), len(out), path)
+        return obj
+
+
+VarInt = CanonicalVarInt()
+
+FileHeader = Struct(
+    "magic" / Bytes(8),
+    "major" / Int16ul,
+    "minor" / Int16ul,
+    "flags" / Int32ul,
+)
+
+RecordHeader = Struct(
+    "type" / Bytes(4),
+    "length" / Int32ul,
+    "checksum" / Int64ul,
+)
+
+MetaPayload = Struct(
+    "flags" / Int32ul,
+    "base_step" / Int64ul,
+    "target_step" / Int64ul,
+)
+
+TensorPayload = Struct(
+    "name" / Prefixed(VarInt, GreedyBytes),  # length prefix checked against MAX_NAME_BYTES by the reader
+    "dtype" / Int8ul,
+    "ndim" / Int8ul,
+    "dims" / Array(this.ndim, VarInt),
+    "block_elems" / VarInt,
+    "flags" / Int8ul,
+    "base_hash" / If(this.flags & NEEDS_BASE, Int64ul),
+    "target_hash" / Int64ul,
+    "_end" / Tell,
+)
+
+StreamEntry = Struct("codec" / Int8ul, "length" / VarInt)
+
+# A block's params and streams are counted by its encoding and dtype (SPEC.md §8): the caller passes
+# ``param_count(encoding)`` and ``stream_count(encoding)`` as parse keywords; both reject unknown ids
+# before any field that depends on them is read.
+BlockPayload = Struct(
+    "tensor" / VarInt,
+    "block" / VarInt,
+    "encoding" / Int8ul,
+    "params" / Array(lambda ctx: ctx._params.param_count(ctx.encoding), VarInt),
+    "streams" / Array(lambda ctx: ctx._params.stream_count(ctx.encoding, list(ctx.params)), StreamEntry),
+    "_end" / Tell,
+)
+
+
+IndexPayload = Struct(
+    "codec" / Int8ul,
+    "body_length" / VarInt,
+    "body" / GreedyBytes,
+)
+
+class NumpyColumn(Construct):
+    """``count`` fixed-width little-endian values read in one step as a read-only numpy view.
+
+    Keeps large index columns out of per-element construct parsing; the byte count is checked
+    against what the stream holds before anything is allocated.
+    """
+
+    def __init__(self, count, dtype):
+        super().__init__()
+        self.count = count
+        self.dtype = np.dtype(dtype)
+
+    def _parse(self, stream, context, path):
+        count = self.count(context) if callable(self.count) else self.count
+        nbytes = count * self.dtype.itemsize
+        here = stream.tell()
+        stream.seek(0, 2)
+        available = stream.tell() - here
+        stream.seek(here)
+        if nbytes > available:
+            raise StreamError(f"column of {count} values needs {nbytes} bytes, {available} left", path=path)
+        return np.frombuffer(stream_read(stream, nbytes, path), self.dtype)
+
+    def _build(self, obj, stream, context, path):
+        data = np.ascontiguousarray(obj, dtype=self.dtype).tobytes()
+        stream_write(stream, data, len(data), path)
+        return obj
+
+
+IndexBody = Struct(
+    "base_digest" / Bytes(16),
+    "target_digest" / Bytes(16),
+    "tensor_count" / Int32ul,
+    "block_count" / Int64ul,
+    "name_lengths" / NumpyColumn(this.tensor_count, "<u4"),
+    "names" / Bytes(lambda ctx: int(np.sum(ctx.name_lengths, dtype=np.uint64))),
+    "tens_offsets" / NumpyColumn(this.tensor_count, "<u8"),
+    "tens_sizes" / NumpyColumn(this.tensor_count, "<u4"),
+    "tens_checksums" / NumpyColumn(this.tensor_count, "<u8"),
+    "tens_block_counts" / NumpyColumn(this.tensor_count, "<u8"),
+    "blk_offsets" / NumpyColumn(this.block_count, "<u8"),
+    "blk_sizes" / NumpyColumn(this.block_count, "<u4"),
+    "blk_checksums" / NumpyColumn(this.block_count, "<u8"),
+    "blk_encodings" / NumpyColumn(this.block_count, "u1"),
+    "_end" / Tell,
+)
+
+Trailer = Struct(
+    "index_offset" / Int64ul,
+    "index_size" / Int64ul,
+    "major" / Int16ul,
+    "minor" / Int16ul,
+    "flags" / Int32ul,
+    "checksum" / Int64ul,
+    "magic" / Bytes(8),
+)
+
+
+def parse(struct: Construct, data, what: str, **params):
+    """Parse with construct, turning its exceptions into CorruptError that names the structure."""
+    try:
+        return struct.parse(data, **params)
+    except StreamError as exc:
+        raise CorruptError(f"{what}: structure runs past the end of its bytes") from exc
+    except ConstructError as exc:
+        raise CorruptError(f"{what}: {exc}") from exc
+

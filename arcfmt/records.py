@@ -1,0 +1,397 @@
+"""Records of SPEC.md §4–§11: framing, checks and the typed payloads, built and parsed through layout."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import codecs, layout as L, transforms
+from .dtypes import DType, from_code
+from .errors import (
+    ArcError, BadMagicError, UnsupportedError, ChecksumError, CorruptError, LimitError, ReservedBitsError, TruncatedError,
+    UnknownRecordError, UnsupportedVersionError,
+)
+from .integrity import record_checksum
+
+KNOWN_CRITICAL = {L.META, L.TENS, L.BLCK, L.INDX}
+_TYPE_RE = re.compile(rb"[A-Za-z]{4}\Z")
+_CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+# ------------------------------------------------------------------------------------ header/trailer
+
+def build_header() -> bytes:
+    return L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=0))
+
+
+def check_header(data) -> tuple[int, int]:
+    if len(data) < L.HEADER_SIZE:
+        if bytes(data) == L.MAGIC[: len(data)]:
+            raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
+        raise BadMagicError("not an arcfmt file (bad magic)")
+    h = L.FileHeader.parse(bytes(data[: L.HEADER_SIZE]))
+    if h.magic != L.MAGIC:
+        raise BadMagicError(f"not an arcfmt file: magic {h.magic!r} at offset 0")
+    if h.major != L.MAJOR:
+        raise UnsupportedVersionError(f"format version {h.major}.{h.minor}: this decoder reads major version {L.MAJOR}")
+    if h.flags:
+        raise ReservedBitsError(f"header flags 0x{h.flags:08x} at offset 12: reserved bits must be zero")
+    return h.major, h.minor
+
+
+def build_trailer(index_offset: int, index_size: int) -> bytes:
+    body = L.Trailer.build(dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
+                                flags=0, checksum=0, magic=L.TRAILER_MAGIC))
+    return body[:24] + record_checksum(body[:24], b"").to_bytes(8, "little") + body[32:]
+
+
+def check_trailer(data, file_size: int):
+    t = L.Trailer.parse(bytes(data))
+    if t.magic != L.TRAILER_MAGIC:
+        raise TruncatedError(f"no trailer at offset {file_size - L.TRAILER_SIZE}: the file is truncated or damaged")
+    if record_checksum(bytes(data[:24]), b"") != t.checksum:
+        raise ChecksumError(f"trailer checksum mismatch at offset {file_size - L.TRAILER_SIZE}")
+    if t.major != L.MAJOR:
+        raise UnsupportedVersionError(f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
+    if t.flags:
+        raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits must be zero")
+    min_index = L.HEADER_SIZE + META_RECORD_SIZE
+    if t.index_offset < min_index or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
+        raise CorruptError(f"trailer points at an index [{t.index_offset}, +{t.index_size}) that does not end "
+                           f"where the trailer starts ({file_size - L.TRAILER_SIZE})")
+    if t.index_size < L.RECORD_HEADER_SIZE:
+        raise CorruptError(f"index size {t.index_size} is smaller than a record header")
+    return t
+
+
+# ------------------------------------------------------------------------------------------ records
+
+def build_record(rtype: bytes, payload) -> bytes:
+    if len(payload) > L.MAX_RECORD_PAYLOAD:
+        raise LimitError(f"record payload of {len(payload)} bytes exceeds {L.MAX_RECORD_PAYLOAD}")
+    head8 = rtype + len(payload).to_bytes(4, "little")
+    return head8 + record_checksum(head8, payload).to_bytes(8, "little") + bytes(payload)
+
+
+@dataclass
+class RecordHead:
+    type: bytes
+    length: int
+    checksum: int
+
+    @property
+    def critical(self) -> bool:
+        return 65 <= self.type[0] <= 90
+
+
+def parse_record_head(data, offset: int) -> RecordHead:
+    """Check a 16-byte record header: type letters and payload limit (SPEC.md §5)."""
+    h = L.RecordHeader.parse(bytes(data[:16]))
+    if not _TYPE_RE.match(h.type):
+        raise CorruptError(f"record at offset {offset}: type {h.type!r} is not four ASCII letters")
+    if h.length > L.MAX_RECORD_PAYLOAD:
+        raise LimitError(f"record {h.type.decode()} at offset {offset}: payload of {h.length} bytes "
+                         f"exceeds MAX_RECORD_PAYLOAD ({L.MAX_RECORD_PAYLOAD})")
+    return RecordHead(h.type, h.length, h.checksum)
+
+
+def verify_record(head: RecordHead, head_bytes, payload, offset: int) -> None:
+    if record_checksum(bytes(head_bytes[:8]), payload) != head.checksum:
+        raise ChecksumError(f"record {head.type.decode()} at offset {offset}: checksum mismatch")
+    if head.critical and head.type not in KNOWN_CRITICAL:
+        raise UnknownRecordError(f"record at offset {offset}: unknown critical record type {head.type.decode()!r}")
+
+
+# --------------------------------------------------------------------------------------------- META
+
+META_RECORD_SIZE = L.RECORD_HEADER_SIZE + L.MetaPayload.sizeof()
+
+
+@dataclass
+class Meta:
+    base_step: int | None
+    target_step: int | None
+
+
+def build_meta(meta: Meta) -> bytes:
+    return L.MetaPayload.build(dict(
+        flags=0,
+        base_step=L.NO_STEP if meta.base_step is None else meta.base_step,
+        target_step=L.NO_STEP if meta.target_step is None else meta.target_step))
+
+
+def parse_meta(payload) -> Meta:
+    if len(payload) != L.MetaPayload.sizeof():
+        raise CorruptError(f"META payload is {len(payload)} bytes, {L.MetaPayload.sizeof()} expected")
+    m = L.MetaPayload.parse(bytes(payload))
+    if m.flags:
+        raise ReservedBitsError(f"META flags 0x{m.flags:08x}: reserved bits must be zero")
+    return Meta(None if m.base_step == L.NO_STEP else m.base_step,
+                None if m.target_step == L.NO_STEP else m.target_step)
+
+
+# --------------------------------------------------------------------------------------------- names
+
+def check_name(name: bytes, where: str) -> str:
+    if not name:
+        raise CorruptError(f"{where}: empty tensor name")
+    if len(name) > L.MAX_NAME_BYTES:
+        raise LimitError(f"{where}: tensor name of {len(name)} bytes exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})")
+    try:
+        text = name.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise CorruptError(f"{where}: tensor name is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if _CONTROL_RE.search(name):
+        raise CorruptError(f"{where}: tensor name {text!r} contains a control character")
+    return text
+
+
+# --------------------------------------------------------------------------------------------- TENS
+
+@dataclass
+class TensorHeader:
+    name: str
+    dtype: DType
+    shape: tuple
+    block_elems: int
+    base_hash: int | None  # None: the tensor needs no base
+    target_hash: int
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def needs_base(self) -> bool:
+        return self.base_hash is not None
+
+    @property
+    def block_count(self) -> int:
+        return -(-self.size // self.block_elems)
+
+    def block_range(self, b: int) -> tuple[int, int]:
+        start = b * self.block_elems
+        return start, min(self.size, start + self.block_elems)
+
+
+def build_tensor(h: TensorHeader) -> bytes:
+    return L.TensorPayload.build(dict(
+        name=h.name.encode("utf-8"), dtype=h.dtype.code, ndim=len(h.shape), dims=list(h.shape),
+        block_elems=h.block_elems, flags=L.NEEDS_BASE if h.needs_base else 0, base_hash=h.base_hash,
+        target_hash=h.target_hash))
+
+
+def parse_tensor(payload, where: str) -> TensorHeader:
+    t = L.parse(L.TensorPayload, bytes(payload), f"{where}: TENS")
+    if t._end != len(payload):
+        raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
+    name = check_name(t.name, where)
+    if t.flags & ~L.NEEDS_BASE:
+        raise ReservedBitsError(f"{where}: TENS flags 0x{t.flags:02x}: reserved bits must be zero")
+    dt = from_code(t.dtype)
+    if t.ndim > L.MAX_DIMS:
+        raise LimitError(f"{where}: tensor {name!r} has {t.ndim} dimensions, more than MAX_DIMS ({L.MAX_DIMS})")
+    n = 1
+    for d in t.dims:
+        n *= d
+        if n > L.MAX_TENSOR_ELEMS:
+            raise LimitError(f"{where}: tensor {name!r} has more than MAX_TENSOR_ELEMS ({L.MAX_TENSOR_ELEMS}) elements")
+    if not 1 <= t.block_elems <= L.MAX_BLOCK_ELEMS:
+        raise LimitError(f"{where}: block_elems {t.block_elems} outside 1..MAX_BLOCK_ELEMS ({L.MAX_BLOCK_ELEMS})")
+    h = TensorHeader(name, dt, tuple(t.dims), t.block_elems, t.base_hash, t.target_hash)
+    if h.block_count > L.MAX_BLOCKS_PER_TENSOR:
+        raise LimitError(f"{where}: tensor {name!r} has {h.block_count} blocks, more than MAX_BLOCKS_PER_TENSOR")
+    return h
+
+
+# --------------------------------------------------------------------------------------------- BLCK
+
+@dataclass
+class StreamInfo:
+    codec: int
+    stored: int
+    decoded: int
+
+
+@dataclass
+class BlockInfo:
+    tensor: int
+    block: int
+    encoding: int
+    params: list
+    streams: list = field(default_factory=list)  # StreamInfo
+    data_offset: int = 0  # where the stream data starts within the payload
+
+    @property
+    def changed(self) -> int | None:
+        if self.encoding == transforms.UNCHANGED:
+            return 0
+        if self.encoding in (transforms.BF16_DELTA, transforms.FLOAT_DELTA):
+            return self.params[0]
+        return None
+
+
+def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: list) -> bytes:
+    """``coded``: one ``(codec, stored_bytes)`` per stream."""
+    head = L.BlockPayload.build(
+        dict(tensor=tensor, block=block, encoding=enc.encoding, params=list(enc.params),
+             streams=[dict(codec=c, length=len(s)) for c, s in coded]),
+        param_count=lambda e: len(enc.params), stream_count=lambda e, p: len(coded))
+    return b"".join([head] + [bytes(s) for _, s in coded])
+
+
+def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str) -> BlockInfo:
+    """Parse and check a BLCK header and stream table against the tensor it belongs to."""
+    start, stop = th.block_range(block)
+    lengths = []
+
+    def param_count(encoding):
+        transforms.check_encoding(th.dtype, encoding)
+        return transforms.param_count(encoding)
+
+    def stream_count(encoding, params):
+        lengths[:] = transforms.stream_lengths(th.dtype, encoding, params, stop - start)
+        return len(lengths)
+
+    try:
+        head = L.parse(L.BlockPayload, payload, f"{where}: BLCK", param_count=param_count,
+                       stream_count=stream_count)
+    except ArcError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    if head.tensor != tensor or head.block != block:
+        raise CorruptError(f"{where}: BLCK is for tensor {head.tensor} block {head.block}, "
+                           f"expected tensor {tensor} block {block}")
+    if transforms.NEEDS_BASE[head.encoding] and not th.needs_base:
+        raise CorruptError(f"{where}: encoding {transforms.NAMES[head.encoding]} needs a base, "
+                           f"but tensor {th.name!r} has none")
+    streams = []
+    total = 0
+    for s, dec_len in zip(head.streams, lengths):
+        if s.codec not in codecs.NAMES:
+            raise UnsupportedError(f"{where}: unknown codec id {s.codec}")
+        streams.append(StreamInfo(s.codec, s.length, dec_len))
+        total += s.length
+    if head._end + total != len(payload):
+        raise CorruptError(f"{where}: BLCK streams hold {total} bytes but the payload has "
+                           f"{len(payload) - head._end} after the stream table")
+    return BlockInfo(head.tensor, head.block, head.encoding, list(head.params), streams, head._end)
+
+
+def decode_block_streams(payload, info: BlockInfo, where: str) -> list:
+    out = []
+    pos = info.data_offset
+    mv = memoryview(payload)
+    for k, s in enumerate(info.streams):
+        try:
+            out.append(codecs.decode(s.codec, mv[pos: pos + s.stored], s.decoded))
+        except (CorruptError, LimitError) as exc:
+            raise type(exc)(f"{where}: stream {k}: {exc}") from None
+        pos += s.stored
+    return out
+
+
+# --------------------------------------------------------------------------------------------- INDX
+
+@dataclass
+class BlockRef:
+    offset: int
+    size: int
+    checksum: int
+    encoding: int
+
+
+@dataclass
+class IndexEntry:
+    name: str
+    tens_offset: int
+    tens_size: int
+    tens_checksum: int
+    blocks: list  # BlockRef
+
+
+@dataclass
+class Index:
+    base_digest: bytes
+    target_digest: bytes
+    entries: list  # IndexEntry, file order
+
+
+def build_index(index: Index) -> bytes:
+    names = [e.name.encode("utf-8") for e in index.entries]
+    blocks = [b for e in index.entries for b in e.blocks]
+    body = L.IndexBody.build(dict(
+        base_digest=index.base_digest, target_digest=index.target_digest,
+        tensor_count=len(index.entries), block_count=len(blocks),
+        name_lengths=[len(n) for n in names], names=b"".join(names),
+        tens_offsets=[e.tens_offset for e in index.entries], tens_sizes=[e.tens_size for e in index.entries],
+        tens_checksums=[e.tens_checksum for e in index.entries],
+        tens_block_counts=[len(e.blocks) for e in index.entries],
+        blk_offsets=[b.offset for b in blocks], blk_sizes=[b.size for b in blocks],
+        blk_checksums=[b.checksum for b in blocks], blk_encodings=[b.encoding for b in blocks]))
+    codec, stored = codecs.encode_smallest(body, "fast")
+    return L.IndexPayload.build(dict(codec=codec, body_length=len(body), body=stored))
+
+
+def parse_index(payload, index_offset: int) -> Index:
+    where = f"INDX at offset {index_offset}"
+    p = L.parse(L.IndexPayload, bytes(payload), where)
+    if p.body_length > L.MAX_INDEX_BYTES:
+        raise LimitError(f"{where}: index body of {p.body_length} bytes exceeds MAX_INDEX_BYTES ({L.MAX_INDEX_BYTES})")
+    if p.codec not in codecs.NAMES:
+        raise UnsupportedError(f"{where}: unknown codec id {p.codec}")
+    body = bytes(codecs.decode(p.codec, p.body, p.body_length))
+    if len(body) >= 36:
+        count = int.from_bytes(body[32:36], "little")
+        if count > L.MAX_TENSORS:
+            raise LimitError(f"{where}: {count} tensors exceed MAX_TENSORS ({L.MAX_TENSORS})")
+    b = L.parse(L.IndexBody, body, where)
+    if b._end != len(body):
+        raise CorruptError(f"{where}: {len(body) - b._end} bytes left over after the index body")
+    if b.name_lengths.size and int(b.name_lengths.max()) > L.MAX_NAME_BYTES:
+        raise LimitError(f"{where}: a tensor name exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})")
+    counts = b.tens_block_counts
+    if int(counts.sum(dtype=np.uint64)) != b.block_count or (counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR):
+        raise CorruptError(f"{where}: per-tensor block counts do not add up to {b.block_count}")
+    # Every located record, in file order, must lie in [META end, index) without overlap.
+    order_off = []
+    order_size = []
+    bo = 0
+    ends = np.cumsum(counts.astype(np.int64))
+    starts = ends - counts.astype(np.int64)
+    for t in range(b.tensor_count):
+        order_off.append(b.tens_offsets[t: t + 1])
+        order_size.append(b.tens_sizes[t: t + 1])
+        order_off.append(b.blk_offsets[starts[t]: ends[t]])
+        order_size.append(b.blk_sizes[starts[t]: ends[t]])
+    if order_off:
+        offs = np.concatenate(order_off).astype(np.uint64)
+        sizes = np.concatenate(order_size).astype(np.uint64)
+        if (sizes < L.RECORD_HEADER_SIZE).any() or (sizes > L.RECORD_HEADER_SIZE + L.MAX_RECORD_PAYLOAD).any():
+            raise CorruptError(f"{where}: a record size is out of range")
+        if offs[0] < L.HEADER_SIZE + META_RECORD_SIZE or offs[-1] > index_offset:
+            raise CorruptError(f"{where}: a record offset lies outside the record area")
+        ends_ = offs + sizes
+        if (ends_[:-1] > offs[1:]).any() or ends_[-1] > index_offset:
+            raise CorruptError(f"{where}: located records overlap, are out of order or run into the index")
+    names = memoryview(b.names)
+    entries = []
+    seen = set()
+    pos = 0
+    for t in range(b.tensor_count):
+        nl = int(b.name_lengths[t])
+        raw = bytes(names[pos: pos + nl])
+        pos += nl
+        name = check_name(raw, f"{where}: entry {t}")
+        if raw in seen:
+            raise CorruptError(f"{where}: duplicate tensor name {name!r}")
+        seen.add(raw)
+        blocks = [BlockRef(int(o), int(s), int(c), int(e)) for o, s, c, e in zip(
+            b.blk_offsets[starts[t]: ends[t]].tolist(), b.blk_sizes[starts[t]: ends[t]].tolist(),
+            b.blk_checksums[starts[t]: ends[t]].tolist(), b.blk_encodings[starts[t]: ends[t]].tolist())]
+        entries.append(IndexEntry(name, int(b.tens_offsets[t]), int(b.tens_sizes[t]), int(b.tens_checksums[t]),
+                                  blocks))
+    return Index(bytes(b.base_digest), bytes(b.target_digest), entries)

@@ -1,0 +1,176 @@
+"""Streaming writer: tensors in, an arcfmt file out, front to back in one pass (never seeks)."""
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from . import codecs, layout as L, records, transforms
+from .arrays import as_uint
+from .errors import InputError
+from .integrity import model_digest, tensor_hash
+
+DEFAULT_BLOCK_ELEMS = 1 << 20
+
+
+@dataclass
+class BlockStats:
+    encoding: str
+    changed: int | None
+    size: int                      # record bytes, header included
+    streams: list = field(default_factory=list)  # (codec name, stored bytes, decoded bytes)
+
+
+@dataclass
+class TensorStats:
+    name: str
+    dtype: str
+    shape: tuple
+    header_size: int
+    blocks: list = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.header_size + sum(b.size for b in self.blocks)
+
+
+def _encode_block(dt, base, target, effort):
+    """Every candidate encoding, each stream with its smallest codec; keep the smallest total."""
+    best = None
+    for cand in transforms.encode_candidates(dt, base, target):
+        coded = [codecs.encode_smallest(s, effort) for s in cand.streams]
+        total = sum(len(s) for _, s in coded)
+        if best is None or total < best[2]:
+            best = (cand, coded, total)
+    return best[0], best[1]
+
+
+class DeltaWriter:
+    """Write an arcfmt file to a binary file-like object (local file, fsspec file, BytesIO).
+
+    Usage::
+
+        with DeltaWriter(f, base_step=3, target_step=4) as w:
+            w.write_tensors((name, base[name], target[name]) for name in target)
+    """
+
+    def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
+                 effort="default", workers=None, note: str | None = None):
+        if not 1 <= block_elems <= L.MAX_BLOCK_ELEMS:
+            raise InputError(f"block_elems must be in 1..{L.MAX_BLOCK_ELEMS}")
+        if effort not in codecs.EFFORTS:
+            raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}")
+        self._f = fileobj
+        self._pos = 0
+        self._block_elems = block_elems
+        self._effort = effort
+        self._workers = workers or min(8, os.cpu_count() or 1)
+        self._entries = []
+        self._names = set()
+        self._base_entries = []
+        self._target_entries = []
+        self.stats: list[TensorStats] = []
+        self.closed = False
+        self.size = None
+        self._write(records.build_header())
+        self._record(L.META, records.build_meta(records.Meta(base_step, target_step)))
+        if note:
+            self._record(L.NOTE, note.encode("utf-8"))
+
+    # -- low level
+    def _write(self, data) -> None:
+        self._f.write(data)
+        self._pos += len(data)
+
+    def _record(self, rtype, payload) -> tuple[int, int, int]:
+        rec = records.build_record(rtype, payload)
+        offset = self._pos
+        self._write(rec)
+        return offset, len(rec), int.from_bytes(rec[8:16], "little")
+
+    # -- tensors
+    def _prepare(self, name, base, target, keyframe):
+        if not isinstance(name, str):
+            raise InputError(f"tensor names must be str, got {type(name).__name__}")
+        raw = name.encode("utf-8")
+        records.check_name(raw, "tensor name")
+        if raw in self._names:
+            raise InputError(f"tensor {name!r} written twice")
+        self._names.add(raw)
+        dt, shape, t = as_uint(target)
+        b = None
+        if base is not None and not keyframe:
+            bdt, bshape, b = as_uint(base)
+            if bdt is not dt or bshape != shape:
+                b = None  # dtype or shape changed: the tensor travels as a keyframe
+        n = t.size
+        block_elems = min(self._block_elems, max(1, n))
+        th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
+                                  tensor_hash(b) if b is not None else None, tensor_hash(t))
+        return th, b, t
+
+    def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
+        self.write_tensors([(name, base, target)], keyframe=keyframe)
+
+    def write_tensors(self, items, *, keyframe: bool = False) -> None:
+        """Write ``(name, base_or_None, target)`` items in order, blocks encoded in parallel threads."""
+        if self.closed:
+            raise InputError("writer is closed")
+        max_inflight = 4 * self._workers
+        with ThreadPoolExecutor(self._workers, thread_name_prefix="arcfmt-enc") as pool:
+            pending = deque()
+
+            def drain(limit):
+                while len(pending) > limit:
+                    self._emit(pending.popleft())
+
+            for name, base, target in items:
+                th, b, t = self._prepare(name, base, target, keyframe)
+                pending.append(("T", th))
+                for blk in range(th.block_count):
+                    s, e = th.block_range(blk)
+                    fut = pool.submit(_encode_block, th.dtype, None if b is None else b[s:e], t[s:e], self._effort)
+                    pending.append(("B", (th, blk, fut)))
+                    drain(max_inflight)
+            drain(0)
+
+    def _emit(self, item) -> None:
+        kind, obj = item
+        if kind == "T":
+            th = obj
+            off, size, ck = self._record(L.TENS, records.build_tensor(th))
+            self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
+            self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
+            name_b = th.name.encode("utf-8")
+            self._target_entries.append((name_b, th.dtype.code, th.shape, th.target_hash))
+            if th.needs_base:
+                self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
+            self._tensor_ordinal = len(self._entries) - 1
+            return
+        th, blk, fut = obj
+        enc, coded = fut.result()
+        off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
+        self._entries[-1].blocks.append(records.BlockRef(off, size, ck, enc.encoding))
+        self.stats[-1].blocks.append(BlockStats(
+            transforms.NAMES[enc.encoding], enc.changed, size,
+            [(codecs.NAMES[c], len(s), len(raw)) for (c, s), raw in zip(coded, enc.streams)]))
+
+    def close(self) -> int:
+        """Write the index and trailer; returns the file size. The file object is left open."""
+        if self.closed:
+            return self.size
+        base_digest = model_digest(self._base_entries) if self._base_entries else bytes(16)
+        index = records.Index(base_digest, model_digest(self._target_entries), self._entries)
+        off, size, _ = self._record(L.INDX, records.build_index(index))
+        self._write(records.build_trailer(off, size))
+        self.closed = True
+        self.size = self._pos
+        return self.size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
