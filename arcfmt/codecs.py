@@ -17,10 +17,11 @@ BY_NAME = {v: k for k, v in NAMES.items()}
 # Codec trials per effort level: (codec, setting). Lower ids win ties.
 EFFORTS = {
     "fast": ((ZSTD, 3),),
-    "default": ((ZSTD, 19), (XZ, 9 | lzma.PRESET_EXTREME), (BZ2, 9)),
+    "default": ((ZSTD, 19), (XZ, 6), (BZ2, 9)),
     "max": ((ZSTD, 22), (XZ, 9 | lzma.PRESET_EXTREME), (BZ2, 9)),
 }
 SMALL_STREAM = 64  # below this many bytes only raw and zstd are tried: xz/bz2 headers alone are larger
+_XZ_BZ2_OVERHEAD = 40  # an xz or bz2 stream costs at least this much more than a zstd frame
 
 _local = threading.local()
 
@@ -62,8 +63,8 @@ def encode_smallest(data, effort: str = "default") -> tuple[int, bytes]:
         return RAW, b""
     best_codec, best = RAW, data
     for codec, setting in EFFORTS[effort]:
-        if len(data) < SMALL_STREAM and codec not in (RAW, ZSTD):
-            continue
+        if codec in (XZ, BZ2) and (len(data) < SMALL_STREAM or len(best) < _XZ_BZ2_OVERHEAD):
+            continue  # cannot win: its container overhead alone exceeds the best so far
         out = compress(codec, data, setting)
         if len(out) < len(best):
             best_codec, best = codec, out

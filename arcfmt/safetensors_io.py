@@ -1,0 +1,196 @@
+"""Safetensors checkpoints (one file, or a folder of shards) read through memory maps, and written back.
+
+Only reads what the safetensors format defines: a u64 header length, a JSON header, raw little-endian
+tensor bytes. The header is validated like any other untrusted input.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import dtypes
+from .errors import InputError, SafetensorsError, UnsupportedError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: dtypes.DType
+    shape: tuple
+    begin: int  # offsets relative to the data section
+    end: int
+
+
+@dataclass
+class SafetensorsFile:
+    path: str
+    header_bytes: bytes          # the JSON header exactly as stored (padding included)
+    metadata: dict | None
+    tensors: list                # TensorSpec, in data-offset order
+    data_start: int
+    _mmap: np.memmap | None = field(default=None, repr=False)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    def array(self, spec: TensorSpec) -> np.ndarray:
+        """A read-only memory-mapped view of one tensor (nothing is read until it is used)."""
+        if spec.end == spec.begin:
+            return np.zeros(spec.shape, spec.dtype.numpy)
+        if self._mmap is None:
+            self._mmap = np.memmap(self.path, np.uint8, mode="r")
+        raw = self._mmap[self.data_start + spec.begin: self.data_start + spec.end]
+        return raw.view(spec.dtype.numpy).reshape(spec.shape)
+
+
+def read_file(path: str) -> SafetensorsFile:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SafetensorsError(f"{path}: shorter than the 8-byte header length")
+            n = int.from_bytes(head, "little")
+            if n > MAX_HEADER_BYTES or n > size - 8:
+                raise SafetensorsError(f"{path}: header length {n} is beyond the file or the {MAX_HEADER_BYTES}-byte limit")
+            header_bytes = f.read(n)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(header_bytes)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SafetensorsError(f"{path}: header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and (not isinstance(metadata, dict)
+                                 or not all(isinstance(v, str) for v in metadata.values())):
+        raise SafetensorsError(f"{path}: __metadata__ must map strings to strings")
+    data_size = size - 8 - n
+    specs = []
+    for name, info in header.items():
+        try:
+            dt = dtypes.from_name(info["dtype"])
+            shape = tuple(info["shape"])
+            begin, end = info["data_offsets"]
+        except (TypeError, KeyError, ValueError, UnsupportedError) as exc:
+            raise SafetensorsError(f"{path}: tensor {name!r}: bad header entry ({exc})") from None
+        if not all(isinstance(d, int) and d >= 0 for d in shape) or not all(
+                isinstance(x, int) for x in (begin, end)):
+            raise SafetensorsError(f"{path}: tensor {name!r}: shape and offsets must be non-negative integers")
+        count = int(np.prod(shape, dtype=object)) if shape else 1
+        if not 0 <= begin <= end <= data_size or end - begin != count * dt.itemsize:
+            raise SafetensorsError(f"{path}: tensor {name!r}: offsets [{begin}, {end}) do not hold "
+                                   f"{count} {dt.name} elements inside the {data_size}-byte data section")
+        specs.append(TensorSpec(name, dt, shape, begin, end))
+    specs.sort(key=lambda s: (s.begin, s.end))
+    for a, b in zip(specs, specs[1:]):
+        if a.end > b.begin:
+            raise SafetensorsError(f"{path}: tensors {a.name!r} and {b.name!r} overlap")
+    return SafetensorsFile(path, header_bytes, metadata, specs, 8 + n)
+
+
+@dataclass
+class Checkpoint:
+    """A model on disk: one safetensors file, or a folder of shards (with or without an index json)."""
+
+    path: str
+    is_dir: bool
+    files: list            # SafetensorsFile, in shard order
+    index_json: dict | None
+
+    @property
+    def names(self) -> list[str]:
+        return [n for f in self.files for n in f.names]
+
+    def tensors(self) -> dict:
+        """name → read-only memory-mapped array, in file order."""
+        return {t.name: f.array(t) for f in self.files for t in f.tensors}
+
+    def file_of(self) -> dict:
+        return {t.name: f for f in self.files for t in f.tensors}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.end - t.begin for f in self.files for t in f.tensors)
+
+
+def open_checkpoint(path: str) -> Checkpoint:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        index_path = os.path.join(path, INDEX_NAME)
+        index_json = None
+        if os.path.exists(index_path):
+            try:
+                with open(index_path, "rb") as f:
+                    index_json = json.load(f)
+                weight_map = index_json["weight_map"]
+                names = list(dict.fromkeys(weight_map.values()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SafetensorsError(f"{index_path}: not a valid safetensors index ({exc})") from None
+            for n in names:
+                if not isinstance(n, str) or os.path.basename(n) != n or n in ("", ".", ".."):
+                    raise SafetensorsError(f"{index_path}: shard name {n!r} is not a plain file name")
+        else:
+            names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+        if not names:
+            raise InputError(f"{path}: no .safetensors files in this folder")
+        files = [read_file(os.path.join(path, n)) for n in names]
+        seen = set()
+        for f in files:
+            for n in f.names:
+                if n in seen:
+                    raise SafetensorsError(f"{path}: tensor {n!r} appears in more than one shard")
+                seen.add(n)
+        return Checkpoint(path, True, files, index_json)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or folder")
+    return Checkpoint(path, False, [read_file(path)], None)
+
+
+def build_header(specs: list, metadata: dict | None) -> bytes:
+    """A compact JSON header padded with spaces to 8 bytes, as the safetensors writers make it."""
+    header = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for s in specs:
+        header[s.name] = {"dtype": s.dtype.name, "shape": list(s.shape), "data_offsets": [s.begin, s.end]}
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return h + b" " * (-len(h) % 8)
+
+
+def layout_specs(items) -> list:
+    """TensorSpecs with consecutive offsets for ``(name, DType, shape)`` items, in order."""
+    out = []
+    off = 0
+    for name, dt, shape in items:
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        out.append(TensorSpec(name, dt, tuple(shape), off, off + n * dt.itemsize))
+        off += n * dt.itemsize
+    return out
+
+
+def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
+    """Write ``name → array`` as one safetensors file (used for fixtures and the demo)."""
+    from .arrays import as_uint
+
+    items = []
+    flat = {}
+    for name, a in tensors.items():
+        dt, shape, u = as_uint(a)
+        items.append((name, dt, shape))
+        flat[name] = u
+    specs = layout_specs(items)
+    header = build_header(specs, metadata)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for s in specs:
+            f.write(memoryview(np.ascontiguousarray(flat[s.name])).cast("B"))
