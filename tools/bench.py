@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of arcfmt and its peers on RL checkpoint trajectories.
+
+    python tools/bench.py TRAJECTORY_DIR [TRAJECTORY_DIR ...] [--pairs N] [--json] [--breakdown]
+
+A trajectory dir holds step*.safetensors (e.g. `python ../shared/corpus/corpus.py expand
+rl-minilm-lr1e-6 /tmp/t`). Every consecutive step pair is encoded and decoded by arcfmt (in memory,
+checkpoints preloaded, best of --repeat timings) and checked bit-exact; peers (fireworks arc_v3 and
+arc_v2, z4ai) run in their own interpreter (--peers-python, default /work/peers-venv/bin/python)
+through tools/peers_worker.py and are skipped with a note when not installed.
+
+Figures per method and trajectory: % of BF16 bytes, bytes per changed element, encode MB/s and decode
+MB/s (BF16 bytes of the target per second; decode = verified, bit-exact rebuild), and whether every
+round trip was bit-exact.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import arcfmt  # noqa: E402
+from arcfmt.safetensors_io import open_checkpoint  # noqa: E402
+from arcfmt.writer import DeltaWriter  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = ("arc_v3", "arc_v2", "z4ai")
+ROLES = {"bf16-delta": ("positions", "steps", "exceptions", "values"),
+         "float-delta": ("positions", "steps", "exceptions", "values"),
+         "keyframe": ("exponents", "sign+mantissa"), "xor": ("xor-planes",) * 8}
+
+
+def load(path: str) -> dict:
+    ck = open_checkpoint(path)
+    return {k: np.array(v) for k, v in ck.tensors().items()}  # into memory: I/O is not measured
+
+
+def steps_in(folder: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(folder, "step*.safetensors")))
+    if len(files) < 2:
+        raise SystemExit(f"{folder}: needs at least two step*.safetensors files")
+    return files
+
+
+def bench_arcfmt(files, repeat, effort, breakdown):
+    rows = []
+    roles = {}
+    per_tensor = {}
+    prev = load(files[0])
+    for a, b in zip(files, files[1:]):
+        cur = load(b)
+        bf16 = sum(v.nbytes for v in cur.values())
+        changed = sum(int(np.count_nonzero(prev[k].view(f"u{v.itemsize}") != v.view(f"u{v.itemsize}")))
+                      for k, v in cur.items() if k in prev and prev[k].shape == v.shape and prev[k].dtype == v.dtype)
+        enc_t, dec_t = [], []
+        for _ in range(repeat):
+            buf = io.BytesIO()
+            t0 = time.perf_counter()
+            w = DeltaWriter(buf, effort=effort)
+            w.write_tensors((k, prev.get(k), v) for k, v in cur.items())
+            w.close()
+            enc_t.append(time.perf_counter() - t0)
+            delta = buf.getvalue()
+            t0 = time.perf_counter()
+            out = arcfmt.decode(prev, delta)
+            dec_t.append(time.perf_counter() - t0)
+        exact = out.keys() == cur.keys() and all(out[k].tobytes() == cur[k].tobytes() for k in cur)
+        rows.append(dict(peer="arcfmt", base=a, target=b, bytes=len(delta), bf16_bytes=bf16, changed=changed,
+                         encode_s=min(enc_t), decode_s=min(dec_t), exact=exact, error=None))
+        if breakdown:
+            headers = len(delta)
+            for t in w.stats:
+                pt = per_tensor.setdefault(t.name, dict(bytes=0, changed=0, elements=0))
+                pt["bytes"] += t.size
+                pt["elements"] += int(np.prod(t.shape)) if t.shape else 1
+                for blk in t.blocks:
+                    pt["changed"] += blk.changed or 0
+                    for i, (codec, stored, _) in enumerate(blk.streams):
+                        role = ROLES.get(blk.encoding, ("stream",) * 8)[i]
+                        r = roles.setdefault(role, dict(bytes=0, codecs={}))
+                        r["bytes"] += stored
+                        r["codecs"][codec] = r["codecs"].get(codec, 0) + 1
+                        headers -= stored
+            roles.setdefault("headers+index", dict(bytes=0, codecs={}))["bytes"] += headers
+        prev = cur
+    return rows, roles, per_tensor
+
+
+def bench_peer(peer, files, repeat, python):
+    if not os.path.exists(python):
+        return None, f"{peer}: skipped, peers interpreter {python} not found (see tools/README.md)"
+    with tempfile.NamedTemporaryFile("w", suffix=".pairs", delete=False) as f:
+        for a, b in zip(files, files[1:]):
+            f.write(f"{a} {b}\n")
+        pairs = f.name
+    try:
+        cmd = [python, os.path.join(HERE, "peers_worker.py"), "--peer", peer, "--pairs-file", pairs,
+               "--repeat", str(repeat)]
+        if peer == "arc_v3":
+            cmd += ["--arc3-wait-multiplier", "1e9"]  # let every arc_v3 candidate finish: its smallest output
+        p = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        os.unlink(pairs)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        return None, f"{peer}: skipped, worker failed: {p.stderr.strip()[-300:]}"
+    if rows[0].get("error", "") and str(rows[0]["error"]).startswith("not installed"):
+        return None, f"{peer}: skipped, {rows[0]['error']}"
+    return rows, None
+
+
+def summarize(rows):
+    ok = [r for r in rows if not r.get("error")]
+    if not ok:
+        return None
+    bf16 = sum(r["bf16_bytes"] for r in ok)
+    size = sum(r["bytes"] for r in ok)
+    changed = sum(r["changed"] for r in ok)
+    return dict(pairs=len(ok), errors=len(rows) - len(ok), bytes=size, bf16_bytes=bf16,
+                percent=100 * size / bf16, bytes_per_changed=size / max(changed, 1),
+                encode_mbs=bf16 / 1e6 / sum(r["encode_s"] for r in ok),
+                decode_mbs=bf16 / 1e6 / sum(r["decode_s"] for r in ok),
+                exact=all(r["exact"] for r in ok))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trajectories", nargs="+", metavar="TRAJECTORY_DIR")
+    ap.add_argument("--pairs", type=int, help="only the first N step pairs of each trajectory")
+    ap.add_argument("--first", type=int, default=0, help="start at this step pair")
+    ap.add_argument("--repeat", type=int, default=2, help="timing runs per pair (best is kept)")
+    ap.add_argument("--effort", default="default", choices=["fast", "default", "max"])
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to run ('' for none)")
+    ap.add_argument("--peers-python", default=os.environ.get("ARCFMT_PEERS_PYTHON", "/work/peers-venv/bin/python"))
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
+    args = ap.parse_args(argv)
+
+    report = dict(trajectories=[])
+    for traj in args.trajectories:
+        files = steps_in(traj)[args.first:]
+        if args.pairs:
+            files = files[: args.pairs + 1]
+        t = dict(trajectory=traj, pairs=len(files) - 1, methods={}, notes=[])
+        rows, roles, per_tensor = bench_arcfmt(files, args.repeat, args.effort, args.breakdown)
+        t["methods"]["arcfmt"] = summarize(rows)
+        per_pair = {"arcfmt": rows}
+        for peer in [p for p in args.peers.split(",") if p]:
+            prow, note = bench_peer(peer, files, args.repeat, args.peers_python)
+            if note:
+                t["notes"].append(note)
+                continue
+            per_pair[peer] = prow
+            t["methods"][peer] = summarize(prow)
+        if "arc_v3" in per_pair:
+            v3 = {(r["base"], r["target"]): r for r in per_pair["arc_v3"] if not r.get("error")}
+            t["arcfmt_smaller_than_arc_v3_pairs"] = sum(
+                1 for r in rows if (r["base"], r["target"]) in v3 and r["bytes"] <= v3[(r["base"], r["target"])]["bytes"])
+            t["arcfmt_faster_decode_than_arc_v3_pairs"] = sum(
+                1 for r in rows if (r["base"], r["target"]) in v3
+                and r["decode_s"] <= v3[(r["base"], r["target"])]["decode_s"])
+            a, b = t["methods"]["arcfmt"], t["methods"]["arc_v3"]
+            t["vs_arc_v3"] = dict(size=a["bytes"] / b["bytes"], encode_speed=a["encode_mbs"] / b["encode_mbs"],
+                                  decode_speed=a["decode_mbs"] / b["decode_mbs"])
+        if args.breakdown:
+            t["breakdown"] = dict(roles=roles, tensors=per_tensor)
+        t["per_pair"] = per_pair
+        report["trajectories"].append(t)
+
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    for t in report["trajectories"]:
+        print(f"\n{t['trajectory']}: {t['pairs']} step pairs")
+        print(f"| {'method':8s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} | {'decode MB/s':>11s} | bit-exact |")
+        print(f"|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|-----------|")
+        for name, s in t["methods"].items():
+            if s is None:
+                continue
+            print(f"| {name:8s} | {s['percent']:8.4f}% | {s['bytes_per_changed']:9.3f} | {s['encode_mbs']:11.0f} | "
+                  f"{s['decode_mbs']:11.0f} | {'yes' if s['exact'] else 'NO':9s} |")
+        for note in t["notes"]:
+            print(f"note: {note}")
+        if "vs_arc_v3" in t:
+            v = t["vs_arc_v3"]
+            print(f"arcfmt / arc_v3: size {v['size']:.3f}x, encode speed {v['encode_speed']:.2f}x, decode speed "
+                  f"{v['decode_speed']:.2f}x; arcfmt smaller on {t['arcfmt_smaller_than_arc_v3_pairs']}/{t['pairs']} "
+                  f"pairs, decodes faster on {t['arcfmt_faster_decode_than_arc_v3_pairs']}/{t['pairs']}")
+        if args.breakdown:
+            tot = t["methods"]["arcfmt"]["bytes"]
+            print("arcfmt bytes by stream role:")
+            for role, r in sorted(t["breakdown"]["roles"].items(), key=lambda kv: -kv[1]["bytes"]):
+                codecs = ", ".join(f"{c}×{n}" for c, n in sorted(r["codecs"].items()))
+                print(f"  {role:14s} {r['bytes']:>10d}  {100 * r['bytes'] / tot:5.1f} %  {codecs}")
+            print("top tensors by bytes:")
+            for name, r in sorted(t["breakdown"]["tensors"].items(), key=lambda kv: -kv[1]["bytes"])[:10]:
+                print(f"  {name[:56]:56s} {r['bytes']:>9d} B  {r['changed']:>8d} changed  "
+                      f"{r['bytes'] / max(r['changed'], 1):.3f} B/changed")
+
+
+if __name__ == "__main__":
+    main()
