@@ -5,14 +5,14 @@ from .errors import (
     ReservedBitsError, SafetensorsError, TruncatedError, UnknownRecordError, UnsupportedError,
     UnsupportedVersionError, VerificationError, WrongBaseError,
 )
-from .reader import BufferSource, DeltaReader, FileSource
+from .reader import BufferSource, DeltaReader, FileSource, StreamReader
 from .writer import DeltaWriter
 
 __version__ = "0.1.0"
 FORMAT_VERSION = (1, 0)
 
 __all__ = [
-    "encode", "decode", "DeltaWriter", "DeltaReader", "BufferSource", "FileSource", "ArcError", "FormatError",
+    "encode", "decode", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
     "VerificationError", "InputError", "SafetensorsError", "FORMAT_VERSION", "__version__",

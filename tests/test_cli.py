@@ -1,0 +1,79 @@
+"""The command line as a user runs it: exit codes, one-line errors, --json output."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from arcfmt.demo import make_model_pair, save_sharded
+
+
+def run(*args, check_rc=None):
+    p = subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True)
+    if check_rc is not None:
+        assert p.returncode == check_rc, (p.returncode, p.stdout, p.stderr)
+    return p
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    base, target = make_model_pair(seed=2, layers=1, d=64, vocab=300)
+    save_sharded(d / "step0007", base)
+    save_sharded(d / "step0008", target)
+    return d
+
+
+def test_demo_json():
+    p = run("demo", "--json", check_rc=0)
+    res = json.loads(p.stdout)
+    assert res["bit_exact"] is True and res["delta_bytes"] < res["model_bytes"] / 10
+
+
+def test_encode_inspect_apply(ckpts, tmp_path):
+    delta = tmp_path / "s.arc"
+    p = run("encode", ckpts / "step0007", ckpts / "step0008", "-o", delta, "--json", check_rc=0)
+    res = json.loads(p.stdout)
+    assert res["bytes"] == os.path.getsize(delta) and (res["base_step"], res["target_step"]) == (7, 8)
+    p = run("inspect", delta, "--json", check_rc=0)
+    info = json.loads(p.stdout)
+    assert info["format_version"] == "1.0" and info["target_step"] == 8
+    assert {t["dtype"] for t in info["tensors"]} == {"BF16", "F32"}
+    assert all("streams" in t for t in info["tensors"])
+    p = run("inspect", delta, "--blocks", check_rc=0)
+    assert "bf16-delta" in p.stdout
+    p = run("apply", ckpts / "step0007", delta, "-o", tmp_path / "out", "--json", check_rc=0)
+    assert json.loads(p.stdout)["verified"] is True
+    for n in os.listdir(ckpts / "step0008"):
+        assert (tmp_path / "out" / n).read_bytes() == (ckpts / "step0008" / n).read_bytes()
+
+
+def test_keyframe(ckpts, tmp_path):
+    key = tmp_path / "k.arc"
+    run("encode", "--keyframe", ckpts / "step0008", "-o", key, check_rc=0)
+    run("apply", ckpts / "step0007", key, "-o", tmp_path / "out", check_rc=0)
+    for n in os.listdir(ckpts / "step0008"):
+        assert (tmp_path / "out" / n).read_bytes() == (ckpts / "step0008" / n).read_bytes()
+
+
+def test_errors_are_one_line_with_exit_codes(ckpts, tmp_path):
+    delta = tmp_path / "s.arc"
+    run("encode", ckpts / "step0007", ckpts / "step0008", "-o", delta, check_rc=0)
+    # wrong base: the target is not the base this delta was made from
+    p = run("apply", ckpts / "step0008", delta, "-o", tmp_path / "o", check_rc=1)
+    assert p.stderr.startswith("arcfmt: error (wrong_base):") and p.stderr.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+    bad = tmp_path / "bad.arc"
+    bad.write_bytes(b"PK\x03\x04 not an arcfmt file at all, but long enough to have a trailer" * 3)
+    p = run("inspect", bad, check_rc=1)
+    assert "(bad_magic)" in p.stderr
+    bad.write_bytes(delta.read_bytes()[:-7])
+    p = run("apply", ckpts / "step0007", bad, "-o", tmp_path / "o", check_rc=1)
+    assert "(truncated)" in p.stderr
+    run("apply", ckpts / "step0007", delta, check_rc=2)  # neither -o nor --in-place
+    run("frobnicate", check_rc=2)
+    p = run("--help", check_rc=0)
+    assert "examples:" in p.stdout and "exit codes" in p.stdout
