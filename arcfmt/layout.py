@@ -31,6 +31,7 @@ MAX_TENSOR_ELEMS = 1 << 40
 MAX_BLOCK_ELEMS = 1 << 24
 MAX_BLOCKS_PER_TENSOR = 1 << 24
 MAX_TENSORS = 1 << 20
+MAX_OTHER_RECORDS = 1 << 20
 MAX_RECORD_PAYLOAD = 1 << 28
 MAX_INDEX_BYTES = 1 << 26
 MAX_WINDOW = 1 << 27
@@ -173,6 +174,10 @@ IndexBody = Struct(
     "blk_sizes" / NumpyColumn(this.block_count, "<u4"),
     "blk_checksums" / NumpyColumn(this.block_count, "<u8"),
     "blk_encodings" / NumpyColumn(this.block_count, "u1"),
+    "other_count" / Int32ul,
+    "other_offsets" / NumpyColumn(this.other_count, "<u8"),
+    "other_sizes" / NumpyColumn(this.other_count, "<u4"),
+    "other_types" / NumpyColumn(this.other_count, "S4"),
     "_end" / Tell,
 )
 

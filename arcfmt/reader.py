@@ -342,10 +342,12 @@ class StreamReader:
         seen = []          # IndexEntry per tensor, as found
         names = set()
         current = None     # (TensorHeader, base_u, out, next block)
+        others = []        # ancillary records seen
         target_entries = []
         while True:
             offset, head, payload = self._record()
             if not head.critical:
+                others.append(records.OtherRecord(offset, head.length + 16, head.type))
                 continue
             if head.type == L.META:
                 raise CorruptError(f"second META record at offset {offset}")
@@ -393,7 +395,8 @@ class StreamReader:
         if (trailer.major, trailer.minor) != self.version or trailer.index_offset != offset:
             raise CorruptError("trailer does not match the header version or the index position")
         if [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in index.entries] != \
-                [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in seen]:
+                [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in seen] \
+                or index.others != others:
             raise CorruptError("the index does not describe the records of the file")
         if model_digest(target_entries) != index.target_digest:
             raise VerificationError("the rebuilt model does not match the target digest in the index")

@@ -314,10 +314,18 @@ class IndexEntry:
 
 
 @dataclass
+class OtherRecord:
+    offset: int
+    size: int
+    type: bytes
+
+
+@dataclass
 class Index:
     base_digest: bytes
     target_digest: bytes
     entries: list  # IndexEntry, file order
+    others: list = field(default_factory=list)  # OtherRecord: every record that is not META/TENS/BLCK/INDX
 
 
 def build_index(index: Index) -> bytes:
@@ -331,7 +339,9 @@ def build_index(index: Index) -> bytes:
         tens_checksums=[e.tens_checksum for e in index.entries],
         tens_block_counts=[len(e.blocks) for e in index.entries],
         blk_offsets=[b.offset for b in blocks], blk_sizes=[b.size for b in blocks],
-        blk_checksums=[b.checksum for b in blocks], blk_encodings=[b.encoding for b in blocks]))
+        blk_checksums=[b.checksum for b in blocks], blk_encodings=[b.encoding for b in blocks],
+        other_count=len(index.others), other_offsets=[o.offset for o in index.others],
+        other_sizes=[o.size for o in index.others], other_types=[o.type for o in index.others]))
     codec, stored = codecs.encode_smallest(body, "fast")
     return L.IndexPayload.build(dict(codec=codec, body_length=len(body), body=stored))
 
@@ -356,27 +366,27 @@ def parse_index(payload, index_offset: int) -> Index:
     counts = b.tens_block_counts
     if int(counts.sum(dtype=np.uint64)) != b.block_count or (counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR):
         raise CorruptError(f"{where}: per-tensor block counts do not add up to {b.block_count}")
-    # Every located record, in file order, must lie in [META end, index) without overlap.
-    order_off = []
-    order_size = []
-    bo = 0
+    if b.other_count > L.MAX_OTHER_RECORDS:
+        raise LimitError(f"{where}: {b.other_count} other records exceed {L.MAX_OTHER_RECORDS}")
     ends = np.cumsum(counts.astype(np.int64))
     starts = ends - counts.astype(np.int64)
-    for t in range(b.tensor_count):
-        order_off.append(b.tens_offsets[t: t + 1])
-        order_size.append(b.tens_sizes[t: t + 1])
-        order_off.append(b.blk_offsets[starts[t]: ends[t]])
-        order_size.append(b.blk_sizes[starts[t]: ends[t]])
-    if order_off:
-        offs = np.concatenate(order_off).astype(np.uint64)
-        sizes = np.concatenate(order_size).astype(np.uint64)
-        if (sizes < L.RECORD_HEADER_SIZE).any() or (sizes > L.RECORD_HEADER_SIZE + L.MAX_RECORD_PAYLOAD).any():
-            raise CorruptError(f"{where}: a record size is out of range")
-        if offs[0] < L.HEADER_SIZE + META_RECORD_SIZE or offs[-1] > index_offset:
-            raise CorruptError(f"{where}: a record offset lies outside the record area")
-        ends_ = offs + sizes
-        if (ends_[:-1] > offs[1:]).any() or ends_[-1] > index_offset:
-            raise CorruptError(f"{where}: located records overlap, are out of order or run into the index")
+    check_tiling(b, index_offset, where)
+    # File order: TENS(0), its blocks in order, TENS(1), ... (SPEC.md §3)
+    T = b.tensor_count
+    seq = np.empty(T + b.block_count, np.uint64)
+    tens_pos = starts + np.arange(T, dtype=np.int64)
+    seq[tens_pos] = b.tens_offsets
+    owner = np.repeat(np.arange(T, dtype=np.int64), counts.astype(np.int64))
+    seq[np.arange(b.block_count, dtype=np.int64) + owner + 1] = b.blk_offsets
+    if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
+        raise CorruptError(f"{where}: tensors and blocks are not located in file order")
+    for t in b.other_types.tolist():
+        if not _TYPE_RE.match(t):
+            raise CorruptError(f"{where}: record type {t!r} is not four ASCII letters")
+        if t in KNOWN_CRITICAL:
+            raise CorruptError(f"{where}: a {t.decode()} record is listed among the other records")
+        if 65 <= t[0] <= 90:
+            raise UnknownRecordError(f"{where}: the file holds a critical record of unknown type {t.decode()!r}")
     names = memoryview(b.names)
     entries = []
     seen = set()
@@ -394,4 +404,25 @@ def parse_index(payload, index_offset: int) -> Index:
             b.blk_checksums[starts[t]: ends[t]].tolist(), b.blk_encodings[starts[t]: ends[t]].tolist())]
         entries.append(IndexEntry(name, int(b.tens_offsets[t]), int(b.tens_sizes[t]), int(b.tens_checksums[t]),
                                   blocks))
-    return Index(bytes(b.base_digest), bytes(b.target_digest), entries)
+    others = [OtherRecord(int(o), int(z), bytes(t)) for o, z, t in zip(
+        b.other_offsets.tolist(), b.other_sizes.tolist(), b.other_types.tolist())]
+    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others)
+
+
+def check_tiling(b, index_offset: int, where: str) -> None:
+    """The located records (TENS, BLCK, others) must cover [META end, index) exactly: no gap, no overlap."""
+    offs = np.concatenate([b.tens_offsets, b.blk_offsets, b.other_offsets]).astype(np.uint64)
+    sizes = np.concatenate([b.tens_sizes, b.blk_sizes, b.other_sizes]).astype(np.uint64)
+    if (sizes < L.RECORD_HEADER_SIZE).any() or (sizes > L.RECORD_HEADER_SIZE + L.MAX_RECORD_PAYLOAD).any():
+        raise CorruptError(f"{where}: a record size is out of range")
+    order = np.argsort(offs, kind="stable")
+    offs, sizes = offs[order], sizes[order]
+    start = L.HEADER_SIZE + META_RECORD_SIZE
+    expect = np.empty_like(offs)
+    if offs.size:
+        expect[0] = start
+        np.add(offs[:-1], sizes[:-1], out=expect[1:])
+    end = int(offs[-1] + sizes[-1]) if offs.size else start
+    if (offs != expect).any() or end != index_offset:
+        raise CorruptError(f"{where}: the records it locates do not tile the file between META and the index "
+                           f"(a gap, an overlap, or an offset out of range)")

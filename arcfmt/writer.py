@@ -67,6 +67,7 @@ class DeltaWriter:
         self._effort = effort
         self._workers = workers or min(8, os.cpu_count() or 1)
         self._entries = []
+        self._others = []
         self._names = set()
         self._base_entries = []
         self._target_entries = []
@@ -76,7 +77,7 @@ class DeltaWriter:
         self._write(records.build_header())
         self._record(L.META, records.build_meta(records.Meta(base_step, target_step)))
         if note:
-            self._record(L.NOTE, note.encode("utf-8"))
+            self.write_record(L.NOTE, note.encode("utf-8"))
 
     # -- low level
     def _write(self, data) -> None:
@@ -88,6 +89,13 @@ class DeltaWriter:
         offset = self._pos
         self._write(rec)
         return offset, len(rec), int.from_bytes(rec[8:16], "little")
+
+    def write_record(self, rtype: bytes, payload: bytes) -> None:
+        """Write an ancillary record (lower-case type, SPEC.md §5) between tensors."""
+        if len(rtype) != 4 or not rtype.isalpha() or not rtype.isascii() or not rtype[:1].islower():
+            raise InputError(f"extra records must have an ancillary (lower-case first letter) type, not {rtype!r}")
+        off, size, _ = self._record(rtype, payload)
+        self._others.append(records.OtherRecord(off, size, rtype))
 
     # -- tensors
     def _prepare(self, name, base, target, keyframe):
@@ -161,7 +169,7 @@ class DeltaWriter:
         if self.closed:
             return self.size
         base_digest = model_digest(self._base_entries) if self._base_entries else bytes(16)
-        index = records.Index(base_digest, model_digest(self._target_entries), self._entries)
+        index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others)
         off, size, _ = self._record(L.INDX, records.build_index(index))
         self._write(records.build_trailer(off, size))
         self.closed = True
