@@ -56,19 +56,33 @@ def compress(codec: int, data, setting: int):
     raise UnsupportedError(f"unknown codec id {codec}")
 
 
-def encode_smallest(data, effort: str = "default") -> tuple[int, bytes]:
-    """Compress ``data`` with every codec of the effort level and keep the smallest (raw included)."""
+def encode_smallest(data, effort="default") -> tuple[int, bytes]:
+    """Compress ``data`` with every codec of the effort level and keep the smallest (raw included).
+
+    ``effort`` is a level name or a tuple of ``(codec, setting)`` trials.
+    """
     data = bytes(data) if not isinstance(data, bytes) else data
     if not data:
         return RAW, b""
     best_codec, best = RAW, data
-    for codec, setting in EFFORTS[effort]:
+    for codec, setting in (EFFORTS[effort] if isinstance(effort, str) else effort):
         if codec in (XZ, BZ2) and (len(data) < SMALL_STREAM or len(best) < _XZ_BZ2_OVERHEAD):
             continue  # cannot win: its container overhead alone exceeds the best so far
         out = compress(codec, data, setting)
         if len(out) < len(best):
             best_codec, best = codec, out
     return best_codec, best
+
+
+DEFAULT_SETTING = {RAW: 0, ZSTD: 19, XZ: 6, BZ2: 9}
+
+
+def encode_with(codec: int, data) -> tuple[int, bytes]:
+    """Compress with one given codec (empty streams stay raw, as SPEC.md §9 requires)."""
+    data = bytes(data)
+    if not data:
+        return RAW, b""
+    return codec, compress(codec, data, DEFAULT_SETTING[codec])
 
 
 def decode(codec: int, stored, length: int):

@@ -334,7 +334,14 @@ class StreamReader:
         return offset, head, payload
 
     def __iter__(self):
-        self.version = records.check_header(self._read(L.HEADER_SIZE, "the header"))
+        head = self._f.read(L.HEADER_SIZE)
+        while 0 < len(head) < L.HEADER_SIZE:
+            more = self._f.read(L.HEADER_SIZE - len(head))
+            if not more:
+                break
+            head += more
+        self._pos = len(head)
+        self.version = records.check_header(head)  # a short header is `truncated` or `bad_magic` (§12.1)
         offset, head, payload = self._record()
         if head.type != L.META:
             raise CorruptError(f"first record at offset {offset} is {head.type!r}, not META")

@@ -164,6 +164,26 @@ def encode_float_delta(dt: DType, base: np.ndarray, target: np.ndarray, position
     return EncodedBlock(BF16_DELTA if dt is BF16 else FLOAT_DELTA, [c, e], streams, c)
 
 
+BY_NAME = {v: k for k, v in NAMES.items()}
+
+
+def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding: int) -> EncodedBlock:
+    """One given encoding (for tests and conformance vectors); raises if it cannot code this block."""
+    check_encoding(dt, encoding)
+    if NEEDS_BASE[encoding] and base is None:
+        raise ValueError(f"encoding {NAMES[encoding]} needs a base")
+    if encoding == KEYFRAME:
+        return encode_keyframe(dt, target)
+    if encoding == XOR:
+        return encode_xor(dt, base, target)
+    positions = np.flatnonzero(base != target)
+    if encoding == UNCHANGED or positions.size == 0:
+        if positions.size:
+            raise ValueError("block changed: it cannot be coded as unchanged")
+        return EncodedBlock(UNCHANGED, [], [], 0)
+    return encode_float_delta(dt, base, target, positions)
+
+
 def encode_candidates(dt: DType, base: np.ndarray | None, target: np.ndarray) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, cheapest-to-decode first."""
     if base is None:

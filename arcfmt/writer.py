@@ -35,11 +35,18 @@ class TensorStats:
         return self.header_size + sum(b.size for b in self.blocks)
 
 
-def _encode_block(dt, base, target, effort):
+def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total."""
     best = None
-    for cand in transforms.encode_candidates(dt, base, target):
-        coded = [codecs.encode_smallest(s, effort) for s in cand.streams]
+    if force_encoding is not None:
+        cands = [transforms.encode_forced(dt, base, target, force_encoding)]
+    else:
+        cands = transforms.encode_candidates(dt, base, target)
+    for cand in cands:
+        if force_codec is not None:
+            coded = [codecs.encode_with(force_codec, s) for s in cand.streams]
+        else:
+            coded = [codecs.encode_smallest(s, effort) for s in cand.streams]
         total = sum(len(s) for _, s in coded)
         if best is None or total < best[2]:
             best = (cand, coded, total)
@@ -56,11 +63,19 @@ class DeltaWriter:
     """
 
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
-                 effort="default", workers=None, note: str | None = None):
+                 effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
+                 force_codec: str | None = None):
+        """``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
+        encoding and every stream to one codec: for tests and conformance vectors, not for size."""
         if not 1 <= block_elems <= L.MAX_BLOCK_ELEMS:
             raise InputError(f"block_elems must be in 1..{L.MAX_BLOCK_ELEMS}")
-        if effort not in codecs.EFFORTS:
+        if isinstance(effort, str) and effort not in codecs.EFFORTS:
             raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}")
+        try:
+            self._force_encoding = None if force_encoding is None else transforms.BY_NAME[force_encoding]
+            self._force_codec = None if force_codec is None else codecs.BY_NAME[force_codec]
+        except KeyError as exc:
+            raise InputError(f"unknown encoding or codec name {exc}") from None
         self._f = fileobj
         self._pos = 0
         self._block_elems = block_elems
@@ -138,7 +153,8 @@ class DeltaWriter:
                 pending.append(("T", th))
                 for blk in range(th.block_count):
                     s, e = th.block_range(blk)
-                    fut = pool.submit(_encode_block, th.dtype, None if b is None else b[s:e], t[s:e], self._effort)
+                    fut = pool.submit(_encode_block, th.dtype, None if b is None else b[s:e], t[s:e], self._effort,
+                                      self._force_encoding, self._force_codec)
                     pending.append(("B", (th, blk, fut)))
                     drain(max_inflight)
             drain(0)

@@ -21,7 +21,7 @@ from arcfmt import layout as L, records
 # ------------------------------------------------------------------------------------- hypothesis
 
 settings.register_profile(
-    "ci", derandomize=True, max_examples=60, deadline=None, database=None, print_blob=True,
+    "ci", derandomize=True, max_examples=100, deadline=None, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=500, deadline=None)
@@ -29,10 +29,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # ------------------------------------------------------------------------------------- readers
 
-# The streaming reader of SPEC.md §12.2 (``arcfmt.StreamReader`` when the package exports it).
-StreamReader = getattr(arcfmt, "StreamReader", None)
-if StreamReader is None:  # pragma: no cover - depends on the package's export list
-    from arcfmt.reader import StreamReader  # noqa: F811
+# The streaming reader of SPEC.md §12.2.
+StreamReader = arcfmt.StreamReader
 
 # ------------------------------------------------------------------------------------- dtypes
 
@@ -265,25 +263,29 @@ def parse_file(data: bytes) -> Parsed:
 
 
 def blck_encoding(payload: bytes) -> int:
-    """The encoding byte of a BLCK payload (after its two varints)."""
+    """The encoding byte of a BLCK payload (after its two varints); 0 if the payload has none."""
     i = 0
-    for _ in range(2):
-        while payload[i] & 0x80:
+    try:
+        for _ in range(2):
+            while payload[i] & 0x80:
+                i += 1
             i += 1
-        i += 1
-    return payload[i]
+        return payload[i]
+    except IndexError:
+        return 0
 
 
 def assemble(recs, *, header: bytes | None = None, base_digest=None, target_digest=None,
-             index_payload: bytes | None = None, trailer_fn=None) -> bytes:
-    """Write a file from records (without INDX): fresh record checksums, a consistent index and trailer.
+             index_payload: bytes | None = None, trailer_fn=None, list_others: bool = True) -> bytes:
+    """Write a file from records: fresh record checksums, a consistent index (§10) and trailer (§11).
 
-    ``recs`` may include INDX records; they are dropped and rebuilt (unless ``index_payload`` is given,
-    which is then used verbatim as the INDX payload). ``trailer_fn(bytes40) -> bytes40`` may patch the
-    trailer.
+    INDX records in ``recs`` are dropped and rebuilt (unless ``index_payload`` is given, which is then
+    used verbatim as the INDX payload). Every record other than META/TENS/BLCK is listed among the
+    index's other records (``list_others=False`` leaves them out). ``trailer_fn(bytes40) -> bytes40``
+    may patch the trailer.
     """
     out = bytearray(header if header is not None else records.build_header())
-    entries = []
+    entries, others = [], []
     for r in recs:
         if r.type == L.INDX:
             continue
@@ -295,10 +297,12 @@ def assemble(recs, *, header: bytes | None = None, base_digest=None, target_dige
             entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
         elif r.type == L.BLCK and r.raw is None:
             entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, blck_encoding(r.payload)))
+        elif r.type != L.META and list_others:
+            others.append(records.OtherRecord(off, len(rec), r.type))
     if index_payload is None:
         index_payload = records.build_index(records.Index(
             base_digest if base_digest is not None else bytes(16),
-            target_digest if target_digest is not None else bytes(16), entries))
+            target_digest if target_digest is not None else bytes(16), entries, others))
     index_rec = records.build_record(L.INDX, index_payload)
     index_offset = len(out)
     out += index_rec

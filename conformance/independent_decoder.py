@@ -1,0 +1,1158 @@
+#!/usr/bin/env python3
+"""Independent arcfmt 1.0 decoder, written from SPEC.md alone.
+
+A deliberately plain, slow, obviously-correct second implementation of the
+arcfmt delta format.  It uses only the Python standard library plus the codec
+and hash bindings ``zstandard`` and ``xxhash``; it does not import ``arcfmt``.
+
+Usage::
+
+    python conformance/independent_decoder.py [--stream] BASE DELTA OUT
+
+BASE is a safetensors file holding the base tensors (``{}`` header when the file
+needs no base), DELTA the arcfmt file, OUT the JSON report written on success::
+
+    {name: {"dtype": NAME, "shape": [...], "sha256": HEX}}
+
+On rejection it prints exactly one line ``error: CATEGORY: message`` to stdout
+and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
+
+By default it decodes with the random-access procedure (SPEC §12.1: trailer ->
+index -> META -> records).  ``--stream`` decodes front to back (SPEC §12.2) and
+only uses the index at the end, to cross-check it against the records seen.
+
+Memory: no declared size is allocated before it is checked against the SPEC §14
+limits; tensors are reconstructed and hashed block by block, so the largest
+buffer is one block (or one record payload / one index body).
+
+Ordering decisions the spec leaves open are marked "ASSUMPTION" below; see the
+report that accompanies this file for the list of spec defects.
+"""
+
+import bz2
+import hashlib
+import json
+import lzma
+import os
+import struct
+import sys
+import traceback
+
+import xxhash
+import zstandard
+
+# --------------------------------------------------------------------------------------------
+# Errors (SPEC §15)
+
+CATEGORIES = (
+    "bad_magic", "unsupported_version", "truncated", "checksum", "reserved_bits", "limit",
+    "unknown_record", "unsupported", "corrupt", "wrong_base", "verification",
+)
+
+
+class ArcError(Exception):
+    def __init__(self, category, message):
+        assert category in CATEGORIES, category
+        super().__init__(message)
+        self.category = category
+        self.message = message
+
+
+def fail(category, message):
+    raise ArcError(category, message)
+
+
+# --------------------------------------------------------------------------------------------
+# Constants (SPEC §4, §11, §14)
+
+MAGIC = b"\x8aARC\r\n\x1a\n"
+TRAILER_MAGIC = b"\x8aARCEND\n"
+HEADER_SIZE = 16
+META_SIZE = 16 + 20
+TRAILER_SIZE = 40
+MIN_FILE_SIZE = HEADER_SIZE + META_SIZE + 16 + TRAILER_SIZE  # 108
+FIRST_RECORD_OFFSET = HEADER_SIZE + META_SIZE  # 52
+NONE_STEP = 0xFFFFFFFFFFFFFFFF
+
+MAX_NAME_BYTES = 1024
+MAX_DIMS = 16
+MAX_TENSOR_ELEMS = 2 ** 40
+MAX_BLOCK_ELEMS = 2 ** 24
+MAX_BLOCKS_PER_TENSOR = 2 ** 24
+MAX_TENSORS = 2 ** 20
+MAX_RECORD_PAYLOAD = 2 ** 28
+MAX_INDEX_BYTES = 2 ** 26
+MAX_WINDOW = 2 ** 27
+MAX_XZ_MEMORY = 2 ** 27
+MAX_OTHER_RECORDS = 2 ** 20
+
+# SPEC §2: code -> (name, W, kind, E, M)
+DTYPES = {
+    1: ("BOOL", 1, "bool", None, None),
+    2: ("U8", 1, "uint", None, None),
+    3: ("I8", 1, "int", None, None),
+    4: ("U16", 2, "uint", None, None),
+    5: ("I16", 2, "int", None, None),
+    6: ("U32", 4, "uint", None, None),
+    7: ("I32", 4, "int", None, None),
+    8: ("U64", 8, "uint", None, None),
+    9: ("I64", 8, "int", None, None),
+    10: ("F16", 2, "float", 5, 10),
+    11: ("BF16", 2, "float", 8, 7),
+    12: ("F32", 4, "float", 8, 23),
+    13: ("F64", 8, "float", 11, 52),
+    14: ("F8_E4M3", 1, "float", 4, 3),
+    15: ("F8_E5M2", 1, "float", 5, 2),
+}
+DTYPE_BY_NAME = {v[0]: k for k, v in DTYPES.items()}
+
+# SPEC §8: encoding ids
+ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME = 0, 1, 2, 3, 4
+BF16 = 11
+FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
+
+# SPEC §9: codec ids
+CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
+KNOWN_CODECS = {CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2}
+
+KNOWN_CRITICAL = {b"META", b"TENS", b"BLCK", b"INDX"}
+KNOWN_ANCILLARY = {b"note"}
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers (SPEC §1)
+
+def xxh3_64(data):
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def xxh3_128_canonical(data):
+    # xxhash's digest() is the canonical (big-endian) form, as XXH128_canonicalFromHash writes it.
+    return xxhash.xxh3_128_digest(data)
+
+
+def bytes_for(x):
+    assert x >= 0
+    return max(1, (x.bit_length() + 7) // 8)
+
+
+def is_letters(typ):
+    return len(typ) == 4 and all((0x41 <= c <= 0x5A) or (0x61 <= c <= 0x7A) for c in typ)
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+class Cursor:
+    """Reads the fields of one payload; running past its end is `corrupt` (SPEC §5)."""
+
+    def __init__(self, data, what):
+        self.data = data
+        self.pos = 0
+        self.what = what
+
+    def remaining(self):
+        return len(self.data) - self.pos
+
+    def take(self, n, field):
+        if n < 0 or n > self.remaining():
+            fail("corrupt", f"{self.what}: {field} runs past the end of the payload "
+                            f"(needs {n} bytes, {self.remaining()} left)")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u8(self, field):
+        return self.take(1, field)[0]
+
+    def u16(self, field):
+        return struct.unpack("<H", self.take(2, field))[0]
+
+    def u32(self, field):
+        return struct.unpack("<I", self.take(4, field))[0]
+
+    def u64(self, field):
+        return struct.unpack("<Q", self.take(8, field))[0]
+
+    def varint(self, field):
+        value = 0
+        for i in range(10):
+            if self.pos >= len(self.data):
+                fail("corrupt", f"{self.what}: varint {field} runs past the end of the payload")
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << (7 * i)
+            if not byte & 0x80:
+                if i > 0 and byte == 0:
+                    fail("corrupt", f"{self.what}: varint {field} is not minimal")
+                if value >= 2 ** 64:
+                    fail("corrupt", f"{self.what}: varint {field} is 2^64 or more")
+                return value
+        fail("corrupt", f"{self.what}: varint {field} is longer than 10 bytes")
+
+    def check_column(self, count, width, field):
+        """SPEC §10: check a column's byte count against the bytes left before reading it."""
+        if count * width > self.remaining():
+            fail("corrupt", f"{self.what}: column {field} ({count} x {width} bytes) runs past "
+                            f"the end of the body ({self.remaining()} bytes left)")
+
+    def column(self, count, fmt, field):
+        width = struct.calcsize("<" + fmt)
+        self.check_column(count, width, field)
+        raw = self.take(count * width, field)
+        return list(struct.unpack("<" + fmt * count, raw)) if count else []
+
+    def end(self):
+        if self.remaining() != 0:
+            fail("corrupt", f"{self.what}: {self.remaining()} bytes left over at the end of the payload")
+
+
+def check_name_bytes(name, what):
+    """SPEC §7 name rules (the length limit is checked by the caller, as `limit`)."""
+    if len(name) == 0:
+        fail("corrupt", f"{what}: empty tensor name")
+    try:
+        text = name.decode("utf-8", errors="strict")  # rejects overlong forms and surrogates
+    except UnicodeDecodeError as exc:
+        fail("corrupt", f"{what}: tensor name is not valid UTF-8 ({exc})")
+    for ch in text:
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            fail("corrupt", f"{what}: tensor name {text!r} contains control character U+{ord(ch):04X}")
+    return text
+
+
+def plane_major_decode(data, n, w):
+    """SPEC §1: n unsigned values of width w stored plane-major."""
+    assert len(data) == n * w
+    values = [0] * n
+    for k in range(w):
+        plane = data[k * n:(k + 1) * n]
+        shift = 8 * k
+        for i in range(n):
+            values[i] |= plane[i] << shift
+    return values
+
+
+def gap_decode(gaps):
+    out = []
+    prev = -1
+    for g in gaps:
+        prev = prev + g + 1
+        out.append(prev)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Codecs (SPEC §9)
+
+def parse_zstd_frame(stored, L):
+    """Check a zstd frame header against SPEC §9 and walk its blocks to find where the frame ends.
+
+    Returns nothing; raises on violations.  Done before anything is decompressed.
+    """
+    if len(stored) < 6:
+        fail("corrupt", "zstd: stored bytes too short for a frame header")
+    magic = struct.unpack("<I", stored[0:4])[0]
+    if magic != 0xFD2FB528:
+        fail("corrupt", f"zstd: not a Zstandard frame (magic 0x{magic:08X})")
+    fhd = stored[4]
+    fcs_flag = fhd >> 6
+    single_segment = (fhd >> 5) & 1
+    reserved = (fhd >> 3) & 1
+    content_checksum = (fhd >> 2) & 1
+    did_flag = fhd & 3
+    if reserved:
+        fail("corrupt", "zstd: reserved bit of the frame header descriptor is set")
+    pos = 5
+    window_size = None
+    if not single_segment:
+        if pos >= len(stored):
+            fail("corrupt", "zstd: frame header truncated")
+        wd = stored[pos]
+        pos += 1
+        exponent, mantissa = wd >> 3, wd & 7
+        window_base = 1 << (10 + exponent)
+        window_size = window_base + (window_base // 8) * mantissa
+    did_size = (0, 1, 2, 4)[did_flag]
+    if pos + did_size > len(stored):
+        fail("corrupt", "zstd: frame header truncated")
+    dictionary_id = int.from_bytes(stored[pos:pos + did_size], "little")
+    pos += did_size
+    fcs_size = {0: 1 if single_segment else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
+    if pos + fcs_size > len(stored):
+        fail("corrupt", "zstd: frame header truncated")
+    if fcs_size == 0:
+        fail("corrupt", "zstd: frame header does not declare Frame_Content_Size")
+    fcs = int.from_bytes(stored[pos:pos + fcs_size], "little")
+    if fcs_size == 2:
+        fcs += 256
+    pos += fcs_size
+    if single_segment:
+        window_size = fcs
+    # ASSUMPTION: the checks are made in the order SPEC §9 lists them.
+    if fcs != L:
+        fail("corrupt", f"zstd: Frame_Content_Size {fcs} != decoded length {L}")
+    if dictionary_id != 0:
+        fail("corrupt", f"zstd: frame uses a dictionary (Dictionary_ID {dictionary_id})")
+    if window_size > MAX_WINDOW:
+        fail("limit", f"zstd: window size {window_size} exceeds MAX_WINDOW")
+    # Walk the blocks to find the end of the frame (so trailing data is detected without decoding).
+    plain = 0
+    while True:
+        if pos + 3 > len(stored):
+            fail("corrupt", "zstd: frame truncated inside a block header")
+        bh = int.from_bytes(stored[pos:pos + 3], "little")
+        pos += 3
+        last = bh & 1
+        btype = (bh >> 1) & 3
+        bsize = bh >> 3
+        if btype == 3:
+            fail("corrupt", "zstd: reserved block type")
+        content = 1 if btype == 1 else bsize
+        if btype in (0, 1):
+            plain += bsize
+            if plain > L:
+                fail("corrupt", "zstd: frame decodes to more than the decoded length")
+        if pos + content > len(stored):
+            fail("corrupt", "zstd: frame truncated inside a block")
+        pos += content
+        if last:
+            break
+    if content_checksum:
+        if pos + 4 > len(stored):
+            fail("corrupt", "zstd: frame truncated inside the content checksum")
+        pos += 4
+    if pos != len(stored):
+        fail("corrupt", f"zstd: {len(stored) - pos} bytes follow the frame")
+
+
+def bounded_decompress(decompressor, stored, L, name):
+    """Decode with an xz/bz2 decompressor object, never producing more than L+1 bytes."""
+    out = bytearray()
+    chunk = decompressor.decompress(stored, max_length=L + 1)
+    out += chunk
+    while len(out) <= L and not decompressor.eof and not decompressor.needs_input:
+        chunk = decompressor.decompress(b"", max_length=L + 1 - len(out))
+        if not chunk:
+            break
+        out += chunk
+    if len(out) > L:
+        fail("corrupt", f"{name}: stream decodes to more than the decoded length {L}")
+    if not decompressor.eof:
+        fail("corrupt", f"{name}: stream is incomplete")
+    if decompressor.unused_data:
+        fail("corrupt", f"{name}: {len(decompressor.unused_data)} bytes follow the stream")
+    if len(out) != L:
+        fail("corrupt", f"{name}: stream decodes to {len(out)} bytes, expected {L}")
+    return bytes(out)
+
+
+def decode_stream(codec, stored, L, what):
+    """Decode one stream to exactly L bytes (SPEC §9)."""
+    if codec not in KNOWN_CODECS:
+        fail("unsupported", f"{what}: unknown codec id {codec}")
+    if L == 0:
+        if codec != CODEC_RAW or len(stored) != 0:
+            fail("corrupt", f"{what}: an empty stream must use raw with stored length 0")
+        return b""
+    if codec == CODEC_RAW:
+        if len(stored) != L:
+            fail("corrupt", f"{what}: raw stored length {len(stored)} != decoded length {L}")
+        return bytes(stored)
+    if codec == CODEC_ZSTD:
+        parse_zstd_frame(stored, L)
+        try:
+            dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+            # The frame declares its content size (checked == L), so this allocates L bytes
+            # and libzstd fails rather than write past it.
+            out = dctx.decompress(bytes(stored), max_output_size=L)
+        except zstandard.ZstdError as exc:
+            fail("corrupt", f"{what}: zstd: {exc}")
+        if len(out) != L:
+            fail("corrupt", f"{what}: zstd stream decodes to {len(out)} bytes, expected {L}")
+        return out
+    if codec == CODEC_XZ:
+        try:
+            d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
+            return bounded_decompress(d, bytes(stored), L, f"{what}: xz")
+        except lzma.LZMAError as exc:
+            if "memory" in str(exc).lower() and "limit" in str(exc).lower():
+                fail("limit", f"{what}: xz: {exc}")
+            fail("corrupt", f"{what}: xz: {exc}")
+        except EOFError as exc:
+            fail("corrupt", f"{what}: xz: {exc}")
+    if codec == CODEC_BZ2:
+        try:
+            d = bz2.BZ2Decompressor()
+            return bounded_decompress(d, bytes(stored), L, f"{what}: bz2")
+        except (OSError, ValueError, EOFError) as exc:
+            fail("corrupt", f"{what}: bz2: {exc}")
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------
+# Input file access
+
+class InputFile:
+    def __init__(self, path):
+        self.f = open(path, "rb")
+        self.size = os.fstat(self.f.fileno()).st_size
+
+    def read_at(self, offset, n):
+        self.f.seek(offset)
+        data = self.f.read(n)
+        return data
+
+
+# --------------------------------------------------------------------------------------------
+# Base checkpoint (safetensors)
+
+class BaseCheckpoint:
+    def __init__(self, path):
+        self.f = open(path, "rb")
+        size = os.fstat(self.f.fileno()).st_size
+        head = self.f.read(8)
+        if len(head) != 8:
+            raise ValueError("base safetensors file too short")
+        n = struct.unpack("<Q", head)[0]
+        if n > size - 8:
+            raise ValueError("base safetensors header runs past the end of the file")
+        header = json.loads(self.f.read(n).decode("utf-8"))
+        self.data_start = 8 + n
+        self.data_size = size - self.data_start
+        self.tensors = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            if not (0 <= begin <= end <= self.data_size):
+                raise ValueError(f"base tensor {name!r}: bad data_offsets")
+            self.tensors[name] = (entry["dtype"], list(entry["shape"]), begin, end)
+
+    def read(self, name, offset, n):
+        _, _, begin, end = self.tensors[name]
+        assert 0 <= offset and offset + n <= end - begin
+        self.f.seek(self.data_start + begin + offset)
+        data = self.f.read(n)
+        assert len(data) == n
+        return data
+
+    def check(self, ti):
+        """SPEC §7 / §12.3 step 1: same dtype, same shape, base_hash matches (`wrong_base`)."""
+        entry = self.tensors.get(ti.name)
+        if entry is None:
+            fail("wrong_base", f"tensor {ti.name!r}: not in the base")
+        dtype_name, shape, begin, end = entry
+        if dtype_name != ti.dtype_name:
+            fail("wrong_base", f"tensor {ti.name!r}: base dtype {dtype_name} != {ti.dtype_name}")
+        if shape != ti.dims:
+            fail("wrong_base", f"tensor {ti.name!r}: base shape {shape} != {ti.dims}")
+        if end - begin != ti.n * ti.W:
+            fail("wrong_base", f"tensor {ti.name!r}: base holds {end - begin} bytes, "
+                               f"expected {ti.n * ti.W}")
+        h = xxhash.xxh3_64()
+        chunk = 1 << 24
+        for off in range(0, end - begin, chunk):
+            h.update(self.read(ti.name, off, min(chunk, end - begin - off)))
+        if h.intdigest() != ti.base_hash:
+            fail("wrong_base", f"tensor {ti.name!r}: base hash 0x{h.intdigest():016x} != "
+                               f"base_hash 0x{ti.base_hash:016x}")
+
+
+# --------------------------------------------------------------------------------------------
+# Header and trailer (SPEC §4, §11)
+
+def check_header(f):
+    if f.size < HEADER_SIZE:
+        data = f.read_at(0, f.size)
+        # ASSUMPTION: "a prefix of the magic" means its first min(size, 8) bytes match the magic
+        # (a 9..15-byte file that starts with the full magic is a cut-off header: `truncated`).
+        if MAGIC.startswith(data[:8]):
+            fail("truncated", f"file is {f.size} bytes, shorter than the 16-byte header")
+        fail("bad_magic", "not an arcfmt file")
+    data = f.read_at(0, HEADER_SIZE)
+    if data[0:8] != MAGIC:
+        fail("bad_magic", "not an arcfmt file (bad header magic)")
+    major, minor, flags = struct.unpack("<HHI", data[8:16])
+    if major != 1:
+        fail("unsupported_version", f"major version {major}")
+    if flags != 0:
+        fail("reserved_bits", f"header flags 0x{flags:08x}")
+    return major, minor
+
+
+def parse_trailer(data, header_major, header_minor):
+    """Checks of SPEC §11 after the magic: checksum, major, flags.  Returns (index_offset, index_size)."""
+    index_offset, index_size, major, minor, flags, csum = struct.unpack("<QQHHIQ", data[0:32])
+    if xxh3_64(data[0:24]) != csum:
+        fail("checksum", "trailer checksum mismatch")
+    if major != 1 or major != header_major:
+        # ASSUMPTION: a trailer major other than 1 (the header's, already checked) is
+        # `unsupported_version`, as the ordered list in §11 says, not `corrupt` (§12.1).
+        fail("unsupported_version", f"trailer major version {major}")
+    if flags != 0:
+        fail("reserved_bits", f"trailer flags 0x{flags:08x}")
+    return index_offset, index_size, minor
+
+
+def check_trailer_random(f, header_major, header_minor):
+    if f.size < MIN_FILE_SIZE:
+        fail("truncated", f"file is {f.size} bytes, shorter than the minimum {MIN_FILE_SIZE}")
+    data = f.read_at(f.size - TRAILER_SIZE, TRAILER_SIZE)
+    if data[32:40] != TRAILER_MAGIC:
+        # the header magic is valid at this point, so a bad trailer magic means a cut-off file
+        fail("truncated", "trailer magic missing (file cut off?)")
+    index_offset, index_size, minor = parse_trailer(data, header_major, header_minor)
+    if index_offset + index_size != f.size - TRAILER_SIZE:
+        fail("corrupt", "trailer: index_offset + index_size != file size - 40")
+    if index_offset < FIRST_RECORD_OFFSET:
+        fail("corrupt", f"trailer: index_offset {index_offset} < 52")
+    if index_size < 16:
+        fail("corrupt", f"trailer: index_size {index_size} < 16")
+    # ASSUMPTION: the header/trailer minor agreement (§11 table, §12.1 `corrupt`) is checked after
+    # the ordered §11 list.
+    if minor != header_minor:
+        fail("corrupt", f"trailer minor version {minor} != header minor version {header_minor}")
+    return index_offset, index_size
+
+
+# --------------------------------------------------------------------------------------------
+# Records (SPEC §5)
+
+def read_located_record(f, offset, size, expected_type, expected_checksum=None):
+    """Random access: read the record the index (or trailer) locates and check it (SPEC §5, §10).
+
+    ASSUMPTION (order): type letters (corrupt), length limit (limit), type == expected (corrupt),
+    length == size - 16 (corrupt), checksum field == index column (corrupt), checksum (checksum).
+    """
+    what = f"{expected_type.decode()} record at offset {offset}"
+    hdr = f.read_at(offset, 16)
+    if len(hdr) != 16:
+        fail("truncated", f"{what}: end of input inside the record header")
+    typ = hdr[0:4]
+    length, csum = struct.unpack("<IQ", hdr[4:16])
+    if not is_letters(typ):
+        fail("corrupt", f"{what}: record type {typ!r} is not four ASCII letters")
+    if length > MAX_RECORD_PAYLOAD:
+        fail("limit", f"{what}: payload length {length} exceeds MAX_RECORD_PAYLOAD")
+    if typ != expected_type:
+        fail("corrupt", f"{what}: found a {typ!r} record")
+    if length != size - 16:
+        fail("corrupt", f"{what}: length {length} != located size {size} - 16")
+    if expected_checksum is not None and csum != expected_checksum:
+        fail("corrupt", f"{what}: checksum field differs from the index's")
+    payload = f.read_at(offset + 16, length)
+    if len(payload) != length:
+        fail("truncated", f"{what}: end of input inside the payload")
+    if xxh3_64(hdr[0:8] + payload) != csum:
+        fail("checksum", f"{what}: record checksum mismatch")
+    return payload
+
+
+def parse_meta(payload):
+    c = Cursor(payload, "META")
+    flags = c.u32("flags")
+    base_step = c.u64("base_step")
+    target_step = c.u64("target_step")
+    c.end()
+    if flags != 0:
+        fail("reserved_bits", f"META flags 0x{flags:08x}")
+    return base_step, target_step
+
+
+# --------------------------------------------------------------------------------------------
+# TENS (SPEC §7)
+
+class TensorInfo:
+    pass
+
+
+def parse_tens(payload, ordinal):
+    what = f"TENS #{ordinal}"
+    c = Cursor(payload, what)
+    ti = TensorInfo()
+    ti.ordinal = ordinal
+    name_length = c.varint("name_length")
+    if name_length == 0:
+        fail("corrupt", f"{what}: empty tensor name")
+    if name_length > MAX_NAME_BYTES:
+        # ASSUMPTION: a declared name_length beyond MAX_NAME_BYTES is `limit` (§14), not `corrupt` (§7).
+        fail("limit", f"{what}: name_length {name_length} exceeds MAX_NAME_BYTES")
+    ti.name_bytes = c.take(name_length, "name")
+    ti.name = check_name_bytes(ti.name_bytes, what)
+    what = f"TENS {ti.name!r}"
+    c.what = what
+    ti.dtype = c.u8("dtype")
+    if ti.dtype not in DTYPES:
+        fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
+    ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
+    ndim = c.u8("ndim")
+    if ndim > MAX_DIMS:
+        fail("limit", f"{what}: ndim {ndim} exceeds MAX_DIMS")
+    ti.dims = [c.varint(f"dims[{i}]") for i in range(ndim)]
+    # ASSUMPTION: the literal procedure of §7: partial products left to right, `limit` as soon as
+    # one exceeds MAX_TENSOR_ELEMS (so [2^41, 0] is `limit` although n would be 0).
+    n = 1
+    for d in ti.dims:
+        n *= d
+        if n > MAX_TENSOR_ELEMS:
+            fail("limit", f"{what}: element count exceeds MAX_TENSOR_ELEMS")
+    ti.n = n
+    ti.block_elems = c.varint("block_elems")
+    if ti.block_elems == 0:
+        # ASSUMPTION: block_elems = 0 is `corrupt` (§7 says 1 ... MAX_BLOCK_ELEMS, no category).
+        fail("corrupt", f"{what}: block_elems is 0")
+    if ti.block_elems > MAX_BLOCK_ELEMS:
+        fail("limit", f"{what}: block_elems {ti.block_elems} exceeds MAX_BLOCK_ELEMS")
+    ti.B = ceil_div(n, ti.block_elems)
+    if ti.B > MAX_BLOCKS_PER_TENSOR:
+        fail("limit", f"{what}: {ti.B} blocks exceed MAX_BLOCKS_PER_TENSOR")
+    flags = c.u8("flags")
+    if flags & 0xFE:
+        fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{flags:02x}")
+    ti.needs_base = bool(flags & 1)
+    ti.base_hash = c.u64("base_hash") if ti.needs_base else None
+    ti.target_hash = c.u64("target_hash")
+    c.end()
+    return ti
+
+
+def block_elems_of(ti, b):
+    start = b * ti.block_elems
+    return start, min(ti.n, start + ti.block_elems) - start
+
+
+# --------------------------------------------------------------------------------------------
+# BLCK (SPEC §8)
+
+def stream_lengths(ti, enc, m, c=None, e=None):
+    W = ti.W
+    if enc == ENC_UNCHANGED:
+        return []
+    if enc == ENC_XOR:
+        return [m] * W
+    if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
+        pw = bytes_for(m - 1)
+        sw = bytes_for(2 ** (ti.M + 1) - 1)
+        xw = bytes_for(c - 1)
+        return [c * pw, (c - e) * sw, e * xw, e * W]
+    if enc == ENC_KEYFRAME:
+        if ti.kind == "float":
+            return [m * bytes_for(2 ** ti.E - 1), m * bytes_for(2 ** (ti.M + 1) - 1)]
+        return [m * W]
+    raise AssertionError(enc)
+
+
+def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
+    """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
+
+    get_base(start, m) returns the base bytes of elements [start, start+m).
+    """
+    what = f"BLCK {ti.name!r} #{b}"
+    cur = Cursor(payload, what)
+    tensor = cur.varint("tensor")
+    block = cur.varint("block")
+    if tensor != t or block != b:
+        fail("corrupt", f"{what}: record says tensor {tensor} block {block}, expected {t} {b}")
+    enc = cur.u8("encoding")
+    # ASSUMPTION (order): index agreement (corrupt), then unknown id / dtype mismatch (unsupported),
+    # then the NEEDS_BASE rule (corrupt).
+    if expected_encoding is not None and enc != expected_encoding:
+        fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
+    if enc not in (0, 1, 2, 3, 4):
+        fail("unsupported", f"{what}: unknown encoding id {enc}")
+    if enc == ENC_BF16_DELTA and ti.dtype != BF16:
+        fail("unsupported", f"{what}: bf16-delta used on {ti.dtype_name}")
+    if enc == ENC_FLOAT_DELTA and ti.dtype not in FLOAT_DELTA_DTYPES:
+        fail("unsupported", f"{what}: float-delta used on {ti.dtype_name}")
+    if not ti.needs_base and enc != ENC_KEYFRAME:
+        fail("corrupt", f"{what}: tensor without NEEDS_BASE uses encoding {enc}")
+    start, m = block_elems_of(ti, b)
+    c = e = None
+    if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
+        c = cur.varint("c")
+        if not 1 <= c <= m:
+            fail("corrupt", f"{what}: c = {c} not in [1, m = {m}]")
+        e = cur.varint("e")
+        if not 0 <= e <= c:
+            fail("corrupt", f"{what}: e = {e} not in [0, c = {c}]")
+    lengths = stream_lengths(ti, enc, m, c, e)
+    table = []
+    for k in range(len(lengths)):
+        codec = cur.u8(f"stream {k} codec")
+        if codec not in KNOWN_CODECS:
+            fail("unsupported", f"{what}: stream {k}: unknown codec id {codec}")
+        stored_len = cur.varint(f"stream {k} stored length")
+        table.append((codec, stored_len))
+    total = sum(s for _, s in table)
+    if total != cur.remaining():
+        fail("corrupt", f"{what}: stored lengths sum to {total}, {cur.remaining()} data bytes follow")
+    streams = []
+    for k, ((codec, stored_len), L) in enumerate(zip(table, lengths)):
+        stored = cur.take(stored_len, f"stream {k}")
+        streams.append(decode_stream(codec, stored, L, f"{what} stream {k}"))
+    cur.end()
+
+    W = ti.W
+    if enc == ENC_KEYFRAME:
+        if ti.kind == "float":
+            E, M = ti.E, ti.M
+            ew = bytes_for(2 ** E - 1)
+            smw = bytes_for(2 ** (M + 1) - 1)
+            exps = plane_major_decode(streams[0], m, ew)
+            sms = plane_major_decode(streams[1], m, smw)
+            out = bytearray()
+            for i in range(m):
+                if exps[i] >= 2 ** E:
+                    fail("corrupt", f"{what}: keyframe exponent {exps[i]} >= 2^{E}")
+                if sms[i] >= 2 ** (M + 1):
+                    fail("corrupt", f"{what}: keyframe sign/mantissa {sms[i]} >= 2^{M + 1}")
+                v = (sms[i] >> M) * 2 ** (W * 8 - 1) + exps[i] * 2 ** M + (sms[i] & (2 ** M - 1))
+                out += v.to_bytes(W, "little")
+            return enc, bytes(out)
+        vals = plane_major_decode(streams[0], m, W)
+        return enc, b"".join(v.to_bytes(W, "little") for v in vals)
+
+    base_bytes = get_base(start, m)
+    assert len(base_bytes) == m * W
+    base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
+
+    if enc == ENC_UNCHANGED:
+        return enc, base_bytes
+
+    if enc == ENC_XOR:
+        x = plane_major_decode(b"".join(streams), m, W)
+        return enc, b"".join((base[i] ^ x[i]).to_bytes(W, "little") for i in range(m))
+
+    # bf16-delta / float-delta (SPEC §8.3)
+    M = ti.M
+    mask = 2 ** M - 1
+    full = 2 ** (8 * W) - 1
+    sign_exp_mask = full & ~mask
+    pw = bytes_for(m - 1)
+    sw = bytes_for(2 ** (M + 1) - 1)
+    xw = bytes_for(c - 1)
+    positions = gap_decode(plane_major_decode(streams[0], c, pw))
+    for p in positions:  # step 1
+        if p >= m:
+            fail("corrupt", f"{what}: position {p} >= m = {m}")
+    exc_idx = gap_decode(plane_major_decode(streams[2], e, xw))
+    for x in exc_idx:  # step 2
+        if x >= c:
+            fail("corrupt", f"{what}: exception index {x} >= c = {c}")
+    values = plane_major_decode(streams[3], e, W)
+    raw_steps = plane_major_decode(streams[1], c - e, sw)
+    target = list(base)  # step 3
+    for k, x in enumerate(exc_idx):
+        p = positions[x]
+        v = values[k]
+        if (v ^ base[p]) & sign_exp_mask == 0:
+            fail("corrupt", f"{what}: exception value at {p} keeps the base's sign and exponent")
+        target[p] = v
+    exc_set = set(exc_idx)
+    r = 0
+    half = 2 ** (8 * sw - 1)
+    for j, p in enumerate(positions):  # step 4
+        if j in exc_set:
+            continue
+        s = raw_steps[r]
+        r += 1
+        if s >= half:
+            s -= 2 ** (8 * sw)
+        if s == 0:
+            fail("corrupt", f"{what}: step 0 at position {p}")
+        bv = base[p]
+        if not 0 <= (bv & mask) + s <= mask:
+            fail("corrupt", f"{what}: step {s} at position {p} leaves the mantissa range")
+        target[p] = bv + s
+    assert r == c - e
+    return enc, b"".join(v.to_bytes(W, "little") for v in target)
+
+
+# --------------------------------------------------------------------------------------------
+# INDX (SPEC §10)
+
+class Index:
+    pass
+
+
+def parse_index(payload, index_offset):
+    c = Cursor(payload, "INDX")
+    codec = c.u8("codec")
+    body_length = c.varint("body_length")
+    # ASSUMPTION (order): the body_length limit before the codec id check.
+    if body_length > MAX_INDEX_BYTES:
+        fail("limit", f"INDX: body_length {body_length} exceeds MAX_INDEX_BYTES")
+    if codec not in KNOWN_CODECS:
+        fail("unsupported", f"INDX: unknown codec id {codec}")
+    stored = c.take(c.remaining(), "body")
+    body = decode_stream(codec, stored, body_length, "INDX body")
+
+    b = Cursor(body, "INDX body")
+    ix = Index()
+    ix.base_digest = b.take(16, "base_digest")
+    ix.target_digest = b.take(16, "target_digest")
+    T = b.u32("tensor_count")
+    if T > MAX_TENSORS:
+        fail("limit", f"INDX: tensor_count {T} exceeds MAX_TENSORS")
+    K = b.u64("block_count")
+    ix.T, ix.K = T, K
+    ix.name_lengths = b.column(T, "I", "name_lengths")
+    for i, nl in enumerate(ix.name_lengths):
+        if nl > MAX_NAME_BYTES:
+            fail("limit", f"INDX: name_lengths[{i}] = {nl} exceeds MAX_NAME_BYTES")
+    total_names = sum(ix.name_lengths)
+    b.check_column(total_names, 1, "names")
+    ix.names = []
+    for i, nl in enumerate(ix.name_lengths):
+        ix.names.append(b.take(nl, f"names[{i}]"))
+    ix.tens_offsets = b.column(T, "Q", "tens_offsets")
+    ix.tens_sizes = b.column(T, "I", "tens_sizes")
+    ix.tens_checksums = b.column(T, "Q", "tens_checksums")
+    ix.tens_block_counts = b.column(T, "Q", "tens_block_counts")
+    if sum(ix.tens_block_counts) != K:
+        fail("corrupt", f"INDX: tens_block_counts sum to {sum(ix.tens_block_counts)}, block_count is {K}")
+    ix.blk_offsets = b.column(K, "Q", "blk_offsets")
+    ix.blk_sizes = b.column(K, "I", "blk_sizes")
+    ix.blk_checksums = b.column(K, "Q", "blk_checksums")
+    ix.blk_encodings = b.column(K, "B", "blk_encodings")
+    X = b.u32("other_count")
+    if X > MAX_OTHER_RECORDS:
+        fail("limit", f"INDX: other_count {X} exceeds 2^20")
+    ix.X = X
+    ix.other_offsets = b.column(X, "Q", "other_offsets")
+    ix.other_sizes = b.column(X, "I", "other_sizes")
+    b.check_column(X, 4, "other_types")
+    ix.other_types = [b.take(4, f"other_types[{i}]") for i in range(X)]
+    b.end()
+
+    # Decoder checks of §10, in the order listed there.
+    seen = set()
+    for i, name in enumerate(ix.names):
+        check_name_bytes(name, f"INDX names[{i}]")
+        if name in seen:
+            fail("corrupt", f"INDX: duplicate tensor name {name!r}")
+        seen.add(name)
+    for sizes, label in ((ix.tens_sizes, "tens_sizes"), (ix.blk_sizes, "blk_sizes"),
+                         (ix.other_sizes, "other_sizes")):
+        for i, s in enumerate(sizes):
+            if not 16 <= s <= 16 + MAX_RECORD_PAYLOAD:
+                fail("corrupt", f"INDX: {label}[{i}] = {s} out of [16, 16 + MAX_RECORD_PAYLOAD]")
+    # Tiling.
+    spans = [(o, s) for o, s in zip(ix.tens_offsets, ix.tens_sizes)]
+    spans += [(o, s) for o, s in zip(ix.blk_offsets, ix.blk_sizes)]
+    spans += [(o, s) for o, s in zip(ix.other_offsets, ix.other_sizes)]
+    spans.sort()
+    pos = FIRST_RECORD_OFFSET
+    for o, s in spans:
+        if o != pos:
+            fail("corrupt", f"INDX: records do not tile the file (record at {o}, expected {pos})")
+        pos = o + s
+    if pos != index_offset:
+        fail("corrupt", f"INDX: records end at {pos}, index is at {index_offset}")
+    # Order.
+    ix.block_base = []
+    k = 0
+    prev = -1
+    for t in range(T):
+        ix.block_base.append(k)
+        if ix.tens_offsets[t] <= prev:
+            fail("corrupt", f"INDX: TENS #{t} is out of file order")
+        prev = ix.tens_offsets[t]
+        for _ in range(ix.tens_block_counts[t]):
+            if ix.blk_offsets[k] <= prev:
+                fail("corrupt", f"INDX: BLCK #{k} is out of file order")
+            prev = ix.blk_offsets[k]
+            k += 1
+    # Other records' types.
+    for i, typ in enumerate(ix.other_types):
+        if not is_letters(typ):
+            fail("corrupt", f"INDX: other_types[{i}] = {typ!r} is not four ASCII letters")
+        if typ in KNOWN_CRITICAL:
+            fail("corrupt", f"INDX: other_types[{i}] = {typ!r} is a core record type")
+        if 0x41 <= typ[0] <= 0x5A:
+            fail("unknown_record", f"INDX: unknown critical record type {typ!r}")
+    return ix
+
+
+# --------------------------------------------------------------------------------------------
+# Digests (SPEC §13.2)
+
+def model_digest(entries):
+    """entries: (name bytes, dtype code, dims, hash)."""
+    buf = bytearray()
+    for name, dtype, dims, h in sorted(entries, key=lambda e: e[0]):
+        buf += struct.pack("<I", len(name)) + name + struct.pack("<BB", dtype, len(dims))
+        for d in dims:
+            buf += struct.pack("<Q", d)
+        buf += struct.pack("<Q", h)
+    return xxh3_128_canonical(bytes(buf))
+
+
+def check_digests(ix, tensors):
+    # ASSUMPTION: base_digest is checked too (the spec only defines it; §10 lists no decoder check),
+    # against the TENS records' base_hash values, as `corrupt`.
+    base_entries = [(ti.name_bytes, ti.dtype, ti.dims, ti.base_hash) for ti in tensors if ti.needs_base]
+    expected_base = model_digest(base_entries) if base_entries else bytes(16)
+    if ix.base_digest != expected_base:
+        fail("corrupt", "INDX: base_digest does not match the TENS records")
+    # §12.3: the target digest is checked against the reconstructed tensors (`verification`).
+    target = model_digest([(ti.name_bytes, ti.dtype, ti.dims, ti.actual_hash) for ti in tensors])
+    if ix.target_digest != target:
+        fail("verification", "target_digest does not match the reconstructed tensors")
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor reconstruction shared by both procedures
+
+class TensorBuilder:
+    def __init__(self, ti, base):
+        self.ti = ti
+        self.base = base
+        self.xxh = xxhash.xxh3_64()
+        self.sha = hashlib.sha256()
+        self.next_block = 0
+
+    def get_base(self, start, m):
+        W = self.ti.W
+        return self.base.read(self.ti.name, start * W, m * W)
+
+    def add_block(self, t, payload, expected_encoding=None):
+        enc, data = decode_block(self.ti, t, self.next_block, payload, self.get_base, expected_encoding)
+        self.xxh.update(data)
+        self.sha.update(data)
+        self.next_block += 1
+        return enc
+
+    def finish(self):
+        ti = self.ti
+        assert self.next_block == ti.B
+        ti.actual_hash = self.xxh.intdigest()
+        if ti.actual_hash != ti.target_hash:
+            fail("verification", f"tensor {ti.name!r}: reconstructed hash 0x{ti.actual_hash:016x} != "
+                                 f"target_hash 0x{ti.target_hash:016x}")
+        ti.sha256 = self.sha.hexdigest()
+
+
+def report(tensors):
+    return {ti.name: {"dtype": ti.dtype_name, "shape": list(ti.dims), "sha256": ti.sha256}
+            for ti in tensors}
+
+
+# --------------------------------------------------------------------------------------------
+# Random access (SPEC §12.1)
+
+def decode_random_access(path, base):
+    f = InputFile(path)
+    major, minor = check_header(f)                                   # §12.1 step 1, §4
+    index_offset, index_size = check_trailer_random(f, major, minor)  # §11
+    payload = read_located_record(f, index_offset, index_size, b"INDX")  # step 2
+    ix = parse_index(payload, index_offset)
+    payload = read_located_record(f, 16, META_SIZE, b"META")           # step 3
+    parse_meta(payload)
+    # ASSUMPTION: a decoder reconstructing the whole file also reads every other record the index
+    # locates and verifies its checksum (§5 "skip it (after checking its checksum)").
+    for off, size, typ in zip(ix.other_offsets, ix.other_sizes, ix.other_types):
+        read_located_record(f, off, size, typ)
+    # Step 4, in two passes: every TENS record (checked against the index) and every base tensor
+    # (§12.3 step 1, "check every base tensor before writing anything"), then the blocks.
+    tensors = []
+    for t in range(ix.T):
+        payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
+                                      ix.tens_checksums[t])
+        ti = parse_tens(payload, t)
+        if ti.name_bytes != ix.names[t]:
+            fail("corrupt", f"TENS #{t}: name {ti.name!r} != index name {ix.names[t]!r}")
+        if ti.B != ix.tens_block_counts[t]:
+            fail("corrupt", f"TENS {ti.name!r}: {ti.B} blocks, index says {ix.tens_block_counts[t]}")
+        tensors.append(ti)
+    for ti in tensors:
+        if ti.needs_base:
+            base.check(ti)
+    for t, ti in enumerate(tensors):
+        builder = TensorBuilder(ti, base)
+        for b in range(ti.B):
+            k = ix.block_base[t] + b
+            payload = read_located_record(f, ix.blk_offsets[k], ix.blk_sizes[k], b"BLCK",
+                                          ix.blk_checksums[k])
+            builder.add_block(t, payload, ix.blk_encodings[k])
+        builder.finish()
+    check_digests(ix, tensors)
+    return tensors
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming (SPEC §12.2)
+
+class SeqReader:
+    def __init__(self, path):
+        self.f = open(path, "rb")
+        self.pos = 0
+
+    def read_exact(self, n, what):
+        data = self.f.read(n)
+        if len(data) != n:
+            fail("truncated", f"end of input inside {what}")
+        self.pos += n
+        return data
+
+    def at_eof(self):
+        here = self.f.tell()
+        more = self.f.read(1)
+        self.f.seek(here)
+        return not more
+
+
+def decode_streaming(path, base):
+    f = InputFile(path)
+    major, minor = check_header(f)
+    r = SeqReader(path)
+    r.read_exact(HEADER_SIZE, "the header")
+    tensors = []
+    names = set()
+    builder = None
+    seen_tens = []   # (offset, size, checksum)
+    seen_blck = []   # (offset, size, checksum, encoding)
+    seen_other = []  # (offset, size, type)
+    first = True
+    while True:
+        offset = r.pos
+        if r.at_eof():
+            fail("truncated", f"end of input at offset {offset}, before the index")
+        hdr = r.read_exact(16, f"the record header at offset {offset}")
+        typ = hdr[0:4]
+        length, csum = struct.unpack("<IQ", hdr[4:16])
+        # ASSUMPTION (order): type letters, length limit, payload (truncated), checksum, then the
+        # type's place in the file.
+        if not is_letters(typ):
+            fail("corrupt", f"record at offset {offset}: type {typ!r} is not four ASCII letters")
+        if length > MAX_RECORD_PAYLOAD:
+            fail("limit", f"record at offset {offset}: payload length {length} exceeds MAX_RECORD_PAYLOAD")
+        payload = r.read_exact(length, f"the {typ!r} record at offset {offset}")
+        if xxh3_64(hdr[0:8] + payload) != csum:
+            fail("checksum", f"{typ!r} record at offset {offset}: checksum mismatch")
+        size = 16 + length
+        if first:
+            if typ != b"META":
+                fail("corrupt", f"first record is {typ!r}, not META")
+            parse_meta(payload)
+            first = False
+            continue
+        if typ == b"META":
+            fail("corrupt", f"second META record at offset {offset}")
+        if typ == b"TENS":
+            if builder is not None and builder.next_block != builder.ti.B:
+                fail("corrupt", f"TENS at offset {offset} before tensor {builder.ti.name!r} is complete")
+            ti = parse_tens(payload, len(tensors))
+            if ti.name_bytes in names:
+                fail("corrupt", f"duplicate tensor name {ti.name!r}")
+            names.add(ti.name_bytes)
+            if ti.needs_base:
+                base.check(ti)
+            tensors.append(ti)
+            seen_tens.append((offset, size, csum))
+            builder = TensorBuilder(ti, base)
+            if ti.B == 0:
+                builder.finish()
+            continue
+        if typ == b"BLCK":
+            if builder is None:
+                fail("corrupt", f"BLCK at offset {offset} before any TENS")
+            if builder.next_block >= builder.ti.B:
+                # decode_block would report the ordinal mismatch; say it plainly
+                fail("corrupt", f"BLCK at offset {offset}: tensor {builder.ti.name!r} has no more blocks")
+            enc = builder.add_block(len(tensors) - 1, payload)
+            seen_blck.append((offset, size, csum, enc))
+            if builder.next_block == builder.ti.B:
+                builder.finish()
+            continue
+        if typ == b"INDX":
+            if builder is not None and builder.next_block != builder.ti.B:
+                fail("corrupt", f"INDX at offset {offset} before tensor {builder.ti.name!r} is complete")
+            ix = parse_index(payload, offset)
+            check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)
+            check_trailer_streaming(r, f, offset, size, major, minor)
+            check_digests(ix, tensors)
+            return tensors
+        if 0x41 <= typ[0] <= 0x5A:
+            fail("unknown_record", f"unknown critical record type {typ!r} at offset {offset}")
+        seen_other.append((offset, size, typ))  # ancillary: checksum checked, skipped
+
+
+def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
+    if ix.T != len(tensors):
+        fail("corrupt", f"INDX: {ix.T} tensors, {len(tensors)} TENS records seen")
+    if ix.K != len(seen_blck):
+        fail("corrupt", f"INDX: {ix.K} blocks, {len(seen_blck)} BLCK records seen")
+    if ix.X != len(seen_other):
+        fail("corrupt", f"INDX: {ix.X} other records, {len(seen_other)} seen")
+    for t, ti in enumerate(tensors):
+        if ix.names[t] != ti.name_bytes:
+            fail("corrupt", f"INDX: names[{t}] != {ti.name!r}")
+        if (ix.tens_offsets[t], ix.tens_sizes[t], ix.tens_checksums[t]) != seen_tens[t]:
+            fail("corrupt", f"INDX: entry of TENS {ti.name!r} does not match the record")
+        if ix.tens_block_counts[t] != ti.B:
+            fail("corrupt", f"INDX: block count of {ti.name!r} does not match")
+    for k, (off, size, csum, enc) in enumerate(seen_blck):
+        if (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_checksums[k], ix.blk_encodings[k]) != \
+                (off, size, csum, enc):
+            fail("corrupt", f"INDX: entry of BLCK #{k} does not match the record")
+    for i, (off, size, typ) in enumerate(seen_other):
+        if (ix.other_offsets[i], ix.other_sizes[i], ix.other_types[i]) != (off, size, typ):
+            fail("corrupt", f"INDX: entry of other record #{i} does not match the record")
+
+
+def check_trailer_streaming(r, f, index_offset, index_size, major, minor):
+    trailer_at = r.pos
+    left = f.size - trailer_at
+    if left < TRAILER_SIZE:
+        fail("truncated", "end of input inside the trailer")
+    if left > TRAILER_SIZE:
+        fail("corrupt", f"{left - TRAILER_SIZE} bytes follow the trailer")
+    data = r.read_exact(TRAILER_SIZE, "the trailer")
+    if data[32:40] != TRAILER_MAGIC:
+        # ASSUMPTION: §12.2 — the trailer must follow and be valid (`corrupt`); the input is not cut
+        # off here (exactly 40 bytes are left), so `truncated` would be wrong.
+        fail("corrupt", "bad trailer magic after INDX")
+    t_off, t_size, t_minor = parse_trailer(data, major, minor)
+    if t_off != index_offset or t_size != index_size:
+        fail("corrupt", "trailer does not point at the INDX record")
+    if t_minor != minor:
+        fail("corrupt", f"trailer minor version {t_minor} != header minor version {minor}")
+
+
+# --------------------------------------------------------------------------------------------
+
+def main(argv):
+    args = list(argv[1:])
+    stream = False
+    if "--stream" in args:
+        args.remove("--stream")
+        stream = True
+    if len(args) != 3:
+        print("usage: independent_decoder.py [--stream] BASE DELTA OUT", file=sys.stderr)
+        return 2
+    base_path, delta_path, out_path = args
+    base = BaseCheckpoint(base_path)
+    try:
+        tensors = (decode_streaming if stream else decode_random_access)(delta_path, base)
+    except ArcError as exc:
+        msg = " ".join(str(exc.message).split())
+        print(f"error: {exc.category}: {msg}")
+        return 1
+    with open(out_path, "w") as fh:
+        json.dump(report(tensors), fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv)
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        code = 2
+    sys.exit(code)

@@ -1,0 +1,181 @@
+"""Run the conformance vectors against an implementation and report pass / fail / crash / timeout.
+
+    python -m conformance run                       # the reference implementation (in process)
+    python -m conformance run --impl independent    # conformance/independent_decoder.py
+    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]"
+    python -m conformance list                      # the vectors and what they cover
+
+Contract for --impl (conformance/README.md): the command rebuilds the target from {base} (a safetensors
+file) and {delta} (an arcfmt file) and writes {out}, a JSON object {name: {dtype, shape, sha256}};
+exit 0 = rebuilt, 1 = rejected (first stdout line ``error: CATEGORY: message``), anything else = crash.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MANIFEST = os.path.join(HERE, "manifest.json")
+
+
+def load_manifest():
+    with open(MANIFEST, encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------ reference
+
+def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
+    """Rebuild with arcfmt in process; returns {name: {dtype, shape, sha256}} or raises ArcError."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt.safetensors_io import open_checkpoint
+
+    base = open_checkpoint(base_path).tensors()
+    with open(delta_path, "rb") as f:
+        data = f.read()
+    if mode == "stream":
+        out = dict(arcfmt.StreamReader(io.BytesIO(data), base))
+    else:
+        out = arcfmt.decode(base, data)
+    res = {}
+    for name, a in out.items():
+        from arcfmt.dtypes import from_numpy
+        res[name] = {"dtype": from_numpy(a.dtype).name, "shape": list(a.shape),
+                     "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
+    return res
+
+
+def run_reference(v, mode, timeout):
+    from arcfmt import ArcError
+
+    t0 = time.perf_counter()
+    try:
+        out = reference_decode(os.path.join(HERE, v["base"]), os.path.join(HERE, v["delta"]), mode)
+        rc, category = 0, None
+    except ArcError as exc:
+        out, rc, category = None, 1, exc.category
+    except Exception as exc:  # noqa: BLE001 - a crash is what we are looking for
+        return "crash", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    if dt > timeout:
+        return "timeout", f"took {dt:.1f} s", dt
+    return judge(v, rc, out, category) + (dt,)
+
+
+# ------------------------------------------------------------------------------------ external
+
+def impl_command(impl: str) -> str:
+    if impl == "independent":
+        path = os.path.join(HERE, "independent_decoder.py")
+        return f"{shlex.quote(sys.executable)} {shlex.quote(path)} {{base}} {{delta}} {{out}} {{mode_flag}}"
+    return impl
+
+
+def run_external(template, v, mode, timeout):
+    with tempfile.TemporaryDirectory(prefix="arcfmt-conf-") as tmp:
+        out_path = os.path.join(tmp, "out.json")
+        cmd = template.format(base=shlex.quote(os.path.join(HERE, v["base"])),
+                              delta=shlex.quote(os.path.join(HERE, v["delta"])), out=shlex.quote(out_path),
+                              mode=mode, mode_flag="--stream" if mode == "stream" else "")
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout", f"no answer in {timeout} s", timeout
+        dt = time.perf_counter() - t0
+        if p.returncode == 0:
+            try:
+                with open(out_path, encoding="utf-8") as f:
+                    out = json.load(f)
+            except (OSError, ValueError) as exc:
+                return "fail", f"exit 0 but no readable {{out}}: {exc}", dt
+            return judge(v, 0, out, None) + (dt,)
+        if p.returncode == 1:
+            first = (p.stdout.strip().splitlines() or [""])[0]
+            parts = first.split(":", 2)
+            category = parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
+            return judge(v, 1, None, category) + (dt,)
+        return "crash", f"exit {p.returncode}: {p.stderr.strip()[-200:]}", dt
+
+
+# ------------------------------------------------------------------------------------ judging
+
+def judge(v, rc, out, category):
+    if v["expect"] == "accept":
+        if rc != 0:
+            return "fail", f"rejected a valid file ({category})"
+        if out != v["tensors"]:
+            wrong = sorted(set(out) ^ set(v["tensors"])) or [k for k in v["tensors"] if out.get(k) != v["tensors"][k]]
+            return "fail", f"wrong output for {', '.join(wrong[:3])}"
+        return "pass", ""
+    if rc == 0:
+        return "fail", "accepted a file that must be rejected"
+    if category != v["error"]:
+        return "fail", f"rejected as {category!r}, expected {v['error']!r}"
+    return "pass", ""
+
+
+def cmd_run(args) -> int:
+    m = load_manifest()
+    vectors = [v for v in m["vectors"] if fnmatch.fnmatch(v["name"], args.filter)]
+    template = impl_command(args.impl) if args.impl else None
+    modes = ["random", "stream"] if args.mode == "both" else [args.mode]
+    if template is not None and "{mode" not in template and args.mode == "both":
+        modes = ["random"]
+    rows = []
+    for v in vectors:
+        for mode in modes:
+            if mode not in v.get("modes", ["random"]):
+                continue
+            if template is None:
+                outcome, detail, dt = run_reference(v, mode, args.timeout)
+            else:
+                outcome, detail, dt = run_external(template, v, mode, args.timeout)
+            rows.append(dict(vector=v["name"], mode=mode, outcome=outcome, detail=detail, seconds=round(dt, 3)))
+    counts = {k: sum(1 for r in rows if r["outcome"] == k) for k in ("pass", "fail", "crash", "timeout")}
+    if args.json:
+        print(json.dumps(dict(implementation=args.impl or "reference", results=rows, summary=counts), indent=1))
+    else:
+        w = max((len(r["vector"]) for r in rows), default=10)
+        for r in rows:
+            if r["outcome"] != "pass" or args.verbose:
+                print(f"{r['vector']:{w}s}  {r['mode']:6s}  {r['outcome']:7s}  {r['detail']}")
+        print(f"{args.impl or 'reference'}: {len(rows)} runs of {len(vectors)} vectors — {counts['pass']} passed, "
+              f"{counts['fail']} failed, {counts['crash']} crashed, {counts['timeout']} timed out")
+    return 0 if counts["pass"] == len(rows) else 1
+
+
+def cmd_list(args) -> int:
+    for v in load_manifest()["vectors"]:
+        exp = "accept" if v["expect"] == "accept" else f"reject:{v['error']}"
+        print(f"{v['name']:44s} {exp:28s} {', '.join(v['covers'])}  {v['description']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the vectors against an implementation")
+    r.add_argument("--impl", help="'independent', or a command with {base} {delta} {out} and optionally {mode}")
+    r.add_argument("--mode", choices=["random", "stream", "both"], default="both")
+    r.add_argument("--filter", default="*", help="only vectors whose name matches this glob")
+    r.add_argument("--timeout", type=float, default=10.0, help="seconds per vector")
+    r.add_argument("--json", action="store_true")
+    r.add_argument("-v", "--verbose", action="store_true", help="list passing runs too")
+    r.set_defaults(func=cmd_run)
+    ls = sub.add_parser("list", help="list the vectors")
+    ls.set_defaults(func=cmd_list)
+    args = ap.parse_args(argv)
+    return args.func(args)

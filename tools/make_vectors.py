@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""Generate the conformance vectors in conformance/vectors/ and conformance/manifest.json, deterministically.
+
+    python tools/make_vectors.py            # (re)write the vectors
+    python tools/make_vectors.py --check    # exit 1 if the checked-in vectors differ from what this generates
+
+Valid vectors (``y_``) come from the reference writer; must-reject vectors (``n_``) are valid files
+taken apart into records, changed in one place, and put back together with every other checksum,
+offset and index entry made consistent again, so that exactly the intended check fires.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+
+import ml_dtypes
+import numpy as np
+import xxhash
+import zstandard
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from arcfmt import DeltaWriter, layout as L, records  # noqa: E402
+from arcfmt.integrity import record_checksum  # noqa: E402
+from arcfmt.safetensors_io import write_file  # noqa: E402
+from arcfmt.transforms import _ungap, bytes_for, from_planes  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance")
+BF16 = ml_dtypes.bfloat16
+
+
+# ------------------------------------------------------------------------------------ record toolkit
+
+@dataclass
+class Rec:
+    type: bytes
+    payload: bytes
+    name: str | None = None      # TENS: the tensor name
+    encoding: int | None = None  # BLCK: the encoding id
+    checksum: int | None = None  # set to force a (wrong) checksum field
+
+
+@dataclass
+class Parts:
+    header: bytes
+    recs: list                   # META first, then TENS/BLCK/others in file order (no INDX)
+    index: records.Index
+    index_payload: bytes
+    trailer: bytes
+
+
+def split(data: bytes) -> Parts:
+    pos = L.HEADER_SIZE
+    recs = []
+    while True:
+        head = records.parse_record_head(data[pos:pos + 16], pos)
+        payload = data[pos + 16: pos + 16 + head.length]
+        if head.type == L.INDX:
+            index = records.parse_index(payload, pos)
+            return Parts(data[:16], recs, index, payload, data[pos + 16 + head.length:])
+        rec = Rec(head.type, payload)
+        if head.type == L.TENS:
+            rec.name = records.parse_tensor(payload, "").name
+        elif head.type == L.BLCK:
+            rec.encoding = L.BlockPayload.parse(payload, param_count=lambda e: 0, stream_count=lambda e, p: 0).encoding
+        recs.append(rec)
+        pos += 16 + head.length
+
+
+def raw_record(rtype: bytes, payload: bytes, checksum=None) -> bytes:
+    head8 = rtype + len(payload).to_bytes(4, "little")
+    ck = record_checksum(head8, payload) if checksum is None else checksum
+    return head8 + ck.to_bytes(8, "little") + payload
+
+
+def assemble(p: Parts, index_fn=None, index_payload: bytes | None = None, trailer_fn=None,
+             header: bytes | None = None) -> bytes:
+    """Write the records back with fresh offsets and checksums, a matching index and trailer."""
+    out = bytearray(header if header is not None else p.header)
+    entries, others = [], []
+    for r in p.recs:
+        off = len(out)
+        rec = raw_record(r.type, r.payload, r.checksum)
+        out += rec
+        ck = int.from_bytes(rec[8:16], "little")
+        if r.type == L.TENS:
+            entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
+        elif r.type == L.BLCK:
+            entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, r.encoding))
+        elif r.type != L.META:
+            others.append(records.OtherRecord(off, len(rec), r.type))
+    index = records.Index(p.index.base_digest, p.index.target_digest, entries, others)
+    if index_fn is not None:
+        index_fn(index)
+    ioff = len(out)
+    payload = index_payload if index_payload is not None else records.build_index(index)
+    rec = raw_record(L.INDX, payload)
+    out += rec
+    trailer = bytearray(records.build_trailer(ioff, len(rec)))
+    if trailer_fn is not None:
+        trailer_fn(trailer)
+    out += trailer
+    return bytes(out)
+
+
+def fix_trailer_checksum(t: bytearray) -> None:
+    t[24:32] = xxhash.xxh3_64_intdigest(bytes(t[:24])).to_bytes(8, "little")
+
+
+def varint(n: int) -> bytes:
+    return L.VarInt.build(n)
+
+
+def tens_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash=None, target_hash=0,
+                 ndim=None) -> bytes:
+    out = varint(len(name)) + name + bytes([dtype, len(dims) if ndim is None else ndim])
+    out += b"".join(varint(d) for d in dims) + varint(block_elems) + bytes([flags])
+    if flags & 1:
+        out += struct.pack("<Q", base_hash)
+    return out + struct.pack("<Q", target_hash)
+
+
+# ------------------------------------------------------------------------------------ data
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def bits(dtype, values):
+    return np.array(values, dtype=f"<u{np.dtype(dtype).itemsize}").view(dtype)
+
+
+def rl_step(seed, shape, density=0.05, exc=0.1):
+    """A BF16 tensor and a next step: ±1-ulp changes, a few sign/exponent changes."""
+    r = rng(seed)
+    base = (r.standard_normal(shape) * 0.02).astype(BF16)
+    u = base.view(np.uint16).reshape(-1).copy()
+    idx = np.flatnonzero(r.random(u.size) < density)
+    u[idx] = (u[idx].astype(np.int32) + r.choice([-1, 1], idx.size)).astype(np.uint16)
+    special = idx[r.random(idx.size) < exc]
+    u[special] ^= 0x8000
+    return base, u.view(BF16).reshape(shape)
+
+
+def write_delta(base, target, **kw) -> bytes:
+    buf = io.BytesIO()
+    opts = dict(block_elems=kw.pop("block_elems", 1 << 20), base_step=kw.pop("base_step", 1),
+                target_step=kw.pop("target_step", 2), effort=kw.pop("effort", "fast"))
+    keyframe = kw.pop("keyframe", False)
+    with DeltaWriter(buf, workers=1, **opts, **kw) as w:
+        w.write_tensors(((n, None if base is None else base.get(n), t) for n, t in target.items()), keyframe=keyframe)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------ the suite
+
+@dataclass
+class Vector:
+    name: str
+    description: str
+    covers: list
+    base: dict
+    delta: bytes
+    expect_tensors: dict | None = None   # y_: the target tensors
+    error: str | None = None             # n_: the category
+    modes: list = field(default_factory=lambda: ["random", "stream"])
+
+
+def valid_vectors():
+    V = []
+
+    def y(name, desc, covers, base, target, **kw):
+        V.append(Vector(name, desc, covers, base or {}, write_delta(base, target, **kw), expect_tensors=target))
+
+    b, t = rl_step(1, (64, 48))
+    y("y_bf16_delta_basic", "BF16 ±1-ulp changes and sign flips: bf16-delta with kept steps and exceptions",
+      ["8.3"], {"w": b}, {"w": t})
+    r = rng(2)
+    sp = bits(BF16, [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0001, 0x807F, 0x3F80, 0x0080, 0x7F7F])
+    tg = bits(BF16, [0x8000, 0x0000, 0xFF80, 0x7F80, 0x7FC1, 0x7FC0, 0x7FFF, 0x0002, 0x8001, 0x3F81, 0x007F, 0x7F80])
+    y("y_bf16_special_values", "±0, ±inf, NaN payloads, subnormals, exponent and sign changes", ["2", "8.3"],
+      {"s": sp}, {"s": tg})
+    bb = (r.standard_normal(300) * 0.1).astype(BF16)
+    tt = (r.standard_normal(300) * 0.1).astype(BF16)
+    y("y_bf16_all_changed", "every value changed", ["8.3"], {"a": bb}, {"a": tt}, force_encoding="bf16-delta")
+    for dt, nm in ((np.float16, "f16"), (np.float32, "f32"), (np.float64, "f64"),
+                   (ml_dtypes.float8_e4m3fn, "f8_e4m3"), (ml_dtypes.float8_e5m2, "f8_e5m2")):
+        w = np.dtype(dt).itemsize
+        u = rng(3).integers(0, 1 << (8 * w), 200, dtype=np.uint64).astype(f"<u{w}")
+        base = u.view(dt)
+        tu = u.copy()
+        tu[::7] ^= 1
+        tu[::31] ^= np.array(1 << (8 * w - 1), dtype=f"<u{w}")
+        y(f"y_float_delta_{nm}", f"float-delta on {nm.upper()} (all bit patterns, NaNs included)", ["2", "8.4"],
+          {"x": base}, {"x": tu.view(dt)}, force_encoding="float-delta")
+    ints = [(np.bool_, "bool"), (np.uint8, "u8"), (np.int8, "i8"), (np.uint16, "u16"), (np.int16, "i16"),
+            (np.uint32, "u32"), (np.int32, "i32"), (np.uint64, "u64"), (np.int64, "i64")]
+    for dt, nm in ints:
+        w = np.dtype(dt).itemsize
+        u = rng(4).integers(0, 256, 100 * w, dtype=np.uint8)
+        if dt is np.bool_:
+            u = (u & 1).astype(np.uint8)
+        base = u.view(dt)
+        tu = u.copy()
+        tu[::5] ^= 1
+        y(f"y_xor_{nm}", f"xor on {nm.upper()}", ["2", "8.2"], {"i": base}, {"i": tu.view(dt)}, force_encoding="xor")
+    b, t = rl_step(5, (40, 10))
+    y("y_xor_bf16", "xor on BF16", ["8.2"], {"w": b}, {"w": t}, force_encoding="xor")
+    for dt, nm in ((BF16, "bf16"), (np.float16, "f16"), (np.float32, "f32"), (np.float64, "f64"),
+                   (ml_dtypes.float8_e4m3fn, "f8_e4m3"), (ml_dtypes.float8_e5m2, "f8_e5m2"), (np.int32, "i32"),
+                   (np.bool_, "bool")):
+        w = np.dtype(dt).itemsize
+        u = rng(6).integers(0, 256, 64 * w, dtype=np.uint8)
+        if dt is np.bool_:
+            u &= 1
+        y(f"y_keyframe_{nm}", f"keyframe of {nm.upper()}, no base", ["8.5"], None, {"k": u.view(dt).reshape(8, -1)})
+    b, t = rl_step(7, (30, 20))
+    y("y_keyframe_with_base_file", "keyframe=True file with a base present: no tensor needs the base", ["7", "8.5"],
+      {"w": b}, {"w": t}, keyframe=True)
+    b, _ = rl_step(8, (16, 16))
+    y("y_unchanged", "nothing changed: unchanged blocks", ["8.1"], {"w": b}, {"w": b.copy()})
+    b, t = rl_step(9, (50, 40), density=0.2)
+    for codec in ("raw", "zstd", "xz", "bz2"):
+        y(f"y_codec_{codec}", f"every stream coded with {codec}", ["9"], {"w": b}, {"w": t}, force_codec=codec)
+    b, t = rl_step(10, (33, 31))
+    y("y_multiblock", "a tensor cut into blocks of 100 elements (last block short)", ["7"], {"w": b}, {"w": t},
+      block_elems=100)
+    y("y_empty_tensor", "a tensor with a zero dimension: no blocks", ["7"], {"e": np.zeros((0, 5), BF16)},
+      {"e": np.zeros((0, 5), BF16)})
+    y("y_scalar", "0-d tensors", ["7"], {"s": np.array(1.5, np.float32), "i": np.array(3, np.int64)},
+      {"s": np.array(-1.5, np.float32), "i": np.array(3, np.int64)})
+    b1, t1 = rl_step(11, (20, 20))
+    b2, t2 = rl_step(12, (7,))
+    y("y_multi_tensor", "several tensors, names with UTF-8", ["7", "13"],
+      {"layers.0.wq": b1, "naïve/ß.bias": b2, "steps": np.arange(5, dtype=np.int64)},
+      {"layers.0.wq": t1, "naïve/ß.bias": t2, "steps": np.arange(5, dtype=np.int64) + 1})
+    y("y_shape_and_dtype_change", "tensors whose shape or dtype changed travel as keyframes; a new tensor too",
+      ["7"], {"a": np.ones((4, 4), np.float32), "b": np.ones(3, np.int16)},
+      {"a": np.ones((4, 5), np.float32), "b": np.ones(3, np.int32), "new": np.arange(3, dtype=np.uint8)})
+    b, t = rl_step(13, (10, 10))
+    y("y_note_record", "an ancillary note record", ["5", "5.1"], {"w": b}, {"w": t}, note="made by make_vectors")
+    # an unknown ancillary record: must be skipped by both readers
+    p = split(write_delta({"w": b}, {"w": t}))
+    p.recs.insert(2, Rec(b"zzzz", b"future ancillary data"))
+    V.append(Vector("y_unknown_ancillary", "an unknown ancillary record type is skipped", ["5", "10", "16"],
+                    {"w": b}, assemble(p), expect_tensors={"w": t}))
+    return V
+
+
+def reject_vectors():
+    V = []
+    b, t = rl_step(20, (24, 16))
+    base = {"w": b}
+    good = write_delta(base, {"w": t}, block_elems=200)
+    P = split(good)
+
+    def n(name, desc, covers, data, error, modes=None, base_=None):
+        V.append(Vector(name, desc, covers, base if base_ is None else base_, data, error=error,
+                        modes=modes or ["random", "stream"]))
+
+    def mod(fn, **kw):
+        p = split(good)
+        fn(p)
+        return assemble(p, **kw)
+
+    # -- truncation at every structural boundary
+    bounds = {"in_magic": 5, "after_header": 16, "in_meta_header": 20, "after_meta": 52}
+    pos = 52
+    for i, r in enumerate(P.recs[1:4]):
+        bounds[f"in_{r.type.decode().lower()}{i}_header"] = pos + 8
+        bounds[f"in_{r.type.decode().lower()}{i}_payload"] = pos + 16 + len(r.payload) // 2
+        pos += 16 + len(r.payload)
+        bounds[f"after_{r.type.decode().lower()}{i}"] = pos
+    ioff = len(good) - 40 - 16 - len(P.index_payload)
+    bounds.update({"before_index": ioff, "in_index": ioff + 20, "before_trailer": len(good) - 40,
+                   "in_trailer": len(good) - 20, "last_byte": len(good) - 1})
+    for k, cut in bounds.items():
+        n(f"n_truncated_{k}", f"file cut at byte {cut} ({k.replace('_', ' ')})", ["11", "12", "15"], good[:cut],
+          "truncated")
+    n("n_empty_file", "zero bytes", ["4", "12.1"], b"", "truncated")
+    # -- magic and versions
+    n("n_bad_magic", "not an arcfmt file", ["4"], b"PK\x03\x04" + good[4:], "bad_magic")
+    n("n_bad_magic_crlf_to_lf", "magic damaged by CRLF→LF conversion", ["4"],
+      good[:4] + b"\n\x1a\n" + good[7:], "bad_magic")
+    n("n_bad_magic_short", "a few bytes that are not the magic", ["4", "12.1"], b"ARC1", "bad_magic")
+
+    hdr = bytearray(P.header)
+    hdr[8:10] = (2).to_bytes(2, "little")
+
+    def tr_major(tb):
+        tb[16:18] = (2).to_bytes(2, "little")
+        fix_trailer_checksum(tb)
+    n("n_future_major", "major version 2 in header and trailer", ["4", "11", "16"],
+      assemble(split(good), header=bytes(hdr), trailer_fn=tr_major), "unsupported_version")
+    hdr = bytearray(P.header)
+    hdr[12] = 1
+    n("n_reserved_header_flags", "a reserved header flag bit set", ["4"], assemble(split(good), header=bytes(hdr)),
+      "reserved_bits")
+
+    def tr_flags(tb):
+        tb[20] = 0x80
+        fix_trailer_checksum(tb)
+    n("n_reserved_trailer_flags", "a reserved trailer flag bit set", ["11"], assemble(split(good), trailer_fn=tr_flags),
+      "reserved_bits")
+
+    def tr_minor(tb):
+        tb[18:20] = (7).to_bytes(2, "little")
+        fix_trailer_checksum(tb)
+    n("n_version_mismatch", "header says 1.0, trailer 1.7", ["12.1"], assemble(split(good), trailer_fn=tr_minor),
+      "corrupt")
+
+    def tr_ck(tb):
+        tb[0] ^= 0x01
+    n("n_trailer_checksum", "trailer bytes changed, checksum not", ["11"], assemble(split(good), trailer_fn=tr_ck),
+      "checksum")
+
+    def tr_off(tb):
+        tb[0:8] = (int.from_bytes(tb[0:8], "little") + 8).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_bad_index_offset", "trailer points past the index", ["11"], assemble(split(good), trailer_fn=tr_off),
+      "corrupt")
+
+    def meta_flags(p):
+        p.recs[0].payload = b"\x01" + p.recs[0].payload[1:]
+    n("n_reserved_meta_flags", "META reserved flags set", ["6"], mod(meta_flags), "reserved_bits")
+    tens_i = next(i for i, r in enumerate(P.recs) if r.type == L.TENS)
+
+    def tens_edit(fn):
+        def f(p):
+            th = records.parse_tensor(p.recs[tens_i].payload, "")
+            p.recs[tens_i].payload = fn(th)
+        return f
+
+    def tp(th, **kw):
+        args = dict(name=th.name.encode(), dtype=th.dtype.code, dims=th.shape, block_elems=th.block_elems,
+                    flags=1, base_hash=th.base_hash, target_hash=th.target_hash)
+        args.update(kw)
+        return tens_payload(**args)
+    n("n_reserved_tens_flags", "TENS reserved flag bit set", ["7"], mod(tens_edit(lambda th: tp(th, flags=3))),
+      "reserved_bits")
+    # -- records
+    def flip_blk(p):
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        r = p.recs[i]
+        good_ck = record_checksum(r.type + len(r.payload).to_bytes(4, "little"), r.payload)
+        r.payload = r.payload[:-1] + bytes([r.payload[-1] ^ 0x10])
+        r.checksum = good_ck
+    n("n_record_checksum", "a BLCK byte changed after its checksum was computed", ["5"], mod(flip_blk), "checksum")
+
+    def unknown_critical(p):
+        p.recs.insert(2, Rec(b"ZZZZ", b"must understand"))
+    n("n_unknown_critical_record", "a critical record type no decoder knows", ["5", "10", "16"],
+      mod(unknown_critical), "unknown_record")
+
+    def bad_type(p):
+        p.recs.insert(2, Rec(b"z1zz", b"x"))
+    n("n_record_type_not_letters", "a record type with a digit", ["5"], mod(bad_type), "corrupt")
+    # -- limits
+    n("n_limit_name_length", "a 1025-byte tensor name", ["7", "14"],
+      mod(tens_edit(lambda th: tp(th, name=b"n" * 1025))), "limit")
+    n("n_limit_ndim", "17 dimensions", ["7", "14"],
+      mod(tens_edit(lambda th: tp(th, dims=(1,) * 15 + th.shape))), "limit")
+    n("n_limit_block_elems", "block_elems of 2^24+1", ["7", "14"],
+      mod(tens_edit(lambda th: tp(th, block_elems=(1 << 24) + 1))), "limit")
+    n("n_limit_tensor_elems", "a tensor of 2^41 elements", ["7", "14"],
+      mod(tens_edit(lambda th: tp(th, dims=(1 << 21, 1 << 20)))), "limit")
+    n("n_limit_blocks_per_tensor", "2^25 blocks in one tensor", ["7", "14"],
+      mod(tens_edit(lambda th: tp(th, dims=(1 << 25,), block_elems=1))), "limit")
+
+    def big_record(p):
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        p.recs[i].checksum = 0
+    data = bytearray(mod(big_record))
+    # declare a payload beyond MAX_RECORD_PAYLOAD in the first BLCK's header (the index still says the real size)
+    q = split(good)
+    off = 52 + 16 + len(q.recs[1].payload)
+    data[off + 4: off + 8] = ((1 << 28) + 1).to_bytes(4, "little")
+    n("n_limit_record_payload", "a record header declaring 2^28+1 payload bytes", ["5", "14"], bytes(data), "limit",
+      modes=["random"])
+    body = records.build_index(split(good).index)
+    n("n_limit_index_body", "an index declaring a 2^26+1-byte body", ["10", "14"],
+      assemble(split(good), index_payload=bytes([1]) + varint((1 << 26) + 1) + body[1:]), "limit", modes=["random"])
+
+    raw_body = L.IndexBody.build(dict(
+        base_digest=bytes(16), target_digest=bytes(16), tensor_count=(1 << 20) + 1, block_count=0, name_lengths=[],
+        names=b"", tens_offsets=[], tens_sizes=[], tens_checksums=[], tens_block_counts=[], blk_offsets=[],
+        blk_sizes=[], blk_checksums=[], blk_encodings=[], other_count=0, other_offsets=[], other_sizes=[],
+        other_types=[]))
+    n("n_limit_tensor_count", "an index declaring 2^20+1 tensors", ["10", "14"],
+      assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit", modes=["random"])
+    # -- zstd frame rules, bombs
+    bz, tz = rl_step(21, (40, 40), density=0.3)
+    zfile = write_delta({"w": bz}, {"w": tz}, force_codec="zstd")
+
+    def restream(fn, src=zfile):
+        p = split(src)
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        th = records.parse_tensor(p.recs[i - 1].payload, "")
+        info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
+        head = p.recs[i].payload[:info.data_offset]
+        streams = []
+        pos = info.data_offset
+        for s in info.streams:
+            streams.append([s.codec, p.recs[i].payload[pos:pos + s.stored], s.decoded])
+            pos += s.stored
+        params = list(info.params)
+        fn(streams, params)
+        payload = L.BlockPayload.build(
+            dict(tensor=0, block=0, encoding=info.encoding, params=params,
+                 streams=[dict(codec=c, length=len(d)) for c, d, _ in streams]),
+            param_count=lambda e: len(params), stream_count=lambda e, q: len(streams))
+        p.recs[i].payload = payload + b"".join(d for _, d, _ in streams)
+        return assemble(p)
+
+    def bomb(streams, params):
+        c, d, L_ = streams[0]
+        streams[0][1] = zstandard.ZstdCompressor(level=3).compress(b"\0" * (L_ * 64))
+    n("n_zstd_bomb", "a zstd stream whose frame declares 64 times the stream's decoded length", ["9", "17"],
+      restream(bomb), "corrupt", base_={"w": bz})
+
+    def no_size(streams, params):
+        c, d, L_ = streams[0]
+        raw = zstandard.ZstdDecompressor().decompress(d)
+        streams[0][1] = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(raw)
+    n("n_zstd_no_content_size", "a zstd frame without Frame_Content_Size", ["9"], restream(no_size), "corrupt",
+      base_={"w": bz})
+
+    def trailing(streams, params):
+        streams[0][1] = streams[0][1] + zstandard.ZstdCompressor().compress(b"")
+    n("n_zstd_two_frames", "a second zstd frame after the first", ["9"], restream(trailing), "corrupt",
+      base_={"w": bz})
+
+    def window(streams, params):
+        # a hand-made frame: Window_Descriptor 2^28 (exponent 18), 4-byte Frame_Content_Size, one raw block
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        frame = b"\x28\xb5\x2f\xfd" + bytes([0x80, 18 << 3]) + len(raw).to_bytes(4, "little")
+        frame += ((len(raw) << 3) | 1).to_bytes(3, "little") + raw
+        streams[0][1] = frame
+    n("n_zstd_window_too_large", "a zstd frame asking for a 256 MiB window", ["9", "14"], restream(window),
+      "limit", base_={"w": bz})
+    import lzma as _lzma
+    import bz2 as _bz2
+
+    def xz_bomb(streams, params):
+        c, d, L_ = streams[0]
+        streams[0][0] = 2
+        streams[0][1] = _lzma.compress(b"\0" * (L_ + 1000), format=_lzma.FORMAT_XZ)
+    n("n_xz_bomb", "an xz stream that decodes past the declared length", ["9", "17"], restream(xz_bomb), "corrupt",
+      base_={"w": bz})
+
+    def bz_bomb(streams, params):
+        c, d, L_ = streams[0]
+        streams[0][0] = 3
+        streams[0][1] = _bz2.compress(b"\0" * (L_ + 1000))
+    n("n_bz2_bomb", "a bz2 stream that decodes past the declared length", ["9", "17"], restream(bz_bomb), "corrupt",
+      base_={"w": bz})
+
+    def raw_len(streams, params):
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        streams[0][0] = 0
+        streams[0][1] = raw[:-1]
+    n("n_raw_length_mismatch", "a raw stream one byte short", ["9"], restream(raw_len), "corrupt", base_={"w": bz})
+
+    def unknown_codec(streams, params):
+        streams[0][0] = 9
+    n("n_unknown_codec", "codec id 9", ["9"], restream(unknown_codec), "unsupported", base_={"w": bz})
+
+    def empty_zstd(streams, params):
+        streams[2][0] = 1
+        streams[2][1] = b""
+    # the exceptions stream (2) is empty when e = 0; use a file with no exceptions
+    bn, tn = rl_step(22, (40, 40), density=0.3, exc=0.0)
+    n("n_empty_stream_not_raw", "an empty stream marked zstd", ["9"],
+      restream(empty_zstd, write_delta({"w": bn}, {"w": tn}, force_codec="zstd")), "corrupt", base_={"w": bn})
+
+    # -- block contents (raw streams so the bytes are easy to change)
+    rawfile = write_delta(base, {"w": t}, force_codec="raw")
+
+    def rs(fn):
+        return restream(fn, rawfile)
+
+    def c_too_big(streams, params):
+        params[0] = 24 * 16 + 1
+    n("n_changed_count_beyond_block", "c > m", ["8.3"], rs(c_too_big), "corrupt")
+
+    def e_too_big(streams, params):
+        params[1] = params[0] + 1
+    n("n_exception_count_beyond_changed", "e > c", ["8.3"], rs(e_too_big), "corrupt")
+
+    def pos_out(streams, params):
+        d = bytearray(streams[0][1])
+        c = params[0]
+        pw = len(d) // c
+        last = c - 1
+        for k in range(pw):  # make the last gap huge
+            d[k * c + last] = 0xFF
+        streams[0][1] = bytes(d)
+    n("n_position_beyond_block", "a changed position past the end of the block", ["8.3"], rs(pos_out), "corrupt")
+
+    def step_zero(streams, params):
+        d = bytearray(streams[1][1])
+        d[0] = 0
+        streams[1][1] = bytes(d)
+    n("n_step_zero", "a mantissa step of 0", ["8.3"], rs(step_zero), "corrupt")
+
+    def step_range(streams, params):
+        d = bytearray(streams[1][1])
+        d[0] = 0x7F
+        d[1] = 0x81
+        streams[1][1] = bytes(d)
+    n("n_step_out_of_range", "mantissa steps of +127 and -127 that leave the mantissa range", ["8.3"], rs(step_range),
+      "corrupt")
+
+    def layout_of(streams, params):
+        """(positions, exception indices, kept positions) of the raw bf16-delta block."""
+        c, e = params
+        pos = _ungap(from_planes(streams[0][1], c, bytes_for(24 * 16 - 1)))
+        xi = _ungap(from_planes(streams[2][1], e, bytes_for(c - 1))) if e else np.zeros(0, np.int64)
+        kept = np.setdiff1d(np.arange(c), xi)
+        return pos, xi, pos[kept]
+    bu = b.view(np.uint16).reshape(-1)
+
+    def exc_keeps(streams, params):
+        pos, xi, _ = layout_of(streams, params)
+        vals = bytearray(streams[3][1])
+        e = params[1]
+        v = int(bu[pos[xi[0]]]) ^ 1  # sign and exponent of the base kept: not an exception
+        vals[0], vals[e] = v & 0xFF, v >> 8
+        streams[3][1] = bytes(vals)
+    n("n_exception_keeps_exponent", "an exception whose value keeps the base's sign and exponent", ["8.3"],
+      rs(exc_keeps), "corrupt")
+    n("n_block_extra_bytes", "a BLCK payload with a byte after its streams", ["8"], _extra_payload(rawfile),
+      "corrupt")
+
+    def wrong_step(streams, params):
+        _, _, kpos = layout_of(streams, params)
+        steps = bytearray(streams[1][1])
+        for r, p_ in enumerate(kpos):
+            s_ = steps[r] - 256 if steps[r] > 127 else steps[r]
+            mant = int(bu[p_]) & 0x7F
+            if 0 <= mant - s_ <= 0x7F and s_ != 0:
+                steps[r] = (-s_) & 0xFF  # still a valid step, but not the right one
+                break
+        streams[1][1] = bytes(steps)
+    n("n_verification", "a well-formed block that rebuilds a different tensor", ["12.3", "13"], rs(wrong_step),
+      "verification")
+
+    def bad_encoding(p):
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        pl = bytearray(p.recs[i].payload)
+        pl[2] = 9
+        p.recs[i].payload = bytes(pl)
+        p.recs[i].encoding = 9
+    n("n_unknown_encoding", "encoding id 9", ["8"], mod(bad_encoding), "unsupported")
+
+    def wrong_encoding_dtype(p):
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        pl = bytearray(p.recs[i].payload)
+        pl[2] = 3  # float-delta on BF16
+        p.recs[i].payload = bytes(pl)
+        p.recs[i].encoding = 3
+    n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(wrong_encoding_dtype), "unsupported")
+    n("n_unknown_dtype", "dtype code 16", ["2", "7"], mod(tens_edit(lambda th: tp(th, dtype=16))), "unsupported")
+    n("n_name_invalid_utf8", "a name that is not UTF-8", ["7"],
+      mod(tens_edit(lambda th: tp(th, name=b"w\xff"))), "corrupt")
+    n("n_name_control_char", "a name with a newline", ["7", "17"],
+      mod(tens_edit(lambda th: tp(th, name=b"w\n"))), "corrupt")
+    n("n_name_empty", "an empty name", ["7"], mod(tens_edit(lambda th: tp(th, name=b""))), "corrupt")
+
+    def nonminimal(p):
+        th = records.parse_tensor(p.recs[tens_i].payload, "")
+        pl = tp(th)
+        # block_elems varint padded with a redundant 0x80 0x00
+        be = varint(th.block_elems)
+        i = pl.index(be, len(th.name) + 3)
+        p.recs[tens_i].payload = pl[:i] + bytes([be[0] | 0x80]) + be[1:] + b"\x00" + pl[i + len(be):] if len(be) == 1 \
+            else pl[:i] + be[:-1] + bytes([be[-1] | 0x80, 0]) + pl[i + len(be):]
+    n("n_varint_not_minimal", "a varint with a redundant trailing zero group", ["1"], mod(nonminimal), "corrupt")
+    n("n_tens_extra_bytes", "a TENS payload with a byte left over", ["5", "7"],
+      mod(tens_edit(lambda th: tp(th) + b"\0")), "corrupt")
+
+    def needs_base_off(p):
+        th = records.parse_tensor(p.recs[tens_i].payload, "")
+        p.recs[tens_i].payload = tp(th, flags=0)
+    n("n_delta_without_base_flag", "a bf16-delta block in a tensor without NEEDS_BASE", ["7", "8"],
+      mod(needs_base_off), "corrupt", base_={})
+
+    def bad_ordinal(p):
+        i = [i for i, r in enumerate(p.recs) if r.type == L.BLCK][1]
+        pl = bytearray(p.recs[i].payload)
+        pl[1] = 0  # block ordinal 0 again
+        p.recs[i].payload = bytes(pl)
+    n("n_block_ordinal_mismatch", "the second block says it is block 0", ["8"], mod(bad_ordinal), "corrupt")
+
+    # -- index
+    def overlap(index):
+        index.entries[0].blocks[1].offset -= 4
+    n("n_index_overlap", "two located records overlap", ["10"], assemble(split(good), index_fn=overlap), "corrupt",
+      modes=["random"])
+
+    def gap(index):
+        index.entries[0].blocks[1].offset += 1
+        index.entries[0].blocks[1].size -= 1
+    n("n_index_gap", "a hole between located records", ["10"], assemble(split(good), index_fn=gap), "corrupt",
+      modes=["random"])
+
+    def out_of_range(index):
+        index.entries[0].blocks[-1].offset = 1 << 40
+    n("n_index_offset_out_of_range", "a block offset past the end of the file", ["10"],
+      assemble(split(good), index_fn=out_of_range), "corrupt", modes=["random"])
+
+    def swap(index):
+        b0, b1 = index.entries[0].blocks[0], index.entries[0].blocks[1]
+        index.entries[0].blocks[0], index.entries[0].blocks[1] = b1, b0
+    n("n_index_order", "blocks listed out of order", ["10"], assemble(split(good), index_fn=swap), "corrupt",
+      modes=["random"])
+
+    def ck(index):
+        index.entries[0].blocks[0].checksum ^= 1
+    n("n_index_checksum_mismatch", "the index's checksum for a block differs from the record's", ["10"],
+      assemble(split(good), index_fn=ck), "corrupt", modes=["random"])
+
+    def enc(index):
+        index.entries[0].blocks[0].encoding = 1
+    n("n_index_encoding_mismatch", "the index says xor, the block says bf16-delta", ["10"],
+      assemble(split(good), index_fn=enc), "corrupt", modes=["random"])
+
+    def name(index):
+        index.entries[0].name = "other"
+    n("n_index_name_mismatch", "the index names a tensor differently than its TENS record", ["10"],
+      assemble(split(good), index_fn=name), "corrupt", modes=["random"])
+    two = write_delta({"a": b, "b": b}, {"a": t, "b": t})
+
+    def dup(index):
+        index.entries[1].name = index.entries[0].name
+    n("n_duplicate_names", "two tensors with the same name", ["7", "10"], assemble(split(two), index_fn=dup),
+      "corrupt", base_={"a": b, "b": b}, modes=["random"])
+
+    def dup_tens(p):
+        j = [i for i, r in enumerate(p.recs) if r.type == L.TENS][1]
+        th = records.parse_tensor(p.recs[j].payload, "")
+        p.recs[j].payload = tp(th, name=b"a")
+        p.recs[j].name = "a"
+    n("n_duplicate_tens_names", "two TENS records with the same name", ["7"], _assemble_mod(two, dup_tens),
+      "corrupt", base_={"a": b, "b": b})
+    # -- base
+    wrong = b.copy()
+    wrong.view(np.uint16).reshape(-1)[5] ^= 1
+    n("n_wrong_base_values", "one base value differs", ["7", "12.3"], good, "wrong_base", base_={"w": wrong})
+    n("n_wrong_base_dtype", "base tensor has another dtype", ["7"], good, "wrong_base",
+      base_={"w": b.view(np.int16)})
+    n("n_wrong_base_shape", "base tensor has another shape", ["7"], good, "wrong_base", base_={"w": b.reshape(16, 24)})
+    n("n_wrong_base_missing", "the base lacks the tensor", ["7"], good, "wrong_base", base_={"x": b})
+    return V
+
+
+def _assemble_mod(data, fn):
+    p = split(data)
+    fn(p)
+    return assemble(p)
+
+
+def _extra_payload(data):
+    p = split(data)
+    i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+    p.recs[i].payload = p.recs[i].payload + b"\0"
+    return assemble(p)
+
+
+# ------------------------------------------------------------------------------------ output
+
+def tensor_expect(arr):
+    a = np.asarray(arr)
+    return {"dtype": {"bool": "BOOL"}.get(a.dtype.name, None) or _dtype_name(a.dtype), "shape": list(a.shape),
+            "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
+
+
+def _dtype_name(dt):
+    from arcfmt.dtypes import from_numpy
+    return from_numpy(dt).name
+
+
+def generate(out_dir: str) -> None:
+    vec_dir = os.path.join(out_dir, "vectors")
+    os.makedirs(vec_dir, exist_ok=True)
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.0",
+                "contract": "see conformance/README.md", "vectors": []}
+    for v in valid_vectors() + reject_vectors():
+        base_file = f"{v.name}.base.safetensors"
+        delta_file = f"{v.name}.arc"
+        write_file(os.path.join(vec_dir, base_file), v.base)
+        with open(os.path.join(vec_dir, delta_file), "wb") as f:
+            f.write(v.delta)
+        entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
+                 "description": v.description, "covers": ["SPEC.md §" + c for c in v.covers],
+                 "base": f"vectors/{base_file}", "delta": f"vectors/{delta_file}", "modes": v.modes}
+        if v.error is None:
+            entry["tensors"] = {k: tensor_expect(a) for k, a in v.expect_tensors.items()}
+        else:
+            entry["error"] = v.error
+        manifest["vectors"].append(entry)
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare with the checked-in vectors instead of writing")
+    args = ap.parse_args(argv)
+    if not args.check:
+        shutil.rmtree(os.path.join(ROOT, "vectors"), ignore_errors=True)
+        generate(ROOT)
+        m = json.load(open(os.path.join(ROOT, "manifest.json")))
+        print(f"wrote {len(m['vectors'])} vectors to {os.path.relpath(ROOT)}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp)
+        diffs = []
+        for rel in ["manifest.json"] + sorted(os.listdir(os.path.join(tmp, "vectors"))):
+            a = os.path.join(tmp, rel if rel == "manifest.json" else os.path.join("vectors", rel))
+            b = os.path.join(ROOT, rel if rel == "manifest.json" else os.path.join("vectors", rel))
+            if not os.path.exists(b) or open(a, "rb").read() != open(b, "rb").read():
+                diffs.append(rel)
+        extra = set(os.listdir(os.path.join(ROOT, "vectors"))) - set(os.listdir(os.path.join(tmp, "vectors"))) \
+            if os.path.isdir(os.path.join(ROOT, "vectors")) else set()
+        diffs += sorted(extra)
+        if diffs:
+            print("vectors differ from the generator: " + ", ".join(diffs[:20]))
+            return 1
+        print("checked-in vectors match the generator")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
