@@ -8,12 +8,12 @@ from __future__ import annotations
 
 
 from construct import (
-    Array, Bytes, Construct, GreedyBytes, If, Prefixed, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
+    Bytes, Construct, GreedyBytes, If, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
 )
 import numpy as np
 from construct.core import ConstructError, StreamError, stream_read, stream_write
 
-from .errors import CorruptError
+from .errors import CorruptError, LimitError
 
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
@@ -78,6 +78,68 @@ class CanonicalVarInt(Construct):
 
 VarInt = CanonicalVarInt()
 
+
+def _read_varint(stream, path) -> int:
+    return VarInt._parse(stream, None, path)
+
+
+class VarIntArray(Construct):
+    """``count`` canonical varints in one construct (a block's params, a tensor's dims)."""
+
+    def __init__(self, count, limit=None, what="count"):
+        super().__init__()
+        self.count = count
+        self.limit = limit
+        self.what = what
+
+    def _parse(self, stream, context, path):
+        count = self.count(context) if callable(self.count) else self.count
+        if self.limit is not None and count > self.limit:
+            raise LimitError(f"{self.what} {count} exceeds its limit {self.limit}")
+        return [_read_varint(stream, path) for _ in range(count)]
+
+    def _build(self, obj, stream, context, path):
+        for v in obj:
+            VarInt._build(v, stream, context, path)
+        return obj
+
+
+class Name(Construct):
+    """A tensor name: varint byte length (checked against MAX_NAME_BYTES before reading), then the bytes."""
+
+    def _parse(self, stream, context, path):
+        n = _read_varint(stream, path)
+        if n > MAX_NAME_BYTES:
+            raise LimitError(f"tensor name of {n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
+        return stream_read(stream, n, path)
+
+    def _build(self, obj, stream, context, path):
+        VarInt._build(len(obj), stream, context, path)
+        stream_write(stream, obj, len(obj), path)
+        return obj
+
+
+class StreamTable(Construct):
+    """A block's stream table: ``count`` pairs of (codec ``u8``, stored length varint)."""
+
+    def __init__(self, count):
+        super().__init__()
+        self.count = count
+
+    def _parse(self, stream, context, path):
+        count = self.count(context) if callable(self.count) else self.count
+        out = []
+        for _ in range(count):
+            codec = stream_read(stream, 1, path)[0]
+            out.append((codec, _read_varint(stream, path)))
+        return out
+
+    def _build(self, obj, stream, context, path):
+        for codec, length in obj:
+            stream_write(stream, bytes([codec]), 1, path)
+            VarInt._build(length, stream, context, path)
+        return obj
+
 FileHeader = Struct(
     "magic" / Bytes(8),
     "major" / Int16ul,
@@ -98,18 +160,16 @@ MetaPayload = Struct(
 )
 
 TensorPayload = Struct(
-    "name" / Prefixed(VarInt, GreedyBytes),  # length prefix checked against MAX_NAME_BYTES by the reader
+    "name" / Name(),
     "dtype" / Int8ul,
     "ndim" / Int8ul,
-    "dims" / Array(this.ndim, VarInt),
+    "dims" / VarIntArray(this.ndim, MAX_DIMS, "ndim"),
     "block_elems" / VarInt,
     "flags" / Int8ul,
     "base_hash" / If(this.flags & NEEDS_BASE, Int64ul),
     "target_hash" / Int64ul,
     "_end" / Tell,
 )
-
-StreamEntry = Struct("codec" / Int8ul, "length" / VarInt)
 
 # A block's params and streams are counted by its encoding and dtype (SPEC.md §8): the caller passes
 # ``param_count(encoding)`` and ``stream_count(encoding)`` as parse keywords; both reject unknown ids
@@ -118,8 +178,8 @@ BlockPayload = Struct(
     "tensor" / VarInt,
     "block" / VarInt,
     "encoding" / Int8ul,
-    "params" / Array(lambda ctx: ctx._params.param_count(ctx.encoding), VarInt),
-    "streams" / Array(lambda ctx: ctx._params.stream_count(ctx.encoding, list(ctx.params)), StreamEntry),
+    "params" / VarIntArray(lambda ctx: ctx._params.param_count(ctx.encoding)),
+    "streams" / StreamTable(lambda ctx: ctx._params.stream_count(ctx.encoding, ctx.params)),
     "_end" / Tell,
 )
 
@@ -137,13 +197,17 @@ class NumpyColumn(Construct):
     against what the stream holds before anything is allocated.
     """
 
-    def __init__(self, count, dtype):
+    def __init__(self, count, dtype, limit=None, what="count"):
         super().__init__()
         self.count = count
         self.dtype = np.dtype(dtype)
+        self.limit = limit
+        self.what = what
 
     def _parse(self, stream, context, path):
         count = self.count(context) if callable(self.count) else self.count
+        if self.limit is not None and count > self.limit:
+            raise LimitError(f"{self.what} {count} exceeds its limit {self.limit}")
         nbytes = count * self.dtype.itemsize
         here = stream.tell()
         stream.seek(0, 2)
@@ -164,7 +228,7 @@ IndexBody = Struct(
     "target_digest" / Bytes(16),
     "tensor_count" / Int32ul,
     "block_count" / Int64ul,
-    "name_lengths" / NumpyColumn(this.tensor_count, "<u4"),
+    "name_lengths" / NumpyColumn(this.tensor_count, "<u4", MAX_TENSORS, "tensor_count"),
     "names" / Bytes(lambda ctx: int(np.sum(ctx.name_lengths, dtype=np.uint64))),
     "tens_offsets" / NumpyColumn(this.tensor_count, "<u8"),
     "tens_sizes" / NumpyColumn(this.tensor_count, "<u4"),
@@ -175,7 +239,7 @@ IndexBody = Struct(
     "blk_checksums" / NumpyColumn(this.block_count, "<u8"),
     "blk_encodings" / NumpyColumn(this.block_count, "u1"),
     "other_count" / Int32ul,
-    "other_offsets" / NumpyColumn(this.other_count, "<u8"),
+    "other_offsets" / NumpyColumn(this.other_count, "<u8", MAX_OTHER_RECORDS, "other_count"),
     "other_sizes" / NumpyColumn(this.other_count, "<u4"),
     "other_types" / NumpyColumn(this.other_count, "S4"),
     "_end" / Tell,

@@ -14,7 +14,9 @@ import numpy as np
 
 from . import layout as L, records, transforms
 from .arrays import as_uint
-from .errors import ArcError, CorruptError, InputError, TruncatedError, VerificationError, WrongBaseError
+from .errors import (
+    ArcError, CorruptError, InputError, LimitError, TruncatedError, VerificationError, WrongBaseError,
+)
 from .integrity import model_digest, tensor_hash
 
 
@@ -67,6 +69,33 @@ def open_source(obj):
     raise InputError(f"cannot read an arcfmt file from {type(obj).__name__}")
 
 
+# --------------------------------------------------------------------------------------- memory
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def allocate(th: records.TensorHeader, budget: list) -> np.ndarray:
+    """The output buffer of a tensor, refused (LimitError) when it would exceed the caller's memory budget.
+
+    A file can declare tensors far larger than itself (unchanged or highly compressible blocks), so the
+    bound is the memory the caller allows, never what the file says (SPEC.md §17).
+    """
+    need = th.size * th.dtype.itemsize
+    if need > budget[0]:
+        raise LimitError(f"tensor {th.name!r} needs {need} bytes of output, more than the {budget[0]} left "
+                         f"of this decoder's output budget (max_output_bytes)")
+    try:
+        out = np.empty(th.size, th.dtype.uint)
+    except MemoryError:
+        raise LimitError(f"tensor {th.name!r}: cannot allocate {need} bytes") from None
+    budget[0] -= need
+    return out
+
+
 # --------------------------------------------------------------------------------------- reader
 
 @dataclass
@@ -78,8 +107,9 @@ class LoadedBlock:
 class DeltaReader:
     """Random access to an arcfmt file: trailer → index → only the records asked for."""
 
-    def __init__(self, source, *, workers: int | None = None):
+    def __init__(self, source, *, workers: int | None = None, max_output_bytes: int | None = None):
         self.source = open_source(source)
+        self.max_output_bytes = physical_memory() if max_output_bytes is None else max_output_bytes
         self.workers = workers or min(8, os.cpu_count() or 1)
         size = self.source.size
         if size < L.HEADER_SIZE:
@@ -211,7 +241,7 @@ class DeltaReader:
         """
         th = self.header(name)
         if out is None:
-            out = np.empty(th.size, th.dtype.uint)
+            out = allocate(th, [self.max_output_bytes])
         if pool is not None and th.block_count > 1:
             for f in [pool.submit(self.decode_block_into, name, b, base_u, out) for b in range(th.block_count)]:
                 f.result()
@@ -232,7 +262,8 @@ class DeltaReader:
         """
         wanted = self.names if names is None else list(names)
         bases = {n: self.check_base(n, base.get(n) if self.header(n).needs_base else None) for n in wanted}
-        outs = {n: np.empty(self.header(n).size, self.header(n).dtype.uint) for n in wanted}
+        budget = [self.max_output_bytes]
+        outs = {n: allocate(self.header(n), budget) for n in wanted}
         with ThreadPoolExecutor(self.workers, thread_name_prefix="arcfmt-dec") as pool:
             jobs = [pool.submit(self.decode_block_into, n, b, bases[n], outs[n])
                     for n in wanted for b in range(self.header(n).block_count)]
@@ -304,8 +335,9 @@ class StreamReader:
     iteration has finished (index cross-checked, trailer checked): commit nothing before that.
     """
 
-    def __init__(self, fileobj, base=None):
+    def __init__(self, fileobj, base=None, *, max_output_bytes: int | None = None):
         self._f = fileobj
+        self._budget = physical_memory() if max_output_bytes is None else max_output_bytes
         self._base = {} if base is None else base
         self._pos = 0
         self.meta = None
@@ -371,7 +403,7 @@ class StreamReader:
                 seen.append(records.IndexEntry(th.name, offset, head.length + 16, head.checksum, []))
                 target_entries.append((raw, th.dtype.code, th.shape, th.target_hash))
                 base_u = self._check_base(th)
-                out = np.empty(th.size, th.dtype.uint)
+                out = allocate(th, [self._budget])
                 current = (th, base_u, out, 0)
                 if th.block_count == 0:
                     yield self._finish(current)

@@ -27,7 +27,7 @@ def build_header() -> bytes:
 
 def check_header(data) -> tuple[int, int]:
     if len(data) < L.HEADER_SIZE:
-        if bytes(data) == L.MAGIC[: len(data)]:
+        if bytes(data[:8]) == L.MAGIC[: min(8, len(data))]:
             raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
         raise BadMagicError("not an arcfmt file (bad magic)")
     h = L.FileHeader.parse(bytes(data[: L.HEADER_SIZE]))
@@ -239,7 +239,7 @@ def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: li
     """``coded``: one ``(codec, stored_bytes)`` per stream."""
     head = L.BlockPayload.build(
         dict(tensor=tensor, block=block, encoding=enc.encoding, params=list(enc.params),
-             streams=[dict(codec=c, length=len(s)) for c, s in coded]),
+             streams=[(c, len(s)) for c, s in coded]),
         param_count=lambda e: len(enc.params), stream_count=lambda e, p: len(coded))
     return b"".join([head] + [bytes(s) for _, s in coded])
 
@@ -270,11 +270,11 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str) 
                            f"but tensor {th.name!r} has none")
     streams = []
     total = 0
-    for s, dec_len in zip(head.streams, lengths):
-        if s.codec not in codecs.NAMES:
-            raise UnsupportedError(f"{where}: unknown codec id {s.codec}")
-        streams.append(StreamInfo(s.codec, s.length, dec_len))
-        total += s.length
+    for (codec, length), dec_len in zip(head.streams, lengths):
+        if codec not in codecs.NAMES:
+            raise UnsupportedError(f"{where}: unknown codec id {codec}")
+        streams.append(StreamInfo(codec, length, dec_len))
+        total += length
     if head._end + total != len(payload):
         raise CorruptError(f"{where}: BLCK streams hold {total} bytes but the payload has "
                            f"{len(payload) - head._end} after the stream table")
@@ -354,10 +354,6 @@ def parse_index(payload, index_offset: int) -> Index:
     if p.codec not in codecs.NAMES:
         raise UnsupportedError(f"{where}: unknown codec id {p.codec}")
     body = bytes(codecs.decode(p.codec, p.body, p.body_length))
-    if len(body) >= 36:
-        count = int.from_bytes(body[32:36], "little")
-        if count > L.MAX_TENSORS:
-            raise LimitError(f"{where}: {count} tensors exceed MAX_TENSORS ({L.MAX_TENSORS})")
     b = L.parse(L.IndexBody, body, where)
     if b._end != len(body):
         raise CorruptError(f"{where}: {len(body) - b._end} bytes left over after the index body")
@@ -366,8 +362,6 @@ def parse_index(payload, index_offset: int) -> Index:
     counts = b.tens_block_counts
     if int(counts.sum(dtype=np.uint64)) != b.block_count or (counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR):
         raise CorruptError(f"{where}: per-tensor block counts do not add up to {b.block_count}")
-    if b.other_count > L.MAX_OTHER_RECORDS:
-        raise LimitError(f"{where}: {b.other_count} other records exceed {L.MAX_OTHER_RECORDS}")
     ends = np.cumsum(counts.astype(np.int64))
     starts = ends - counts.astype(np.int64)
     check_tiling(b, index_offset, where)

@@ -246,16 +246,16 @@ def gap_decode(gaps):
 # --------------------------------------------------------------------------------------------
 # Codecs (SPEC §9)
 
-def parse_zstd_frame(stored, L):
+def parse_zstd_frame(stored, L, what):
     """Check a zstd frame header against SPEC §9 and walk its blocks to find where the frame ends.
 
     Returns nothing; raises on violations.  Done before anything is decompressed.
     """
     if len(stored) < 6:
-        fail("corrupt", "zstd: stored bytes too short for a frame header")
+        fail("corrupt", f"{what}: zstd: stored bytes too short for a frame header")
     magic = struct.unpack("<I", stored[0:4])[0]
     if magic != 0xFD2FB528:
-        fail("corrupt", f"zstd: not a Zstandard frame (magic 0x{magic:08X})")
+        fail("corrupt", f"{what}: zstd: not a Zstandard frame (magic 0x{magic:08X})")
     fhd = stored[4]
     fcs_flag = fhd >> 6
     single_segment = (fhd >> 5) & 1
@@ -263,12 +263,12 @@ def parse_zstd_frame(stored, L):
     content_checksum = (fhd >> 2) & 1
     did_flag = fhd & 3
     if reserved:
-        fail("corrupt", "zstd: reserved bit of the frame header descriptor is set")
+        fail("corrupt", f"{what}: zstd: reserved bit of the frame header descriptor is set")
     pos = 5
     window_size = None
     if not single_segment:
         if pos >= len(stored):
-            fail("corrupt", "zstd: frame header truncated")
+            fail("corrupt", f"{what}: zstd: frame header truncated")
         wd = stored[pos]
         pos += 1
         exponent, mantissa = wd >> 3, wd & 7
@@ -276,14 +276,14 @@ def parse_zstd_frame(stored, L):
         window_size = window_base + (window_base // 8) * mantissa
     did_size = (0, 1, 2, 4)[did_flag]
     if pos + did_size > len(stored):
-        fail("corrupt", "zstd: frame header truncated")
+        fail("corrupt", f"{what}: zstd: frame header truncated")
     dictionary_id = int.from_bytes(stored[pos:pos + did_size], "little")
     pos += did_size
     fcs_size = {0: 1 if single_segment else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
     if pos + fcs_size > len(stored):
-        fail("corrupt", "zstd: frame header truncated")
+        fail("corrupt", f"{what}: zstd: frame header truncated")
     if fcs_size == 0:
-        fail("corrupt", "zstd: frame header does not declare Frame_Content_Size")
+        fail("corrupt", f"{what}: zstd: frame header does not declare Frame_Content_Size")
     fcs = int.from_bytes(stored[pos:pos + fcs_size], "little")
     if fcs_size == 2:
         fcs += 256
@@ -292,39 +292,39 @@ def parse_zstd_frame(stored, L):
         window_size = fcs
     # ASSUMPTION: the checks are made in the order SPEC §9 lists them.
     if fcs != L:
-        fail("corrupt", f"zstd: Frame_Content_Size {fcs} != decoded length {L}")
+        fail("corrupt", f"{what}: zstd: Frame_Content_Size {fcs} != decoded length {L}")
     if dictionary_id != 0:
-        fail("corrupt", f"zstd: frame uses a dictionary (Dictionary_ID {dictionary_id})")
+        fail("corrupt", f"{what}: zstd: frame uses a dictionary (Dictionary_ID {dictionary_id})")
     if window_size > MAX_WINDOW:
-        fail("limit", f"zstd: window size {window_size} exceeds MAX_WINDOW")
+        fail("limit", f"{what}: zstd: window size {window_size} exceeds MAX_WINDOW")
     # Walk the blocks to find the end of the frame (so trailing data is detected without decoding).
     plain = 0
     while True:
         if pos + 3 > len(stored):
-            fail("corrupt", "zstd: frame truncated inside a block header")
+            fail("corrupt", f"{what}: zstd: frame truncated inside a block header")
         bh = int.from_bytes(stored[pos:pos + 3], "little")
         pos += 3
         last = bh & 1
         btype = (bh >> 1) & 3
         bsize = bh >> 3
         if btype == 3:
-            fail("corrupt", "zstd: reserved block type")
+            fail("corrupt", f"{what}: zstd: reserved block type")
         content = 1 if btype == 1 else bsize
         if btype in (0, 1):
             plain += bsize
             if plain > L:
-                fail("corrupt", "zstd: frame decodes to more than the decoded length")
+                fail("corrupt", f"{what}: zstd: frame decodes to more than the decoded length")
         if pos + content > len(stored):
-            fail("corrupt", "zstd: frame truncated inside a block")
+            fail("corrupt", f"{what}: zstd: frame truncated inside a block")
         pos += content
         if last:
             break
     if content_checksum:
         if pos + 4 > len(stored):
-            fail("corrupt", "zstd: frame truncated inside the content checksum")
+            fail("corrupt", f"{what}: zstd: frame truncated inside the content checksum")
         pos += 4
     if pos != len(stored):
-        fail("corrupt", f"zstd: {len(stored) - pos} bytes follow the frame")
+        fail("corrupt", f"{what}: zstd: {len(stored) - pos} bytes follow the frame")
 
 
 def bounded_decompress(decompressor, stored, L, name):
@@ -361,7 +361,7 @@ def decode_stream(codec, stored, L, what):
             fail("corrupt", f"{what}: raw stored length {len(stored)} != decoded length {L}")
         return bytes(stored)
     if codec == CODEC_ZSTD:
-        parse_zstd_frame(stored, L)
+        parse_zstd_frame(stored, L, what)
         try:
             dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
             # The frame declares its content size (checked == L), so this allocates L bytes
@@ -1138,7 +1138,7 @@ def main(argv):
     try:
         tensors = (decode_streaming if stream else decode_random_access)(delta_path, base)
     except ArcError as exc:
-        msg = " ".join(str(exc.message).split())
+        msg = " ".join(str(exc.message).split()).encode("ascii", "backslashreplace").decode("ascii")
         print(f"error: {exc.category}: {msg}")
         return 1
     with open(out_path, "w") as fh:

@@ -68,7 +68,13 @@ def sr(data, base):
     return stream_decode(data, base)
 
 
+def ra_file(data, base):
+    """Random access through a file object (``FileSource``) instead of a buffer."""
+    return arcfmt.decode(base, io.BytesIO(data), workers=1)
+
+
 READERS = [pytest.param(ra, id="random"), pytest.param(sr, id="stream")]
+READERS3 = READERS + [pytest.param(ra_file, id="random-file")]
 
 
 def outcome(reader, data, base):
@@ -96,6 +102,27 @@ def _names(classes):
     return "/".join(sorted(c.__name__ for c in classes))
 
 
+def mismatch(expected, reader, data, base=None):
+    """Like ``expect`` but returns a description of the mismatch (None if as expected), so that loops
+    over many inputs can report every bad case at once."""
+    expected = expected if isinstance(expected, (set, frozenset, tuple)) else {expected}
+    try:
+        got = outcome(reader, data, base)
+    except pytest.fail.Exception as exc:
+        return str(exc)
+    if not isinstance(got, ArcError):
+        return f"decoded without error, expected {_names(expected)}"
+    if type(got) not in expected:
+        return f"expected {_names(expected)}, got {type(got).__name__}: {got}"
+    return None
+
+
+def assert_all_as_expected(bad: dict, what: str) -> None:
+    if bad:
+        lines = [f"  {k}: {v}" for k, v in list(bad.items())[:20]]
+        pytest.fail(f"{len(bad)} {what} not as expected (SPEC.md §15):\n" + "\n".join(lines))
+
+
 def both(expected, data, base=None):
     for reader in (ra, sr):
         expect(expected, reader, data, base)
@@ -104,12 +131,10 @@ def both(expected, data, base=None):
 # ------------------------------------------------------------------------------------- crafting
 
 def blck_payload(tensor, block, encoding, params, streams):
-    """A BLCK payload: ``streams`` is a list of (codec id, stored bytes)."""
-    head = L.BlockPayload.build(
-        dict(tensor=tensor, block=block, encoding=encoding, params=list(params),
-             streams=[dict(codec=c, length=len(s)) for c, s in streams]),
-        param_count=lambda e: len(params), stream_count=lambda e, p: len(streams))
-    return head + b"".join(bytes(s) for _, s in streams)
+    """A BLCK payload (SPEC.md §8): ``streams`` is a list of (codec id, stored bytes)."""
+    head = varint(tensor) + varint(block) + bytes([encoding]) + b"".join(varint(x) for x in params)
+    head += b"".join(bytes([c]) + varint(len(st)) for c, st in streams)
+    return head + b"".join(bytes(st) for _, st in streams)
 
 
 def tens_payload(name, dtype, dims, block_elems, flags, base_hash=None, target_hash=0, *, ndim=None,
@@ -195,39 +220,56 @@ def test_fixture_files_are_valid(small_file, medium_file):
 
 # ------------------------------------------------------------------------------------- truncation
 
-@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("reader", READERS3)
 def test_truncation_at_every_byte_offset(small_file, reader):
+    """A valid file cut at any byte is `truncated` (§11, §12.1, §12.2): its magic is a valid prefix."""
     base, _, d = small_file
-    for k in range(len(d)):
-        expect(TruncatedError, reader, d[:k], base)
+    cuts = [k for k in range(len(d)) if k not in INSIDE_HEADER_AFTER_MAGIC]
+    bad = {f"cut at {k}": m for k in cuts if (m := mismatch(TruncatedError, reader, d[:k], base))}
+    assert_all_as_expected(bad, "truncations")
 
 
 def structural_boundaries(d):
     p = parse_file(d)
-    cuts = {0, 1, 7, 8, 10, 12, 15, L.HEADER_SIZE}
+    cuts = {0, 1, 7, 8, L.HEADER_SIZE}
     for r in p.recs:
         o, n = r.offset, len(r.payload)
         cuts |= {o, o + 4, o + 8, o + 15, o + 16, o + 17, o + 16 + n - 1, o + 16 + n}
     t = len(d) - L.TRAILER_SIZE
     cuts |= {t, t + 1, t + 8, t + 16, t + 18, t + 20, t + 24, t + 32, t + 39}
-    return sorted(c for c in cuts if 0 <= c < len(d))
+    return sorted(c for c in cuts if 0 <= c < len(d) and c not in INSIDE_HEADER_AFTER_MAGIC)
 
 
-@pytest.mark.parametrize("reader", READERS)
+# Cuts of 9..15 bytes (whole magic, then part of version/flags) have their own test below, so that one
+# finding there does not hide the others.
+INSIDE_HEADER_AFTER_MAGIC = range(9, 16)
+
+
+@pytest.mark.parametrize("reader", READERS3)
 def test_truncation_at_structural_boundaries(medium_file, reader):
     base, _, d = medium_file
     cuts = structural_boundaries(d)
     assert len(cuts) > 40
-    for k in cuts:
-        expect(TruncatedError, reader, d[:k], base)
+    bad = {f"cut at {k}": m for k in cuts if (m := mismatch(TruncatedError, reader, d[:k], base))}
+    assert_all_as_expected(bad, "truncations")
 
 
-@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("reader", READERS3)
 def test_truncation_of_keyframe_file(reader):
     target = {"a": np.arange(300, dtype=np.float32), "b": np.zeros((0, 2), np.int8)}
     d = arcfmt.encode(None, target, block_elems=100)
-    for k in structural_boundaries(d):
-        expect(TruncatedError, reader, d[:k], None)
+    bad = {f"cut at {k}": m for k in structural_boundaries(d) if (m := mismatch(TruncatedError, reader, d[:k], None))}
+    assert_all_as_expected(bad, "truncations")
+
+
+@pytest.mark.parametrize("reader", READERS3)
+def test_truncation_inside_the_header_after_the_magic(small_file, reader):
+    """9..15 bytes: the full magic, then the file ends inside the version/flags fields. The header magic is
+    valid, so this is a cut-off arcfmt file (`truncated`, §11/§12.2), not `bad_magic`."""
+    base, _, d = small_file
+    bad = {f"cut at {k}": m for k in INSIDE_HEADER_AFTER_MAGIC
+           if (m := mismatch(TruncatedError, reader, d[:k], base))}
+    assert_all_as_expected(bad, "truncations")
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -282,19 +324,22 @@ def flip_expectations(d):
 def test_single_bit_flips_at_every_byte(small_file, reader):
     base, target, d = small_file
     exp = flip_expectations(d)[0 if reader is ra else 1]
+    problems = {}
     for i in range(len(d)):
         for bit in range(8):
             bad = bytearray(d)
             bad[i] ^= 1 << bit
             got = outcome(reader, bytes(bad), base)
             where = f"flip byte {i} bit {bit}"
-            if exp[i] is None:
-                assert not isinstance(got, ArcError), f"{where}: {type(got).__name__} {got}"
             if not isinstance(got, ArcError):
-                assert exp[i] is None, f"{where}: decoded without error, expected {_names(exp[i])}"
                 assert_bit_exact(got, target)  # never wrong data
-            else:
-                assert type(got) in exp[i], f"{where}: expected {_names(exp[i])}, got {type(got).__name__}: {got}"
+                if exp[i] is not None:
+                    problems[where] = f"decoded without error, expected {_names(exp[i])}"
+            elif exp[i] is None:
+                problems[where] = f"{type(got).__name__}: {got} (an unread ancillary record cannot matter)"
+            elif type(got) not in exp[i]:
+                problems[where] = f"expected {_names(exp[i])}, got {type(got).__name__}: {got}"
+    assert_all_as_expected(problems, "bit flips")
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -516,11 +561,13 @@ def test_ancillary_record_checksum_is_checked_when_streaming(small_file):
 
 
 @pytest.mark.parametrize("rtype", [b"AB1D", b"\x00\x00\x00\x00", b"TEN ", b"t\xe9st"])
-def test_record_type_not_ascii_letters_is_corrupt(small_file, rtype):
+@pytest.mark.parametrize("reader", READERS)
+def test_record_type_not_ascii_letters_is_corrupt(small_file, reader, rtype):
+    """§5: a type with a byte that is not an ASCII letter is `corrupt` (random access: via the index)."""
     base, _, d = small_file
     p = parse_file(d)
     f = reassemble(p, insert_after(p, 0, Rec(rtype, b"x")))
-    expect(CorruptError, sr, f, base)
+    expect(CorruptError, reader, f, base)
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -534,11 +581,12 @@ def test_record_out_of_order_is_corrupt(small_file, reader):
     expect(CorruptError, reader, reassemble(p, recs), base)
 
 
-def test_second_meta_or_missing_meta_is_corrupt(small_file):
+@pytest.mark.parametrize("reader", READERS)
+def test_second_meta_or_missing_meta_is_corrupt(small_file, reader):
     base, _, d = small_file
     p = parse_file(d)
-    expect(CorruptError, sr, reassemble(p, insert_after(p, 1, p.recs[0])), base)
-    expect(CorruptError, sr, reassemble(p, p.recs[1:]), base)
+    expect(CorruptError, reader, reassemble(p, insert_after(p, 1, p.recs[0])), base)
+    expect(CorruptError, reader, reassemble(p, p.recs[1:]), base)
 
 
 # ------------------------------------------------------------------------------------- limits
@@ -640,6 +688,38 @@ def test_tensor_elems_beyond_limit(small_file, reader, dims):
     expect(LimitError, reader, f, base)
 
 
+def _huge_tensor_file(elems: int, dtype_code: int = 9) -> bytes:
+    """A keyframe tensor of ``elems`` elements in blocks of MAX_BLOCK_ELEMS, declared but not stored: the
+    index locates one 16-byte BLCK stub per block (they are never reached)."""
+    tp = tens_payload("big", dtype_code, [elems], L.MAX_BLOCK_ELEMS, 0, target_hash=0)
+    out = bytearray(records.build_header())
+    out += records.build_record(L.META, records.build_meta(records.Meta(None, None)))
+    toff = len(out)
+    trec = records.build_record(L.TENS, tp)
+    out += trec
+    blocks = []
+    for _ in range(-(-elems // L.MAX_BLOCK_ELEMS)):
+        blocks.append(records.BlockRef(len(out), 16, 0, 4))
+        out += b"BLCK" + bytes(12)
+    entry = records.IndexEntry("big", toff, len(trec), int.from_bytes(trec[8:16], "little"), blocks)
+    ioff = len(out)
+    irec = records.build_record(L.INDX, records.build_index(records.Index(bytes(16), bytes(16), [entry], [])))
+    out += irec + records.build_trailer(ioff, len(irec))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("elems", [1 << 37, 1 << 40])
+@pytest.mark.parametrize("reader", READERS)
+def test_huge_declared_tensor_fails_with_an_arc_error(reader, elems):
+    """A tensor within MAX_TENSOR_ELEMS but far beyond available memory (1-8 TiB of I64) in a small file:
+    the decoder must fail with a typed error (§15: `limit` covers a resource need), never MemoryError, and
+    must not allocate the tensor before any of its data has been checked (§17: bounded memory)."""
+    f = _huge_tensor_file(elems)
+    assert len(f) < 3_000_000
+    got = outcome(reader, f, None)
+    assert isinstance(got, ArcError)
+
+
 @pytest.mark.parametrize("reader", READERS)
 def test_blocks_per_tensor_beyond_limit(small_file, reader):
     f, base = _tens_file(small_file, tens_payload("k", 3, [L.MAX_BLOCKS_PER_TENSOR + 1], 1, 0))
@@ -651,9 +731,16 @@ def _index_payload(codec, body_length, body):
 
 
 def index_body(payload) -> bytes:
-    """The decoded body of an INDX payload."""
-    ip = L.IndexPayload.parse(payload)
-    return bytes(arcfmt.codecs.decode(ip.codec, ip.body, ip.body_length))
+    """The decoded body of an INDX payload (§10: codec u8, body_length varint, stored body)."""
+    payload = bytes(payload)
+    length, shift, i = 0, 0, 1
+    while True:
+        length |= (payload[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not payload[i - 1] & 0x80:
+            break
+    return bytes(arcfmt.codecs.decode(payload[0], payload[i:], length))
 
 
 @pytest.mark.parametrize("body_length", [L.MAX_INDEX_BYTES + 1, 1 << 40])

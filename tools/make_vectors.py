@@ -415,7 +415,7 @@ def reject_vectors():
         fn(streams, params)
         payload = L.BlockPayload.build(
             dict(tensor=0, block=0, encoding=info.encoding, params=params,
-                 streams=[dict(codec=c, length=len(d)) for c, d, _ in streams]),
+                 streams=[(c, len(d)) for c, d, _ in streams]),
             param_count=lambda e: len(params), stream_count=lambda e, q: len(streams))
         p.recs[i].payload = payload + b"".join(d for _, d, _ in streams)
         return assemble(p)

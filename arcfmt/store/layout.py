@@ -1,0 +1,372 @@
+"""The stream's small objects (SPEC-stream §3–§5): head pointer, per-step manifest, shard descriptor.
+
+Each is one JSON object in canonical form (sorted keys, no spaces, ASCII, one trailing newline), so
+the same content always has the same bytes and the same xxh3-128. Parsing is strict — size capped
+before decoding, UTF-8, no duplicate keys, no floats/NaN, every field type- and range-checked —
+because every byte comes from a shared bucket. Unknown keys are ignored (SPEC-stream §8).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import xxhash
+
+from .. import dtypes
+from ..errors import CorruptError, LimitError, UnsupportedVersionError
+from . import names as N
+
+MAJOR, MINOR = 1, 0
+VERSION = [MAJOR, MINOR]
+
+HEAD_FORMAT = "arcfmt-stream-head"
+MANIFEST_FORMAT = "arcfmt-stream-manifest"
+DESCRIPTOR_FORMAT = "arcfmt-stream-shard"
+
+MAX_HEAD_BYTES = 4096
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_DESCRIPTOR_BYTES = 64 << 20
+MAX_TENSORS = 1 << 20                # per shard, as in the file format
+MAX_OBJECT_BYTES = (1 << 63) - 1
+MIN_FILE_BYTES = 108                 # SPEC.md §11: header + META + INDX header + trailer
+HEADER_META_BYTES = 52               # header (16) + META record (36)
+_HEX16 = re.compile(r"[0-9a-f]{16}\Z")
+
+
+# ------------------------------------------------------------------------------------ JSON
+
+def canonical(obj) -> bytes:
+    """The one byte form writers use: sorted keys, ``,``/``:`` separators, ASCII escapes, ``\\n``."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode() + b"\n"
+
+
+def digest128(data) -> str:
+    """xxh3-128 of bytes as 32 lower-case hex digits (the canonical big-endian form)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def _no_dupes(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise CorruptError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _no_float(s):
+    raise CorruptError(f"non-integer number {s!r}")
+
+
+def parse_json(data, what: str, limit: int) -> dict:
+    """Decode one untrusted JSON object of at most ``limit`` bytes (`limit`, `corrupt`)."""
+    if len(data) > limit:
+        raise LimitError(f"{what} is {len(data)} bytes, more than the {limit}-byte limit")
+    try:
+        text = bytes(data).decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_no_dupes, parse_float=_no_float, parse_constant=_no_float)
+    except CorruptError as exc:
+        raise CorruptError(f"{what}: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"{what} is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CorruptError(f"{what} is not a JSON object")
+    return obj
+
+
+class _Fields:
+    """Typed access to a decoded JSON object; every miss or mistype is `corrupt`, naming the field."""
+
+    def __init__(self, obj: dict, where: str):
+        self.obj = obj
+        self.where = where
+
+    def get(self, key, kind, *, nullable=False):
+        if key not in self.obj:
+            raise CorruptError(f"{self.where}: missing field {key!r}")
+        v = self.obj[key]
+        if v is None and nullable:
+            return None
+        ok = (isinstance(v, int) and not isinstance(v, bool)) if kind is int else isinstance(v, kind)
+        if not ok:
+            raise CorruptError(f"{self.where}: field {key!r} must be {kind.__name__}"
+                               f"{' or null' if nullable else ''}, not {type(v).__name__}")
+        return v
+
+    def int(self, key, lo=0, hi=MAX_OBJECT_BYTES, *, nullable=False):
+        v = self.get(key, int, nullable=nullable)
+        if v is not None and not lo <= v <= hi:
+            raise CorruptError(f"{self.where}: field {key!r} = {v} is outside {lo}..{hi}")
+        return v
+
+    def hex32(self, key, *, nullable=False):
+        v = self.get(key, str, nullable=nullable)
+        return None if v is None else N.check_hex32(v, f"{self.where}: field {key!r}")
+
+    def hex16(self, key):
+        v = self.get(key, str)
+        if not _HEX16.match(v):
+            raise CorruptError(f"{self.where}: field {key!r} must be 16 lower-case hex digits")
+        return v
+
+
+def _check_kind(obj: dict, fmt: str, where: str) -> _Fields:
+    f = _Fields(obj, where)
+    got = f.get("format", str)
+    if got != fmt:
+        raise CorruptError(f"{where}: format is {got!r}, expected {fmt!r}")
+    v = f.get("version", list)
+    if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 16 for x in v):
+        raise CorruptError(f"{where}: version must be [major, minor], two integers in 0..65535")
+    if v[0] != MAJOR:
+        raise UnsupportedVersionError(f"{where}: stream version {v[0]}.{v[1]}; this reader implements {MAJOR}.x")
+    return f
+
+
+# ------------------------------------------------------------------------------------ objects
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """One immutable data object (an arcfmt file) of a shard: a delta or a keyframe."""
+
+    name: str
+    size: int
+    xxh3_128: str           # of the whole object
+    index_offset: int       # where its INDX record starts (SPEC.md §11)
+    tail_xxh3_64: str       # xxh3-64 of bytes [index_offset, size): INDX record + trailer
+    base_step: int | None = None     # deltas only
+    base_digest: str | None = None   # deltas only: the file's base digest (SPEC.md §13.2)
+
+    @property
+    def kind(self) -> str:
+        return "keyframe" if self.base_step is None else "delta"
+
+    @property
+    def tail_size(self) -> int:
+        return self.size - self.index_offset
+
+    def to_json(self) -> dict:
+        d = dict(name=self.name, size=self.size, xxh3_128=self.xxh3_128, index_offset=self.index_offset,
+                 tail_xxh3_64=self.tail_xxh3_64)
+        if self.base_step is not None:
+            d.update(base_step=self.base_step, base_digest=self.base_digest)
+        return d
+
+
+def _parse_object(obj, kind, step, shard, num_shards, where) -> ObjectRef:
+    if not isinstance(obj, dict):
+        raise CorruptError(f"{where}: must be a JSON object")
+    f = _Fields(obj, where)
+    size = f.int("size", MIN_FILE_BYTES)
+    digest = f.hex32("xxh3_128")
+    name = N.check_object_name(f.get("name", str), step, shard, num_shards, kind, digest, where)
+    index_offset = f.int("index_offset", HEADER_META_BYTES, max(HEADER_META_BYTES, size - 56))
+    tail = f.hex16("tail_xxh3_64")
+    base_step = base_digest = None
+    if kind == "delta":
+        base_step = f.int("base_step", 0, N.MAX_STEP)
+        if base_step >= step:
+            raise CorruptError(f"{where}: base_step {base_step} is not before step {step}")
+        base_digest = f.hex32("base_digest")
+    return ObjectRef(name, size, digest, index_offset, tail, base_step, base_digest)
+
+
+# ------------------------------------------------------------------------------------ head
+
+@dataclass(frozen=True)
+class Head:
+    step: int
+    manifest: str           # xxh3-128 hex of the manifest's bytes
+    keyframe_step: int
+    time_ms: int            # when the head was moved (informative: lag in seconds)
+
+    def to_bytes(self) -> bytes:
+        return canonical(dict(format=HEAD_FORMAT, version=VERSION, step=self.step, manifest=self.manifest,
+                              keyframe_step=self.keyframe_step, time_ms=self.time_ms))
+
+
+def parse_head(data, where: str = N.HEAD) -> Head:
+    f = _check_kind(parse_json(data, where, MAX_HEAD_BYTES), HEAD_FORMAT, where)
+    step = f.int("step", 0, N.MAX_STEP)
+    kf = f.int("keyframe_step", 0, step)
+    return Head(step, f.hex32("manifest"), kf, f.int("time_ms", 0, MAX_OBJECT_BYTES))
+
+
+# ------------------------------------------------------------------------------------ descriptor
+
+@dataclass
+class Descriptor:
+    """What one shard published for one step: its claim, written before the manifest."""
+
+    step: int
+    shard: int
+    num_shards: int
+    file: str
+    target_digest: str
+    tensors: list           # (name, dtype name, shape tuple, hash hex16), in file order
+    delta: ObjectRef | None
+    keyframe: ObjectRef | None
+    raw: bytes = b""
+
+    @property
+    def digest(self) -> str:
+        return digest128(self.raw if self.raw else self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        return canonical(dict(
+            format=DESCRIPTOR_FORMAT, version=VERSION, step=self.step, shard=self.shard,
+            num_shards=self.num_shards, file=self.file, target_digest=self.target_digest,
+            tensors=[[n, d, list(s), h] for n, d, s, h in self.tensors],
+            delta=None if self.delta is None else self.delta.to_json(),
+            keyframe=None if self.keyframe is None else self.keyframe.to_json()))
+
+    def digest_entries(self):
+        """(name bytes, dtype code, shape, hash) for the model digest of SPEC.md §13.2."""
+        return [(n.encode("utf-8"), dtypes.from_name(d).code, tuple(s), int(h, 16)) for n, d, s, h in self.tensors]
+
+
+def parse_descriptor(data, where: str) -> Descriptor:
+    f = _check_kind(parse_json(data, where, MAX_DESCRIPTOR_BYTES), DESCRIPTOR_FORMAT, where)
+    step = f.int("step", 0, N.MAX_STEP)
+    num_shards = f.int("num_shards", 1, N.MAX_SHARDS)
+    shard = f.int("shard", 0, num_shards - 1)
+    file = N.check_file_name(f.get("file", str), CorruptError)
+    target_digest = f.hex32("target_digest")
+    raw_tensors = f.get("tensors", list)
+    if len(raw_tensors) > MAX_TENSORS:
+        raise LimitError(f"{where}: {len(raw_tensors)} tensors, more than {MAX_TENSORS}")
+    tensors, seen = [], set()
+    from ..records import check_name
+    for i, t in enumerate(raw_tensors):
+        w = f"{where}: tensors[{i}]"
+        if not (isinstance(t, list) and len(t) == 4 and isinstance(t[0], str) and isinstance(t[1], str)
+                and isinstance(t[2], list) and isinstance(t[3], str)):
+            raise CorruptError(f"{w} must be [name, dtype, shape, hash]")
+        name, dt, shape, h = t
+        check_name(name.encode("utf-8", "surrogatepass"), w)
+        if name in seen:
+            raise CorruptError(f"{w}: duplicate tensor {name!r}")
+        seen.add(name)
+        if dt not in dtypes.BY_NAME:
+            raise CorruptError(f"{w}: unknown dtype {dt!r}")
+        if len(shape) > 16 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63
+                                      for d in shape):
+            raise CorruptError(f"{w}: shape must be at most 16 non-negative integers")
+        if not _HEX16.match(h):
+            raise CorruptError(f"{w}: hash must be 16 lower-case hex digits")
+        tensors.append((name, dt, tuple(shape), h))
+    objs = {}
+    for kind in N.KINDS:
+        v = f.get(kind, dict, nullable=True)
+        objs[kind] = None if v is None else _parse_object(v, kind, step, shard, num_shards, f"{where}: {kind}")
+    if objs["delta"] is None and objs["keyframe"] is None:
+        raise CorruptError(f"{where}: a shard needs a delta or a keyframe object")
+    return Descriptor(step, shard, num_shards, file, target_digest, tensors, objs["delta"], objs["keyframe"],
+                      bytes(data))
+
+
+# ------------------------------------------------------------------------------------ manifest
+
+@dataclass
+class ShardEntry:
+    shard: int
+    file: str
+    descriptor: str         # xxh3-128 hex of the shard's descriptor bytes
+    target_digest: str
+    tensors: int
+    delta: ObjectRef | None
+    keyframe: ObjectRef | None
+
+    def to_json(self) -> dict:
+        return dict(shard=self.shard, file=self.file, descriptor=self.descriptor, target_digest=self.target_digest,
+                    tensors=self.tensors, delta=None if self.delta is None else self.delta.to_json(),
+                    keyframe=None if self.keyframe is None else self.keyframe.to_json())
+
+    def object(self, kind: str) -> ObjectRef:
+        return self.delta if kind == "delta" else self.keyframe
+
+
+@dataclass
+class Manifest:
+    """A committed step: written once, after every shard's objects and descriptor exist."""
+
+    step: int
+    base_step: int | None       # the step the delta objects apply to; None: no deltas
+    base_manifest: str | None   # xxh3-128 hex of the base step's manifest bytes
+    keyframe: bool              # every shard has a keyframe object
+    keyframe_step: int          # latest step <= this one with keyframes, along the base chain
+    model_digest: str           # SPEC.md §13.2 over every tensor of every shard
+    tensors: int
+    shards: list = field(default_factory=list)   # ShardEntry, shard order
+    raw: bytes = b""
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def digest(self) -> str:
+        return digest128(self.raw if self.raw else self.to_bytes())
+
+    def cost(self, kind: str) -> int:
+        """Bytes of every shard's object of this kind (the planner's edge weight)."""
+        return sum(s.object(kind).size for s in self.shards)
+
+    def to_bytes(self) -> bytes:
+        return canonical(dict(
+            format=MANIFEST_FORMAT, version=VERSION, step=self.step, base_step=self.base_step,
+            base_manifest=self.base_manifest, keyframe=self.keyframe, keyframe_step=self.keyframe_step,
+            model_digest=self.model_digest, tensors=self.tensors, shards=[s.to_json() for s in self.shards]))
+
+
+def parse_manifest(data, where: str) -> Manifest:
+    f = _check_kind(parse_json(data, where, MAX_MANIFEST_BYTES), MANIFEST_FORMAT, where)
+    step = f.int("step", 0, N.MAX_STEP)
+    base_step = f.int("base_step", 0, N.MAX_STEP, nullable=True)
+    if base_step is not None and base_step >= step:
+        raise CorruptError(f"{where}: base_step {base_step} is not before step {step}")
+    base_manifest = f.hex32("base_manifest", nullable=True)
+    if (base_manifest is None) != (base_step is None):
+        raise CorruptError(f"{where}: base_manifest must be given exactly when base_step is")
+    keyframe = f.get("keyframe", bool)
+    keyframe_step = f.int("keyframe_step", 0, step)
+    if keyframe != (keyframe_step == step):
+        raise CorruptError(f"{where}: keyframe_step must equal step exactly when the step has keyframes")
+    if not keyframe and base_step is None:
+        raise CorruptError(f"{where}: a step needs deltas (base_step) or keyframes")
+    if base_step is not None and not keyframe and keyframe_step > base_step:
+        raise CorruptError(f"{where}: keyframe_step {keyframe_step} is after base_step {base_step}")
+    model_digest = f.hex32("model_digest")
+    total = f.int("tensors", 0, MAX_TENSORS * N.MAX_SHARDS)
+    raw_shards = f.get("shards", list)
+    n = len(raw_shards)
+    if not 1 <= n <= N.MAX_SHARDS:
+        raise CorruptError(f"{where}: {n} shards, expected 1..{N.MAX_SHARDS}")
+    shards, files = [], set()
+    for i, s in enumerate(raw_shards):
+        w = f"{where}: shards[{i}]"
+        if not isinstance(s, dict):
+            raise CorruptError(f"{w} must be a JSON object")
+        sf = _Fields(s, w)
+        if sf.int("shard", 0, n - 1) != i:
+            raise CorruptError(f"{w}: shard number {s['shard']} out of order")
+        file = N.check_file_name(sf.get("file", str), CorruptError)
+        if file.lower() in files:
+            raise CorruptError(f"{w}: file name {file!r} used by two shards")
+        files.add(file.lower())
+        objs = {}
+        for kind in N.KINDS:
+            v = sf.get(kind, dict, nullable=True)
+            objs[kind] = None if v is None else _parse_object(v, kind, step, i, n, f"{w}: {kind}")
+        if (objs["delta"] is not None) != (base_step is not None):
+            raise CorruptError(f"{w}: every shard has a delta object exactly when the step has a base_step")
+        if objs["delta"] is not None and objs["delta"].base_step != base_step:
+            raise CorruptError(f"{w}: delta base_step {objs['delta'].base_step} differs from the step's {base_step}")
+        if (objs["keyframe"] is not None) != keyframe:
+            raise CorruptError(f"{w}: every shard has a keyframe object exactly when keyframe is true")
+        shards.append(ShardEntry(i, file, sf.hex32("descriptor"), sf.hex32("target_digest"),
+                                 sf.int("tensors", 0, MAX_TENSORS), objs["delta"], objs["keyframe"]))
+    if sum(s.tensors for s in shards) != total:
+        raise CorruptError(f"{where}: shard tensor counts do not add up to {total}")
+    return Manifest(step, base_step, base_manifest, keyframe, keyframe_step, model_digest, total, shards, bytes(data))

@@ -1,0 +1,20 @@
+"""The conformance suite: vectors match their generator, and the reference passes every one."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def test_vectors_match_generator():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_vectors.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_reference_passes_every_vector():
+    from conformance.runner import main
+
+    assert main(["run"]) == 0
