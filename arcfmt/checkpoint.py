@@ -212,6 +212,7 @@ def _write_outputs(base, reader, plan, staging, in_place, workers, progress) -> 
         total += size
     # The model digest covers every tensor; each was verified against its hash as it was written.
     reader.check_target_digest({n: None for n in reader.names})
+    reader.check_base_digest()
     if base.is_dir and base.index_json is not None:
         index = dict(base.index_json)
         index["weight_map"] = {n: fname for fname, names in written_names.items() for n in names}

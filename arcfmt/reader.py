@@ -194,9 +194,7 @@ class DeltaReader:
         ref = e.blocks[b]
         _, payload = self._read_record(ref.offset, ref.size, L.BLCK, ref.checksum)
         where = f"BLCK at offset {ref.offset} (tensor {name!r} block {b})"
-        info = records.parse_block(payload, th, self._ordinal[name], b, where)
-        if info.encoding != ref.encoding:
-            raise CorruptError(f"{where}: encoding {info.encoding} differs from the index ({ref.encoding})")
+        info = records.parse_block(payload, th, self._ordinal[name], b, where, ref.encoding)
         return LoadedBlock(info, payload)
 
     # -- decoding
@@ -274,6 +272,7 @@ class DeltaReader:
         result = {n: self.to_array(n, outs[n]) for n in wanted}
         if names is None:
             self.check_target_digest(result)
+            self.check_base_digest()
         return result
 
     def check_target_digest(self, tensors: dict) -> None:
@@ -383,6 +382,7 @@ class StreamReader:
         current = None     # (TensorHeader, base_u, out, next block)
         others = []        # ancillary records seen
         target_entries = []
+        base_hashes = []
         while True:
             offset, head, payload = self._record()
             if not head.critical:
@@ -402,6 +402,7 @@ class StreamReader:
                 names.add(raw)
                 seen.append(records.IndexEntry(th.name, offset, head.length + 16, head.checksum, []))
                 target_entries.append((raw, th.dtype.code, th.shape, th.target_hash))
+                base_hashes.append(th.base_hash)
                 base_u = self._check_base(th)
                 out = allocate(th, [self._budget])
                 current = (th, base_u, out, 0)
@@ -439,6 +440,9 @@ class StreamReader:
             raise CorruptError("the index does not describe the records of the file")
         if model_digest(target_entries) != index.target_digest:
             raise VerificationError("the rebuilt model does not match the target digest in the index")
+        base_entries = [(n, c, sh, bh) for (n, c, sh, _), bh in zip(target_entries, base_hashes) if bh is not None]
+        if (model_digest(base_entries) if base_entries else bytes(16)) != index.base_digest:
+            raise CorruptError("the base digest in the index does not match the tensors' base hashes")
         self.index = index
 
     def _check_base(self, th):

@@ -193,15 +193,15 @@ def parse_tensor(payload, where: str) -> TensorHeader:
     if t.flags & ~L.NEEDS_BASE:
         raise ReservedBitsError(f"{where}: TENS flags 0x{t.flags:02x}: reserved bits must be zero")
     dt = from_code(t.dtype)
-    if t.ndim > L.MAX_DIMS:
-        raise LimitError(f"{where}: tensor {name!r} has {t.ndim} dimensions, more than MAX_DIMS ({L.MAX_DIMS})")
-    n = 1
-    for d in t.dims:
+    n = 0 if 0 in t.dims else 1
+    for d in t.dims if n else ():
         n *= d
         if n > L.MAX_TENSOR_ELEMS:
             raise LimitError(f"{where}: tensor {name!r} has more than MAX_TENSOR_ELEMS ({L.MAX_TENSOR_ELEMS}) elements")
-    if not 1 <= t.block_elems <= L.MAX_BLOCK_ELEMS:
-        raise LimitError(f"{where}: block_elems {t.block_elems} outside 1..MAX_BLOCK_ELEMS ({L.MAX_BLOCK_ELEMS})")
+    if t.block_elems == 0:
+        raise CorruptError(f"{where}: tensor {name!r} has block_elems 0")
+    if t.block_elems > L.MAX_BLOCK_ELEMS:
+        raise LimitError(f"{where}: block_elems {t.block_elems} exceeds MAX_BLOCK_ELEMS ({L.MAX_BLOCK_ELEMS})")
     h = TensorHeader(name, dt, tuple(t.dims), t.block_elems, t.base_hash, t.target_hash)
     if h.block_count > L.MAX_BLOCKS_PER_TENSOR:
         raise LimitError(f"{where}: tensor {name!r} has {h.block_count} blocks, more than MAX_BLOCKS_PER_TENSOR")
@@ -244,7 +244,8 @@ def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: li
     return b"".join([head] + [bytes(s) for _, s in coded])
 
 
-def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str) -> BlockInfo:
+def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
+                expected_encoding: int | None = None) -> BlockInfo:
     """Parse and check a BLCK header and stream table against the tensor it belongs to."""
     start, stop = th.block_range(block)
     lengths = []
@@ -265,6 +266,8 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str) 
     if head.tensor != tensor or head.block != block:
         raise CorruptError(f"{where}: BLCK is for tensor {head.tensor} block {head.block}, "
                            f"expected tensor {tensor} block {block}")
+    if expected_encoding is not None and head.encoding != expected_encoding:
+        raise CorruptError(f"{where}: encoding {head.encoding} differs from the index ({expected_encoding})")
     if transforms.NEEDS_BASE[head.encoding] and not th.needs_base:
         raise CorruptError(f"{where}: encoding {transforms.NAMES[head.encoding]} needs a base, "
                            f"but tensor {th.name!r} has none")

@@ -11,6 +11,8 @@ offset and index entry made consistent again, so that exactly the intended check
 from __future__ import annotations
 
 import argparse
+import bz2 as _bz2
+import lzma as _lzma
 import hashlib
 import io
 import json
@@ -235,6 +237,8 @@ def valid_vectors():
       block_elems=100)
     y("y_empty_tensor", "a tensor with a zero dimension: no blocks", ["7"], {"e": np.zeros((0, 5), BF16)},
       {"e": np.zeros((0, 5), BF16)})
+    y("y_zero_dim_after_huge_dim", "dims [2^41, 0]: a zero dimension makes 0 elements", ["7"], None,
+      {"z": np.zeros((1 << 41, 0), np.float32)})
     y("y_scalar", "0-d tensors", ["7"], {"s": np.array(1.5, np.float32), "i": np.array(3, np.int64)},
       {"s": np.array(-1.5, np.float32), "i": np.array(3, np.int64)})
     b1, t1 = rl_step(11, (20, 20))
@@ -446,8 +450,6 @@ def reject_vectors():
         streams[0][1] = frame
     n("n_zstd_window_too_large", "a zstd frame asking for a 256 MiB window", ["9", "14"], restream(window),
       "limit", base_={"w": bz})
-    import lzma as _lzma
-    import bz2 as _bz2
 
     def xz_bomb(streams, params):
         c, d, L_ = streams[0]
@@ -651,6 +653,96 @@ def reject_vectors():
         p.recs[j].name = "a"
     n("n_duplicate_tens_names", "two TENS records with the same name", ["7"], _assemble_mod(two, dup_tens),
       "corrupt", base_={"a": b, "b": b})
+    # -- digests, ends, odd records
+    def target_digest(index):
+        index.target_digest = bytes(16)
+    n("n_target_digest_mismatch", "the index's target digest does not match the tensors", ["12.3", "13.2"],
+      assemble(split(good), index_fn=target_digest), "verification")
+
+    def base_digest(index):
+        index.base_digest = bytes(16)
+    n("n_base_digest_mismatch", "the index's base digest does not match the tensors' base hashes",
+      ["12.3", "13.2"], assemble(split(good), index_fn=base_digest), "corrupt")
+    n("n_data_after_trailer_random", "a byte after the trailer: the last 40 bytes are no trailer", ["11", "12"],
+      good + b"\0", "truncated", modes=["random"])
+    n("n_data_after_trailer_stream", "a byte after the trailer, read front to back", ["12.2"], good + b"\0",
+      "corrupt", modes=["stream"])
+
+    def tr_major_only(tb):
+        tb[16:18] = (3).to_bytes(2, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_future_major", "the trailer alone says major version 3", ["11"],
+      assemble(split(good), trailer_fn=tr_major_only), "unsupported_version")
+
+    def meta_size(p):
+        p.recs[0].payload = p.recs[0].payload + b"\0"
+    n("n_meta_size", "a META payload of 21 bytes", ["6", "10"], mod(meta_size), "corrupt")
+
+    def first_not_meta(p):
+        p.recs.insert(0, Rec(b"note", b"before META"))
+    n("n_first_record_not_meta", "a note before META", ["3", "12.2"], mod(first_not_meta), "corrupt")
+    noted = write_delta(base, {"w": t}, note="x")
+
+    def other_type(index):
+        index.others[0].type = b"TENS"
+    n("n_index_other_type_reserved", "the index lists an other record as TENS", ["10"],
+      assemble(split(noted), index_fn=other_type), "corrupt", modes=["random"])
+
+    def other_digit(index):
+        index.others[0].type = b"n0te"
+    n("n_index_other_type_not_letters", "an other record type with a digit in the index", ["10"],
+      assemble(split(noted), index_fn=other_digit), "corrupt", modes=["random"])
+    n("n_block_elems_zero", "block_elems 0", ["7"], mod(tens_edit(lambda th: tp(th, block_elems=0))), "corrupt")
+
+    def exc_index_out(streams, params):
+        c, e = params
+        d = bytearray(streams[2][1])
+        xw = len(d) // e
+        for k in range(xw):
+            d[k * e + e - 1] = 0xFF
+        streams[2][1] = bytes(d)
+    n("n_exception_index_beyond_changed", "an exception index ≥ c", ["8.3"], rs(exc_index_out), "corrupt")
+    kf = {"k": bits(np.float16, list(range(0, 60000, 1000)))}
+    kraw = write_delta(None, kf, force_codec="raw")
+
+    def kf_range(streams, params):
+        d = bytearray(streams[0][1])
+        d[0] = 0xFF  # exponent field 255 for a 5-bit exponent
+        streams[0][1] = bytes(d)
+    n("n_keyframe_field_out_of_range", "a keyframe exponent value ≥ 2^E", ["8.5"], restream(kf_range, kraw),
+      "corrupt", base_={})
+
+    def zstd_dict(streams, params):
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        d = zstandard.ZstdCompressionDict(b"arcfmt dictionary content " * 8, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        fr = bytearray(zstandard.ZstdCompressor(dict_data=d, write_dict_id=True).compress(raw))
+        # a raw-content dictionary has id 0; write a frame header that names dictionary 7 instead
+        fd = fr[4]
+        if not fd & 0x03:
+            fr = fr[:4] + bytes([fd | 0x01]) + fr[5:6] + b"\x07" + fr[6:] if not fd & 0x20 else \
+                fr[:4] + bytes([fd | 0x01]) + b"\x07" + fr[5:]
+        streams[0][1] = bytes(fr)
+    n("n_zstd_dictionary", "a zstd frame that names a dictionary", ["9"], restream(zstd_dict), "corrupt",
+      base_={"w": bz})
+
+    def xz_memory(streams, params):
+        c, d, L_ = streams[0]
+        raw = zstandard.ZstdDecompressor().decompress(d)
+        x = bytearray(_lzma.compress(raw, format=_lzma.FORMAT_XZ, check=_lzma.CHECK_NONE,
+                                     filters=[{"id": _lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
+        # block header at byte 12: size, flags, filter id 0x21, props size 1, dict-size byte, padding, CRC32
+        hsize = (x[12] + 1) * 4
+        hdr = x[12:12 + hsize]
+        k = hdr.index(b"\x21\x01", 2) + 2
+        hdr[k] = 40  # a 4 GiB - 1 dictionary: far above MAX_XZ_MEMORY
+        import zlib
+        hdr[-4:] = zlib.crc32(bytes(hdr[:-4])).to_bytes(4, "little")
+        x[12:12 + hsize] = hdr
+        streams[0][0] = 2
+        streams[0][1] = bytes(x)
+    n("n_xz_memory_limit", "an xz stream whose dictionary needs more than MAX_XZ_MEMORY", ["9", "14"],
+      restream(xz_memory), "limit", base_={"w": bz})
+
     # -- base
     wrong = b.copy()
     wrong.view(np.uint16).reshape(-1)[5] ^= 1

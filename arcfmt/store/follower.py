@@ -1,0 +1,467 @@
+"""The rollout side: follow a stream into a local checkpoint folder, step by verified step.
+
+For each new head the follower plans the cheapest path by bytes from its own step — the chain of
+deltas, or the latest keyframe plus the deltas after it — then for every step on the path:
+reads each needed shard's index and trailer with one range request (checked against the manifest's
+tail hash), fetches only the records of the tensors it wants (coalesced, chunked, concurrent,
+retried, spooled for resumption), checks every base tensor, rebuilds and verifies every tensor, and
+swaps the folder atomically: ``into`` is always one complete, verified step (SPEC-stream §7).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import json
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from .. import layout as FL, records, transforms
+from ..checkpoint import OLD_TAG, TMP_TAG, _exchange_dirs, _fsync_dir, recover
+from ..errors import ArcError, ChecksumError, CorruptError, InputError, VerificationError
+from ..integrity import model_digest
+from ..reader import DeltaReader
+from ..safetensors_io import INDEX_NAME, build_header, layout_specs, open_checkpoint
+from . import names as N
+from .commit import Store
+from .errors import MissingError
+from .layout import (
+    HEADER_META_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, VERSION, Head, Manifest, canonical, digest128, parse_head,
+    parse_json, parse_manifest,
+)
+from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats, ObjectSource, RangeFetcher, coalesce
+
+STATE_NAME = "arcfmt-stream.json"
+STATE_FORMAT = "arcfmt-stream-follower"
+
+
+@dataclass
+class StepUpdate:
+    """One applied step: what was fetched, what changed, where the verified checkpoint is."""
+
+    step: int
+    from_step: int | None          # the folder's step before (None: bootstrapped from a keyframe)
+    kind: str                      # "delta" or "keyframe"
+    path: str                      # the checkpoint folder
+    changed: list                  # names of tensors whose bytes changed (every tensor for a keyframe)
+    tensors: int                   # tensors in the folder
+    bytes_downloaded: int          # bytes received for this step (tails + records + gaps)
+    bytes_needed: int              # header + META + records of the wanted tensors
+    tail_bytes: int                # index + trailer reads
+    requests: int                  # range requests sent
+    shards: int                    # shards of the step
+    shards_read: int               # shards with at least one wanted tensor
+    reused_bytes: int              # bytes taken from the spool (resumed download)
+    retries: int
+    seconds: float
+    head_step: int
+    verified_model: bool           # the whole-model digest was checked (no tensor filter)
+    manifest: str = ""
+
+    @property
+    def lag_steps(self) -> int:
+        return self.head_step - self.step
+
+    def weights(self):
+        """``(name, array)`` for every changed tensor, read (memory-mapped) from the folder as it is now:
+        the shape vLLM-style ``load_weights`` takes. Arrays stay valid after later steps replace the
+        folder (the files are unlinked, not overwritten)."""
+        arrays = open_checkpoint(self.path).tensors()
+        for name in self.changed:
+            if name in arrays:
+                yield name, arrays[name]
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "changed"}
+        d.update(changed=len(self.changed), lag_steps=self.lag_steps)
+        return d
+
+
+@dataclass
+class _ShardPlan:
+    entry: object
+    obj: object
+    source: ObjectSource
+    index: records.Index
+    wanted: list = field(default_factory=list)     # IndexEntry
+    ranges: list = field(default_factory=list)
+    reader: DeltaReader | None = None
+
+
+class Follower:
+    """Keeps the folder ``into`` at the stream's latest step (all tensors, or those matching ``tensors``).
+
+    ``tensors``: shell-style patterns (``fnmatch``) on tensor names, e.g. ``"model.layers.*.mlp.*"``.
+    ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
+    """
+
+    def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
+                 chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
+                 retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None):
+        self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff)
+        self.url = url
+        self.into = os.path.abspath(os.fspath(into)).rstrip("/")
+        if not os.path.basename(self.into):
+            raise InputError("--into must name a folder, not the file system root")
+        self.patterns = N.tensor_patterns(tensors)
+        self.max_gap = max_gap
+        self.overhead = overhead
+        self.workers = workers or min(8, os.cpu_count() or 1)
+        self.progress = progress
+        parent, base = os.path.split(self.into)
+        self._parent = parent
+        self._lock_path = os.path.join(parent, f".arcfmt-lock-{base}")
+        self.spool_dir = os.path.join(parent, f".arcfmt-spool-{base}") if spool else None
+        self.stats = FetchStats()
+        self.fetcher = RangeFetcher(self.store.fs, chunk_size=chunk_size, retries=retries, backoff=backoff,
+                                    spool_dir=self.spool_dir, stats=self.stats, on_bytes=self._on_bytes)
+
+    # ------------------------------------------------------------------------------ small helpers
+    def _emit(self, **event) -> None:
+        if self.progress is not None:
+            self.progress(event)
+
+    def _on_bytes(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress({"event": "bytes", "bytes": n, "total": self.stats.bytes})
+
+    def wants(self, name: str) -> bool:
+        return self.patterns is None or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        os.makedirs(self._parent, exist_ok=True)
+        with open(self._lock_path, "a+b") as lf:
+            try:
+                fcntl.flock(lf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(f"another follower is updating {self.into}") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(lf, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------------------ local state
+    def state(self) -> dict | None:
+        """The folder's stream state (``step``, ``manifest``, ``tensors``), or None for a new folder."""
+        p = os.path.join(self.into, STATE_NAME)
+        try:
+            with open(p, "rb") as f:
+                raw = f.read(1 << 20)
+        except FileNotFoundError:
+            if os.path.isdir(self.into) and any(not n.startswith(".") for n in os.listdir(self.into)):
+                raise InputError(f"{self.into} is not empty and was not made by 'arcfmt follow'; "
+                                 f"choose an empty or new folder") from None
+            return None
+        try:
+            st = parse_json(raw, p, 1 << 20)
+            ok = (st.get("format") == STATE_FORMAT and isinstance(st.get("step"), int)
+                  and isinstance(st.get("manifest"), str) and len(st["manifest"]) == 32
+                  and (st.get("tensors") is None or (isinstance(st["tensors"], list)
+                                                     and all(isinstance(t, str) for t in st["tensors"]))))
+        except ArcError:
+            ok = False
+        if not ok:
+            raise InputError(f"{p} is not a valid follower state; remove {self.into} to start over")
+        return st
+
+    @property
+    def step(self) -> int | None:
+        st = self.state()
+        return None if st is None else st["step"]
+
+    # ------------------------------------------------------------------------------ stream reads
+    def head(self) -> Head | None:
+        """The stream's head, or None when nothing has been committed yet."""
+        raw = self.store.read(N.HEAD, MAX_HEAD_BYTES, missing_ok=True)
+        return None if raw is None else parse_head(raw)
+
+    def _manifest(self, step: int, digest: str) -> Manifest:
+        name = N.manifest_name(step)
+        raw = self.store.read(name, MAX_MANIFEST_BYTES, missing_ok=True)
+        if raw is None:
+            raise MissingError(f"{name} is missing, but the stream's head chain names it")
+        if digest128(raw) != digest:
+            raise ChecksumError(f"{name} does not hash to {digest}, the value its successor (or the head) holds")
+        m = parse_manifest(raw, name)
+        if m.step != step:
+            raise CorruptError(f"{name} describes step {m.step}")
+        return m
+
+    def plan(self, head: Head | None = None, state: dict | None = None) -> list:
+        """The cheapest path by bytes from the folder's step to ``head``: ``[(Manifest, kind), ...]``."""
+        head = head or self.head()
+        if head is None:
+            return []
+        if state is None:
+            state = self.state()
+        if state is not None and state.get("tensors") != self.patterns:
+            state = None  # another tensor selection: start again from a keyframe
+        f_step = None if state is None else state["step"]
+        f_hash = None if state is None else state["manifest"]
+        if f_step is not None and f_step >= head.step:
+            return []
+        chain, best = [], None   # best: (cost, "delta") or (cost, chain index of a keyframe step)
+        d = 0                    # delta bytes from the current manifest up to the head
+        step, digest = head.step, head.manifest
+        while True:
+            if f_step is not None and step == f_step and digest == f_hash:
+                if best is None or d <= best[0]:
+                    best = (d, "delta")
+                break
+            if f_step is not None and step <= f_step:
+                break             # the folder's step is not on this chain: a keyframe is needed
+            m = self._manifest(step, digest)
+            chain.append(m)
+            if m.keyframe:
+                c = m.cost("keyframe") + d
+                if best is None or c < best[0]:
+                    best = (c, len(chain) - 1)
+                if f_step is None:
+                    break         # a new folder: the latest keyframe is the cheapest start
+            if m.base_step is None:
+                break
+            d += m.cost("delta")
+            if best is not None and d >= best[0]:
+                break             # no path further down can be cheaper
+            step, digest = m.base_step, m.base_manifest
+        if best is None:
+            raise MissingError(f"no keyframe is reachable from the head (step {head.step}) for a folder at "
+                               f"step {f_step}")
+        if best[1] == "delta":
+            return [(m, "delta") for m in reversed(chain)]
+        k = best[1]
+        return [(chain[k], "keyframe")] + [(m, "delta") for m in reversed(chain[:k])]
+
+    # ------------------------------------------------------------------------------ following
+    def sync(self, until: int | None = None) -> list:
+        """Apply every step up to the current head (stop early once the folder reaches ``until``)."""
+        return list(self._run(until))
+
+    def follow(self, *, until: int | None = None, interval: float = 2.0, timeout: float | None = None):
+        """Yield a :class:`StepUpdate` per applied step, polling the head every ``interval`` seconds,
+        until the folder reaches ``until`` (forever if None) or ``timeout`` seconds pass without one."""
+        last_progress = time.monotonic()
+        while True:
+            applied = False
+            for upd in self._run(until):
+                applied = True
+                yield upd
+            if applied:
+                last_progress = time.monotonic()
+            st = self.step
+            if until is not None and st is not None and st >= until:
+                return
+            if timeout is not None and time.monotonic() - last_progress > timeout:
+                return
+            time.sleep(interval)
+
+    def _run(self, until):
+        with self._locked():
+            recover(self.into)
+            head = self.head()
+            self._emit(event="head", step=None if head is None else head.step)
+            if head is None:
+                return
+            state = self.state()
+            path = self.plan(head, state)
+            cur = None if state is None or state.get("tensors") != self.patterns else state["step"]
+            for m, kind in path:
+                if until is not None and cur is not None and cur >= until:
+                    return
+                upd = self._apply(m, kind, head, cur)
+                cur = upd.step
+                yield upd
+
+    # ------------------------------------------------------------------------------ one step
+    def _apply(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
+        t0 = time.perf_counter()
+        s0 = FetchStats(**self.stats.as_dict())
+        plans = self._fetch(m, kind)
+        needed = sum(e - s for p in plans for s, e in _needed_ranges(p.wanted))
+        tail_bytes = sum(p.obj.tail_size for p in plans)
+        for p in plans:
+            if p.wanted:
+                p.reader = self._open_reader(m, kind, p)
+        base = {}
+        state = self.state() if kind == "delta" else None
+        if state is not None and state.get("files") and any(p.wanted for p in plans):
+            base = open_checkpoint(self.into).tensors()
+        bases = {}
+        for p in plans:     # every base tensor is checked before anything is written
+            for e in p.wanted:
+                th = p.reader.header(e.name)
+                bases[e.name] = p.reader.check_base(e.name, base.get(e.name) if th.needs_base else None)
+        staging = os.path.join(self._parent, f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(self.into)}")
+        try:
+            changed, count = self._write(m, plans, bases, staging)
+            verified_model = self.patterns is None
+            if verified_model:
+                entries = []
+                for p in plans:
+                    p.reader.check_target_digest({n: None for n in p.reader.names})
+                    if kind == "delta":
+                        p.reader.check_base_digest()
+                    for n in p.reader.names:
+                        th = p.reader.header(n)
+                        entries.append((n.encode("utf-8"), th.dtype.code, th.shape, th.target_hash))
+                if model_digest(entries).hex() != m.model_digest:
+                    raise VerificationError(f"step {m.step}: the rebuilt model does not match the manifest's "
+                                            f"model digest")
+            self._finish(m, plans, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.fetcher.forget(keep=lambda key: _step_of_key(key) > m.step)
+        ds = self.stats.minus(s0)
+        upd = StepUpdate(m.step, cur, kind, self.into, changed, count, ds.bytes, needed, tail_bytes, ds.requests,
+                         m.num_shards, sum(1 for p in plans if p.wanted), ds.reused_bytes, ds.retries,
+                         time.perf_counter() - t0, head.step, verified_model, m.digest)
+        self._emit(event="step", **upd.as_dict())
+        return upd
+
+    def _fetch(self, m: Manifest, kind: str) -> list:
+        objs = [(s, s.object(kind)) for s in m.shards]
+        tails = self.fetcher.fetch([(self.store.path(o.name), o.index_offset, o.size, o.name) for _, o in objs])
+        plans = []
+        for (s, o), tail in zip(objs, tails):
+            if xxhash.xxh3_64_hexdigest(tail) != o.tail_xxh3_64:
+                raise ChecksumError(f"{o.name}: its index and trailer do not hash to the manifest's tail_xxh3_64")
+            index = _parse_tail(tail, o)
+            src = ObjectSource(self.fetcher, self.store.path(o.name), o.name, o.size)
+            src.add(o.index_offset, tail)
+            wanted = [e for e in index.entries if self.wants(e.name)]
+            ranges = coalesce(_needed_ranges(wanted), max_gap=self.max_gap, overhead=self.overhead) if wanted else []
+            plans.append(_ShardPlan(s, o, src, index, wanted, ranges))
+        reqs = [(p.source.path, a, b, p.source.key) for p in plans for a, b in p.ranges]
+        datas = iter(self.fetcher.fetch(reqs))
+        for p in plans:
+            for a, _ in p.ranges:
+                p.source.add(a, next(datas))
+        return plans
+
+    def _open_reader(self, m: Manifest, kind: str, p: _ShardPlan) -> DeltaReader:
+        r = DeltaReader(p.source, workers=self.workers)
+        where = p.obj.name
+        if r.target_step != m.step:
+            raise CorruptError(f"{where}: its META says target step {r.target_step}, the manifest {m.step}")
+        want_base = m.base_step if kind == "delta" else None
+        if r.base_step != want_base:
+            raise CorruptError(f"{where}: its META says base step {r.base_step}, the manifest {want_base}")
+        if r.target_digest.hex() != p.entry.target_digest:
+            raise CorruptError(f"{where}: its target digest differs from the manifest's")
+        if kind == "delta" and r.base_digest.hex() != p.obj.base_digest:
+            raise CorruptError(f"{where}: its base digest differs from the manifest's")
+        return r
+
+    def _write(self, m: Manifest, plans, bases, staging):
+        os.makedirs(staging)
+        changed, count = [], 0
+        weight_map = {}
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="arcfmt-follow") as pool:
+            for p in plans:
+                if not p.wanted:
+                    continue
+                r = p.reader
+                items = [(e.name, r.header(e.name).dtype, r.header(e.name).shape) for e in p.wanted]
+                specs = layout_specs(items)
+                header = build_header(specs, {"format": "pt"})
+                data_start = 8 + len(header)
+                size = data_start + (specs[-1].end if specs else 0)
+                target = os.path.join(staging, p.entry.file)
+                with open(target, "wb") as f:
+                    f.write(len(header).to_bytes(8, "little"))
+                    f.write(header)
+                    f.truncate(size)
+                mm = np.memmap(target, np.uint8, mode="r+") if size > data_start else None
+                try:
+                    for s, e in zip(specs, p.wanted):
+                        out = mm[data_start + s.begin: data_start + s.end].view(s.dtype.uint) if s.end > s.begin \
+                            else np.empty(0, s.dtype.uint)
+                        r.decode_tensor(s.name, bases[s.name], out, pool=pool)
+                        th = r.header(s.name)
+                        if not th.needs_base or any(b.encoding != transforms.UNCHANGED for b in e.blocks):
+                            changed.append(s.name)
+                        weight_map[s.name] = p.entry.file
+                        count += 1
+                    if mm is not None:
+                        mm.flush()
+                finally:
+                    del mm
+                with open(target, "rb+") as f:
+                    os.fsync(f.fileno())
+        total = sum(
+            int(np.prod(p.reader.header(e.name).shape, dtype=np.int64)) * p.reader.header(e.name).dtype.itemsize
+            for p in plans for e in p.wanted)
+        _write_json(os.path.join(staging, INDEX_NAME),
+                    {"metadata": {"total_size": total, "arcfmt_step": str(m.step)}, "weight_map": weight_map},
+                    pretty=True)
+        return changed, count
+
+    def _finish(self, m: Manifest, plans, staging) -> None:
+        state = dict(format=STATE_FORMAT, version=VERSION, step=m.step, manifest=m.digest,
+                     model_digest=m.model_digest, tensors=self.patterns,
+                     files=sorted(p.entry.file for p in plans if p.wanted))
+        with open(os.path.join(staging, STATE_NAME), "wb") as f:
+            f.write(canonical(state))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(staging)
+        if os.path.isdir(self.into):
+            _exchange_dirs(staging, self.into)
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            os.rename(staging, self.into)
+        _fsync_dir(self._parent)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+def _needed_ranges(wanted) -> list:
+    if not wanted:
+        return []
+    out = [(0, HEADER_META_BYTES)]
+    for e in wanted:
+        out.append((e.tens_offset, e.tens_offset + e.tens_size))
+        out.extend((b.offset, b.offset + b.size) for b in e.blocks)
+    return out
+
+
+def _parse_tail(tail: bytes, obj) -> records.Index:
+    """The index of an object from its tail bytes ([index_offset, size)), with every check of §11/§10."""
+    size = obj.size
+    trailer = records.check_trailer(tail[-FL.TRAILER_SIZE:], size)
+    if trailer.index_offset != obj.index_offset:
+        raise CorruptError(f"{obj.name}: trailer says the index is at {trailer.index_offset}, the manifest "
+                           f"{obj.index_offset}")
+    head = records.parse_record_head(tail[:FL.RECORD_HEADER_SIZE], obj.index_offset)
+    if head.type != FL.INDX or head.length != trailer.index_size - FL.RECORD_HEADER_SIZE:
+        raise CorruptError(f"{obj.name}: no INDX record of the trailer's size at offset {obj.index_offset}")
+    payload = memoryview(tail)[FL.RECORD_HEADER_SIZE: trailer.index_size]
+    records.verify_record(head, tail[:FL.RECORD_HEADER_SIZE], payload, obj.index_offset)
+    return records.parse_index(payload, obj.index_offset)
+
+
+def _step_of_key(key: str) -> int:
+    parts = key.split("/")
+    try:
+        return int(parts[1]) if len(parts) > 2 and parts[0] == N.STEPS else -1
+    except ValueError:
+        return -1
+
+
+def _write_json(path: str, obj, pretty=False) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2 if pretty else None)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+__all__ = ["Follower", "StepUpdate", "STATE_NAME", "OLD_TAG"]
