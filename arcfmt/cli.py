@@ -1,4 +1,4 @@
-"""The ``arcfmt`` command line: demo, encode, apply, inspect.
+"""The ``arcfmt`` command line: demo, encode, apply, inspect, publish, follow.
 
 Exit codes: 0 success; 1 the input was refused (bad, corrupt or wrong-base file: an ArcError);
 2 usage error; 3 unexpected internal error (a bug: please report it with --debug output).
@@ -22,6 +22,8 @@ EPILOG = """examples:
   arcfmt apply ckpt/step0030 step31.arc -o ckpt/step0031
   arcfmt apply /models/current step31.arc --in-place
   arcfmt inspect step31.arc --json
+  arcfmt publish s3://bucket/run42 --step 17 --shard 3/8 ckpt/step0017/model-00004-of-00008.safetensors
+  arcfmt follow s3://bucket/run42 --into /models/run42 [--tensors 'model.layers.*.mlp.*'] [--once|--until STEP]
 
 exit codes: 0 ok, 1 input refused (corrupt, truncated, wrong base, ...), 2 usage, 3 internal error
 """
@@ -169,6 +171,102 @@ def cmd_demo(args) -> int:
     return 0 if res["bit_exact"] else 1
 
 
+def _storage_options(pairs) -> dict:
+    """``KEY=VALUE`` pairs (values parsed as JSON when they are JSON, else kept as strings)."""
+    out = {}
+    for item in pairs or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option takes KEY=VALUE, not {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _step_in_path(path):
+    """The step number in the last path component that names one (``step0017/...`` or ``step17.safetensors``)."""
+    for part in reversed(os.path.normpath(path).split(os.sep)):
+        m = re.search(r"step[_-]?(\d+)", part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def cmd_publish(args) -> int:
+    from .store import Publisher
+
+    m = re.fullmatch(r"(\d+)/(\d+)", args.shard)
+    if not m:
+        raise UsageError(f"--shard takes RANK/COUNT with RANK counted from 0 (e.g. 3/8), not {args.shard!r}")
+    shard, num_shards = int(m.group(1)), int(m.group(2))
+    step = args.step if args.step is not None else _step_in_path(args.checkpoint)
+    if step is None:
+        raise UsageError("give --step (no 'stepNNN' in the checkpoint path)")
+    base_step = args.base_step
+    if args.base is not None and base_step is None:
+        base_step = _step_in_path(args.base)
+        if base_step is None:
+            raise UsageError("give --base-step (no 'stepNNN' in the --base path)")
+    if args.base is None and args.base_step is not None:
+        raise UsageError("--base-step needs --base")
+    pub = Publisher(args.url, shard=shard, num_shards=num_shards, keyframe_every=args.keyframe_every,
+                    storage_options=_storage_options(args.storage_option), effort=args.effort,
+                    workers=args.workers, remember=False, state_dir=args.state)
+    res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
+                      file_name=args.file_name)
+    out = res.as_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    parts = []
+    for kind in ("delta", "keyframe"):
+        o = out[kind]
+        if o is not None:
+            frm = f" from step {o['base_step']}" if kind == "delta" else ""
+            parts.append(f"{kind}{frm} {_fmt_bytes(o['size'])} ({100 * o['size'] / max(res.model_bytes, 1):.3f} %)")
+    c = res.commit
+    if c.committed:
+        state = f"step committed{' (manifest written here)' if c.made_manifest else ''}, head at step {c.head}"
+    elif c.waiting_for_base is not None:
+        state = f"waiting for base step {c.waiting_for_base} to be committed"
+    else:
+        state = f"waiting for shard(s) {', '.join(map(str, c.waiting_for))}"
+    print(f"published step {step} shard {shard}/{num_shards} ({res.file}): {'; '.join(parts)}; {state}; "
+          f"{res.seconds:.2f} s")
+    return 0
+
+
+def cmd_follow(args) -> int:
+    from .store import Follower
+
+    if args.once and args.until is not None:
+        raise UsageError("give --once or --until, not both")
+    fol = Follower(args.url, args.into, tensors=args.tensors, storage_options=_storage_options(args.storage_option),
+                   chunk_size=args.chunk_size, workers=args.workers)
+    updates = fol.sync() if args.once else fol.follow(until=args.until, interval=args.interval, timeout=args.timeout)
+    n = 0
+    for u in updates:
+        n += 1
+        d = u.as_dict()
+        if args.json:
+            print(json.dumps(d), flush=True)
+            continue
+        frm = "new folder" if u.from_step is None else f"from step {u.from_step}"
+        print(f"step {u.step} ({u.kind}, {frm}): {_fmt_bytes(u.bytes_downloaded)} in {u.requests} requests "
+              f"({_fmt_bytes(u.bytes_needed)} of records + {_fmt_bytes(u.tail_bytes)} of indexes), "
+              f"{len(u.changed)}/{u.tensors} tensors changed, verified{' (whole model)' if u.verified_model else ''} "
+              f"in {u.seconds:.2f} s; head {u.head_step}, lag {u.lag_steps} step(s)", flush=True)
+    head = fol.head()
+    summary = dict(event="done", step=fol.step, head=None if head is None else head.step, applied=n, into=fol.into)
+    if args.json:
+        print(json.dumps(summary))
+    elif n == 0:
+        print("nothing published yet" if head is None else f"{fol.into} is at step {fol.step} (head {head.step})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arcfmt", description="Lossless weight deltas for RL weight sync (SPEC.md).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,6 +321,56 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--blocks", action="store_true", help="one entry per block instead of per tensor")
     common(i)
     i.set_defaults(func=cmd_inspect)
+
+    def storage(sp):
+        sp.add_argument("-O", "--storage-option", action="append", metavar="KEY=VALUE",
+                        help="fsspec storage option (repeatable), e.g. -O endpoint_url=http://127.0.0.1:8333; "
+                             "credentials come from the usual botocore / google-auth places")
+
+    pb = sub.add_parser("publish", help="publish one trainer shard's part of a step to a stream",
+                        description="Uploads this shard's delta (and a keyframe when due) as immutable objects, "
+                                    "claims the shard, and commits the step once every shard is there.",
+                        epilog="example: arcfmt publish s3://bucket/run42 --step 17 --shard 3/8 "
+                               "ckpt/step0017/model-00004-of-00008.safetensors --state /var/arcfmt",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pb.add_argument("url", metavar="URL", help="the stream: any fsspec URL (s3://, gs://, a local path, ...)")
+    pb.add_argument("checkpoint", metavar="CHECKPOINT_SHARD", help="this shard's safetensors file (or folder)")
+    pb.add_argument("--step", type=int, help="step id (default: from a 'stepNNN' in the path)")
+    pb.add_argument("--shard", default="0/1", help="RANK/COUNT, RANK counted from 0 (default 0/1)")
+    pb.add_argument("--base", help="the previous step's checkpoint shard, to publish a delta from")
+    pb.add_argument("--base-step", type=int, help="step id of --base (default: from a 'stepNNN' in its path)")
+    pb.add_argument("--state", metavar="DIR", help="keep a copy of what was published here; the next run "
+                                                   "publishes its delta from it")
+    pb.add_argument("--keyframe", action=argparse.BooleanOptionalAction, default=None,
+                    help="force (or suppress) a keyframe; default: every --keyframe-every steps")
+    pb.add_argument("--keyframe-every", type=int, default=10, help="keyframe when step %% N == 0 (0: on demand only)")
+    pb.add_argument("--file-name", help="the file name followers give this shard (default: the checkpoint's)")
+    pb.add_argument("--effort", choices=["fast", "default", "max"], default="default")
+    pb.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
+    storage(pb)
+    common(pb)
+    pb.set_defaults(func=cmd_publish)
+
+    fo = sub.add_parser("follow", help="keep a local checkpoint folder at a stream's latest step",
+                        description="Applies each committed step in order (or jumps through the latest keyframe when "
+                                    "that downloads fewer bytes), verifies every tensor and swaps the folder "
+                                    "atomically. Runs until interrupted unless --once or --until is given.",
+                        epilog="example: arcfmt follow s3://bucket/run42 --into /models/run42 --tensors "
+                               "'model.layers.*.mlp.*' --once",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    fo.add_argument("url", metavar="URL")
+    fo.add_argument("--into", required=True, metavar="DIR", help="the checkpoint folder to keep up to date")
+    fo.add_argument("--tensors", action="append", metavar="PATTERN",
+                    help="only tensors matching this shell pattern (repeatable; default: all)")
+    fo.add_argument("--once", action="store_true", help="catch up with the current head, then exit")
+    fo.add_argument("--until", type=int, metavar="STEP", help="exit once the folder is at STEP or later")
+    fo.add_argument("--interval", type=float, default=2.0, help="seconds between head polls (default 2)")
+    fo.add_argument("--timeout", type=float, help="exit after this many seconds without a new step")
+    fo.add_argument("--chunk-size", type=int, default=8 << 20, help="largest range request in bytes (default 8 MiB)")
+    fo.add_argument("--workers", type=int, help="decoder threads (default: CPU count)")
+    storage(fo)
+    common(fo)
+    fo.set_defaults(func=cmd_follow)
     return p
 
 

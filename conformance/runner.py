@@ -4,6 +4,7 @@
     python -m conformance run --impl independent    # conformance/independent_decoder.py
     python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]"
     python -m conformance list                      # the vectors and what they cover
+    python -m conformance rules                     # SPEC.md rules (Appendix A) without a vector
 
 Contract for --impl (conformance/README.md): the command rebuilds the target from {base} (a safetensors
 file) and {delta} (an arcfmt file) and writes {out}, a JSON object {name: {dtype, shape, sha256}};
@@ -163,6 +164,47 @@ def cmd_list(args) -> int:
     return 0
 
 
+def spec_rules() -> list:
+    """The rule table of SPEC.md Appendix A: (rule id, sections, statement, category, binds)."""
+    spec = os.path.join(HERE, "..", "SPEC.md")
+    with open(spec, encoding="utf-8") as f:
+        text = f.read()
+    table = text[text.index("## Appendix A. Rule index"):]
+    rows = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("R-"):
+            rows.append(tuple(cells))
+    return rows
+
+
+def cmd_rules(args) -> int:
+    """List SPEC.md rules that no vector exercises (decoder rules), and those checked elsewhere."""
+    covered = {}
+    for v in load_manifest()["vectors"]:
+        for r in v.get("rules", []):
+            covered.setdefault(r, []).append(v["name"])
+    rows = spec_rules()
+    known = {r[0] for r in rows}
+    missing = [r for r in rows if r[4] == "decoder" and r[0] not in covered]
+    unknown = sorted(set(covered) - known)
+    if args.verbose:
+        for r in rows:
+            if r[4] == "decoder":
+                print(f"{r[0]:24s} {len(covered.get(r[0], [])):3d} vectors  {r[2]}")
+    for r in rows:
+        if r[4] != "decoder":
+            print(f"{r[0]:24s} ({r[4]} rule: checked by the reference implementation's tests)  {r[2]}")
+    for r in missing:
+        print(f"{r[0]:24s} NO VECTOR  §{r[1]}  {r[2]}")
+    for r in unknown:
+        print(f"{r:24s} named by vectors but not in SPEC.md Appendix A")
+    decoder = [r for r in rows if r[4] == "decoder"]
+    print(f"{len(decoder) - len(missing)} of {len(decoder)} decoder rules have vectors; "
+          f"{len(rows) - len(decoder)} writer/tool rules are checked by tests")
+    return 0 if not missing and not unknown else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,6 +217,9 @@ def main(argv=None) -> int:
     r.add_argument("--json", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true", help="list passing runs too")
     r.set_defaults(func=cmd_run)
+    ru = sub.add_parser("rules", help="list SPEC.md rules without a vector")
+    ru.add_argument("-v", "--verbose", action="store_true", help="list covered rules too")
+    ru.set_defaults(func=cmd_rules)
     ls = sub.add_parser("list", help="list the vectors")
     ls.set_defaults(func=cmd_list)
     args = ap.parse_args(argv)

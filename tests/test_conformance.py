@@ -18,3 +18,9 @@ def test_reference_passes_every_vector():
     from conformance.runner import main
 
     assert main(["run"]) == 0
+
+
+def test_every_decoder_rule_has_a_vector():
+    from conformance.runner import main
+
+    assert main(["rules"]) == 0

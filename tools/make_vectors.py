@@ -387,11 +387,10 @@ def reject_vectors():
     q = split(good)
     off = 52 + 16 + len(q.recs[1].payload)
     data[off + 4: off + 8] = ((1 << 28) + 1).to_bytes(4, "little")
-    n("n_limit_record_payload", "a record header declaring 2^28+1 payload bytes", ["5", "14"], bytes(data), "limit",
-      modes=["random"])
+    n("n_limit_record_payload", "a record header declaring 2^28+1 payload bytes", ["5", "14"], bytes(data), "limit")
     body = records.build_index(split(good).index)
     n("n_limit_index_body", "an index declaring a 2^26+1-byte body", ["10", "14"],
-      assemble(split(good), index_payload=bytes([1]) + varint((1 << 26) + 1) + body[1:]), "limit", modes=["random"])
+      assemble(split(good), index_payload=bytes([1]) + varint((1 << 26) + 1) + body[1:]), "limit")
 
     raw_body = L.IndexBody.build(dict(
         base_digest=bytes(16), target_digest=bytes(16), tensor_count=(1 << 20) + 1, block_count=0, name_lengths=[],
@@ -399,7 +398,7 @@ def reject_vectors():
         blk_sizes=[], blk_checksums=[], blk_encodings=[], other_count=0, other_offsets=[], other_sizes=[],
         other_types=[]))
     n("n_limit_tensor_count", "an index declaring 2^20+1 tensors", ["10", "14"],
-      assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit", modes=["random"])
+      assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit")
     # -- zstd frame rules, bombs
     bz, tz = rl_step(21, (40, 40), density=0.3)
     zfile = write_delta({"w": bz}, {"w": tz}, force_codec="zstd")
@@ -605,46 +604,43 @@ def reject_vectors():
     # -- index
     def overlap(index):
         index.entries[0].blocks[1].offset -= 4
-    n("n_index_overlap", "two located records overlap", ["10"], assemble(split(good), index_fn=overlap), "corrupt",
-      modes=["random"])
+    n("n_index_overlap", "two located records overlap", ["10"], assemble(split(good), index_fn=overlap), "corrupt")
 
     def gap(index):
         index.entries[0].blocks[1].offset += 1
         index.entries[0].blocks[1].size -= 1
-    n("n_index_gap", "a hole between located records", ["10"], assemble(split(good), index_fn=gap), "corrupt",
-      modes=["random"])
+    n("n_index_gap", "a hole between located records", ["10"], assemble(split(good), index_fn=gap), "corrupt")
 
     def out_of_range(index):
         index.entries[0].blocks[-1].offset = 1 << 40
     n("n_index_offset_out_of_range", "a block offset past the end of the file", ["10"],
-      assemble(split(good), index_fn=out_of_range), "corrupt", modes=["random"])
+      assemble(split(good), index_fn=out_of_range), "corrupt")
 
     def swap(index):
         b0, b1 = index.entries[0].blocks[0], index.entries[0].blocks[1]
         index.entries[0].blocks[0], index.entries[0].blocks[1] = b1, b0
-    n("n_index_order", "blocks listed out of order", ["10"], assemble(split(good), index_fn=swap), "corrupt",
-      modes=["random"])
+    n("n_index_order", "blocks listed out of order", ["10"], assemble(split(good), index_fn=swap), "corrupt")
 
     def ck(index):
         index.entries[0].blocks[0].checksum ^= 1
     n("n_index_checksum_mismatch", "the index's checksum for a block differs from the record's", ["10"],
-      assemble(split(good), index_fn=ck), "corrupt", modes=["random"])
+      assemble(split(good), index_fn=ck), "corrupt")
 
     def enc(index):
         index.entries[0].blocks[0].encoding = 1
     n("n_index_encoding_mismatch", "the index says xor, the block says bf16-delta", ["10"],
-      assemble(split(good), index_fn=enc), "corrupt", modes=["random"])
+      assemble(split(good), index_fn=enc), "corrupt")
 
     def name(index):
         index.entries[0].name = "other"
     n("n_index_name_mismatch", "the index names a tensor differently than its TENS record", ["10"],
-      assemble(split(good), index_fn=name), "corrupt", modes=["random"])
+      assemble(split(good), index_fn=name), "corrupt")
     two = write_delta({"a": b, "b": b}, {"a": t, "b": t})
 
     def dup(index):
         index.entries[1].name = index.entries[0].name
     n("n_duplicate_names", "two tensors with the same name", ["7", "10"], assemble(split(two), index_fn=dup),
-      "corrupt", base_={"a": b, "b": b}, modes=["random"])
+      "corrupt", base_={"a": b, "b": b})
 
     def dup_tens(p):
         j = [i for i, r in enumerate(p.recs) if r.type == L.TENS][1]
@@ -686,12 +682,12 @@ def reject_vectors():
     def other_type(index):
         index.others[0].type = b"TENS"
     n("n_index_other_type_reserved", "the index lists an other record as TENS", ["10"],
-      assemble(split(noted), index_fn=other_type), "corrupt", modes=["random"])
+      assemble(split(noted), index_fn=other_type), "corrupt")
 
     def other_digit(index):
         index.others[0].type = b"n0te"
     n("n_index_other_type_not_letters", "an other record type with a digit in the index", ["10"],
-      assemble(split(noted), index_fn=other_digit), "corrupt", modes=["random"])
+      assemble(split(noted), index_fn=other_digit), "corrupt")
     n("n_block_elems_zero", "block_elems 0", ["7"], mod(tens_edit(lambda th: tp(th, block_elems=0))), "corrupt")
 
     def exc_index_out(streams, params):
@@ -767,6 +763,64 @@ def _extra_payload(data):
     return assemble(p)
 
 
+# ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
+
+RULES = [  # (vector name glob, rules it exercises)
+    ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
+    ("y_keyframe_*", ["R-KEYFRAME", "R-DTYPE"]), ("y_unchanged", ["R-UNCHANGED"]),
+    ("y_codec_raw", ["R-RAW"]), ("y_codec_zstd", ["R-ZSTD"]), ("y_codec_xz", ["R-XZ"]), ("y_codec_bz2", ["R-BZ2"]),
+    ("y_zero_dim_after_huge_dim", ["R-ELEMS"]), ("y_empty_tensor", ["R-ELEMS"]), ("y_scalar", ["R-ELEMS"]),
+    ("y_note_record", ["R-ANCILLARY"]), ("y_unknown_ancillary", ["R-ANCILLARY"]),
+    ("y_multiblock", ["R-BLOCK-ORDINALS", "R-INDEX-TILING"]), ("y_multi_tensor", ["R-NAME", "R-TARGET-DIGEST"]),
+    ("y_shape_and_dtype_change", ["R-NO-BASE", "R-KEYFRAME"]),
+    ("n_truncated_in_magic", ["R-SHORT"]), ("n_truncated_after_header", ["R-MIN-SIZE"]),
+    ("n_truncated_in_meta_header", ["R-MIN-SIZE"]), ("n_truncated_after_meta", ["R-MIN-SIZE"]),
+    ("n_truncated_*", ["R-TRAILER-MAGIC", "R-RECORD-PRESENT"]), ("n_empty_file", ["R-SHORT"]),
+    ("n_bad_magic_short", ["R-SHORT"]), ("n_bad_magic*", ["R-MAGIC"]), ("n_future_major", ["R-MAJOR"]),
+    ("n_reserved_header_flags", ["R-HEADER-FLAGS"]), ("n_reserved_trailer_flags", ["R-TRAILER-FLAGS"]),
+    ("n_version_mismatch", ["R-VERSIONS-AGREE"]), ("n_trailer_checksum", ["R-TRAILER-CHECKSUM"]),
+    ("n_trailer_bad_index_offset", ["R-TRAILER-OFFSETS"]), ("n_trailer_future_major", ["R-TRAILER-MAJOR"]),
+    ("n_reserved_meta_flags", ["R-META-FLAGS"]), ("n_reserved_tens_flags", ["R-TENS-FLAGS"]),
+    ("n_record_checksum", ["R-RECORD-CHECKSUM"]), ("n_unknown_critical_record", ["R-CRITICAL"]),
+    ("n_record_type_not_letters", ["R-RECORD-TYPE"]), ("n_limit_name_length", ["R-NAME-LIMIT"]),
+    ("n_limit_ndim", ["R-NDIM"]), ("n_limit_block_elems", ["R-BLOCK-ELEMS"]), ("n_block_elems_zero", ["R-BLOCK-ELEMS"]),
+    ("n_limit_tensor_elems", ["R-ELEMS"]), ("n_limit_blocks_per_tensor", ["R-BLOCKS"]),
+    ("n_limit_record_payload", ["R-RECORD-LIMIT"]), ("n_limit_index_body", ["R-INDEX-LIMIT"]),
+    ("n_limit_tensor_count", ["R-INDEX-COUNTS"]), ("n_zstd_bomb", ["R-ZSTD", "R-BOMB"]),
+    ("n_zstd_no_content_size", ["R-ZSTD"]), ("n_zstd_two_frames", ["R-ZSTD"]), ("n_zstd_dictionary", ["R-ZSTD"]),
+    ("n_zstd_window_too_large", ["R-ZSTD-WINDOW"]), ("n_xz_bomb", ["R-XZ", "R-BOMB"]),
+    ("n_xz_memory_limit", ["R-XZ-MEMORY"]), ("n_bz2_bomb", ["R-BZ2", "R-BOMB"]),
+    ("n_raw_length_mismatch", ["R-RAW"]), ("n_unknown_codec", ["R-CODEC-ID"]),
+    ("n_empty_stream_not_raw", ["R-EMPTY-STREAM"]), ("n_changed_count_beyond_block", ["R-DELTA-PARAMS"]),
+    ("n_exception_count_beyond_changed", ["R-DELTA-PARAMS"]), ("n_position_beyond_block", ["R-POSITIONS"]),
+    ("n_step_*", ["R-STEP"]), ("n_exception_keeps_exponent", ["R-EXCEPTION-VALUE"]),
+    ("n_exception_index_beyond_changed", ["R-EXCEPTION-INDEX"]), ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE"]),
+    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]), ("n_verification", ["R-TENSOR-HASH"]),
+    ("n_unknown_encoding", ["R-ENCODING"]), ("n_encoding_dtype_mismatch", ["R-ENCODING"]),
+    ("n_unknown_dtype", ["R-DTYPE"]), ("n_name_*", ["R-NAME"]), ("n_varint_not_minimal", ["R-VARINT"]),
+    ("n_tens_extra_bytes", ["R-PAYLOAD-EXACT"]), ("n_meta_size", ["R-PAYLOAD-EXACT"]),
+    ("n_delta_without_base_flag", ["R-NO-BASE"]), ("n_block_ordinal_mismatch", ["R-BLOCK-ORDINALS"]),
+    ("n_index_overlap", ["R-INDEX-TILING"]), ("n_index_gap", ["R-INDEX-TILING"]),
+    ("n_index_offset_out_of_range", ["R-INDEX-TILING"]), ("n_index_order", ["R-INDEX-ORDER"]),
+    ("n_index_checksum_mismatch", ["R-RECORD-LOCATED", "R-STREAM-CROSSCHECK"]),
+    ("n_index_encoding_mismatch", ["R-BLOCK-ENCODING-INDEX", "R-STREAM-CROSSCHECK"]),
+    ("n_index_name_mismatch", ["R-INDEX-NAME", "R-STREAM-CROSSCHECK"]),
+    ("n_duplicate_*", ["R-NAME-UNIQUE"]), ("n_index_other_type_*", ["R-INDEX-OTHER-TYPES"]),
+    ("n_first_record_not_meta", ["R-RECORD-ORDER"]), ("n_target_digest_mismatch", ["R-TARGET-DIGEST"]),
+    ("n_base_digest_mismatch", ["R-BASE-DIGEST"]), ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
+    ("n_data_after_trailer_stream", ["R-STREAM-END"]), ("n_wrong_base_*", ["R-BASE"]),
+]
+
+
+def rules_for(name: str) -> list:
+    import fnmatch
+    out = []
+    for pattern, rules in RULES:
+        if fnmatch.fnmatch(name, pattern):
+            out += [r for r in rules if r not in out]
+    return out
+
+
 # ------------------------------------------------------------------------------------ output
 
 def tensor_expect(arr):
@@ -793,6 +847,7 @@ def generate(out_dir: str) -> None:
             f.write(v.delta)
         entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
                  "description": v.description, "covers": ["SPEC.md §" + c for c in v.covers],
+                 "rules": rules_for(v.name),
                  "base": f"vectors/{base_file}", "delta": f"vectors/{delta_file}", "modes": v.modes}
         if v.error is None:
             entry["tensors"] = {k: tensor_expect(a) for k, a in v.expect_tensors.items()}

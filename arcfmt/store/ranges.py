@@ -193,27 +193,35 @@ class RangeFetcher:
                                              [pieces[j][3] for j in group], on_error="return")
                 except Exception as exc:  # noqa: BLE001 - a whole batch failed: classify like one range
                     res = [exc] * len(group)
+                fatal = None   # raised after the good chunks of this batch are kept (and spooled)
                 for j, r in zip(group, res):
                     _, path, s, e, key = pieces[j]
                     if isinstance(r, BaseException):
-                        if isinstance(r, FileNotFoundError):
-                            raise MissingError(f"{key}: the object is missing from the store") from None
-                        if isinstance(r, ArcError):
-                            raise r
-                        if retry.is_transient(r) and attempt < self.retries:
-                            failed.append(j)
+                        if fatal is not None:
                             continue
-                        raise TransportError(f"{key}: bytes {s}..{e}: {type(r).__name__}: {r}"
-                                             f"{f' (after {attempt} retries)' if attempt else ''}") from r
+                        if isinstance(r, FileNotFoundError):
+                            fatal = MissingError(f"{key}: the object is missing from the store")
+                        elif isinstance(r, ArcError):
+                            fatal = r
+                        elif retry.is_transient(r) and attempt < self.retries:
+                            failed.append(j)
+                        else:
+                            fatal = TransportError(f"{key}: bytes {s}..{e}: {type(r).__name__}: {r}"
+                                                   f"{f' (after {attempt} retries)' if attempt else ''}")
+                            fatal.__cause__ = r
+                        continue
                     if len(r) != e - s:
-                        raise TruncatedError(f"{key}: got {len(r)} bytes at offset {s}, expected {e - s}: "
-                                             f"the object is shorter than its manifest says")
+                        fatal = fatal or TruncatedError(f"{key}: got {len(r)} bytes at offset {s}, expected "
+                                                        f"{e - s}: the object is shorter than its manifest says")
+                        continue
                     out[j] = r
                     with self._lock:
                         self.stats.bytes += len(r)
                     self._spool_put(key, s, e, r)
                     if self.on_bytes is not None:
                         self.on_bytes(len(r))
+                if fatal is not None:
+                    raise fatal
             pending = failed
             if pending:
                 attempt += 1

@@ -1,0 +1,152 @@
+"""Fixtures and helpers for the stream tests (``tests/test_store_*.py``, loaded with ``pytest_plugins``).
+
+- Real object stores on 127.0.0.1, one per kind, started once per session on first use and stopped
+  by PID at the end (tests/servers.py); a test that needs one whose package is not installed is
+  skipped with the reason. ``.ci/run`` installs them, so CI runs every test.
+- Seeded RL-like trajectories (BF16 weights, ~1 % of values move by one ulp per step, FP32 norms),
+  split into trainer shards; no dependency on ../shared.
+"""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+# Before any client library is imported (SPEC-stream / README: S3-compatible servers and emulators).
+for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+               "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
+               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
+    os.environ.setdefault(_k, _v)
+
+import numpy as np
+import pytest
+
+import servers
+from arcfmt.demo import make_model_pair
+from arcfmt.safetensors_io import open_checkpoint
+
+SERVER_KINDS = ["seaweedfs", "moto", "fake-gcs"]
+S3_KINDS = ["seaweedfs", "moto"]
+
+
+# ------------------------------------------------------------------------------------ servers
+
+def _server_fixture(kind):
+    @pytest.fixture(scope="session")
+    def fixture():
+        try:
+            srv = servers.STARTERS[kind]()
+        except servers.ServerUnavailable as exc:
+            pytest.skip(str(exc))
+        try:
+            yield srv
+        finally:
+            srv.stop()
+    fixture.__name__ = f"{kind.replace('-', '_')}_server"
+    return fixture
+
+
+seaweedfs_server = _server_fixture("seaweedfs")
+moto_server = _server_fixture("moto")
+fake_gcs_server = _server_fixture("fake-gcs")
+
+
+def _unique(request) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60].strip("-")
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+class Remote:
+    """A unique stream location on a real server: ``url`` + ``storage_options`` (+ ``env`` for the CLI)."""
+
+    def __init__(self, server, prefix):
+        self.server = server
+        self.kind = server.kind
+        self.url = f"{servers.protocol(server)}://{servers.BUCKET}/{prefix}"
+        self.storage_options = servers.storage_options(server)
+        self.env = servers.client_env(server)
+
+    def fs(self):
+        import fsspec
+        return fsspec.filesystem(servers.protocol(self.server), **self.storage_options)
+
+    def __repr__(self):
+        return f"Remote({self.kind}, {self.url})"
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def remote(request):
+    """A fresh prefix on each real server kind (SeaweedFS, moto, fake-gcs-server)."""
+    srv = request.getfixturevalue(f"{request.param.replace('-', '_')}_server")
+    return Remote(srv, _unique(request))
+
+
+@pytest.fixture(params=S3_KINDS)
+def s3_remote(request):
+    srv = request.getfixturevalue(f"{request.param}_server")
+    return Remote(srv, _unique(request))
+
+
+@pytest.fixture
+def memory_url(request):
+    """A fresh ``memory://`` stream (removed afterwards)."""
+    import fsspec
+
+    url = f"memory://arcfmt-tests/{_unique(request)}"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+# ------------------------------------------------------------------------------------ data
+
+def next_step(prev: dict, rng: np.random.Generator, density: float = 0.01) -> dict:
+    """One RL-like step: ``density`` of the values move by one unit in the last place."""
+    out = {}
+    for name, a in prev.items():
+        u = np.ascontiguousarray(a).view(f"<u{a.dtype.itemsize}").reshape(-1).copy()
+        k = max(1, int(u.size * density))
+        idx = rng.choice(u.size, size=k, replace=False)
+        up = rng.random(k) < 0.5
+        u[idx[up]] += 1
+        u[idx[~up]] -= 1
+        out[name] = u.view(a.dtype).reshape(a.shape)
+    return out
+
+
+def trajectory(steps: int = 4, seed: int = 0, layers: int = 2, d: int = 64, vocab: int = 500) -> list:
+    """``steps`` checkpoints (name → array) of a small transformer-shaped model, seeded."""
+    base, target = make_model_pair(seed=seed, layers=layers, d=d, vocab=vocab)
+    out = [base, target][:steps]
+    rng = np.random.default_rng(seed + 1000)
+    while len(out) < steps:
+        out.append(next_step(out[-1], rng))
+    return out
+
+
+def split(tensors: dict, n: int) -> list:
+    """The tensors of a model as ``n`` trainer shards (contiguous groups, every shard non-empty)."""
+    names = list(tensors)
+    per = -(-len(names) // n)
+    return [{k: tensors[k] for k in names[i * per:(i + 1) * per]} for i in range(n)]
+
+
+def publish_step(pubs, step: int, tensors: dict, **kw) -> list:
+    """Every shard publishes its part of ``tensors`` (in shard order); returns the results."""
+    parts = split(tensors, len(pubs))
+    return [p.publish(step, parts[i], **kw) for i, p in enumerate(pubs)]
+
+
+def folder_tensors(path) -> dict:
+    return open_checkpoint(os.fspath(path)).tensors()
+
+
+def assert_folder(path, want: dict, names=None) -> None:
+    """The folder holds exactly ``names`` (default: all of ``want``), bit for bit."""
+    got = folder_tensors(path)
+    names = set(want) if names is None else set(names)
+    assert set(got) == names, (sorted(got), sorted(names))
+    for n in names:
+        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
+        assert np.ascontiguousarray(got[n]).tobytes() == np.ascontiguousarray(want[n]).tobytes(), n
