@@ -8,8 +8,11 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import uuid
 
 # Before any client library is imported (SPEC-stream / README: S3-compatible servers and emulators).
@@ -23,10 +26,11 @@ import pytest
 
 import servers
 from arcfmt.demo import make_model_pair
-from arcfmt.safetensors_io import open_checkpoint
+from arcfmt.safetensors_io import open_checkpoint, write_file
 
 SERVER_KINDS = ["seaweedfs", "moto", "fake-gcs"]
 S3_KINDS = ["seaweedfs", "moto"]
+MLP = "model.layers.*.mlp.*"
 
 
 # ------------------------------------------------------------------------------------ servers
@@ -150,3 +154,41 @@ def assert_folder(path, want: dict, names=None) -> None:
     for n in names:
         assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
         assert np.ascontiguousarray(got[n]).tobytes() == np.ascontiguousarray(want[n]).tobytes(), n
+
+
+# ------------------------------------------------------------------------------------ command line
+
+def arcfmt(*args, env=None, rc=None):
+    p = subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True,
+                       env=None if env is None else {**os.environ, **env}, timeout=300)
+    if rc is not None:
+        assert p.returncode == rc, (p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def run_cli_trajectory(url, tmp_path, traj, env=None, steps=3, shards=2, extra=()):
+    """Trainer ranks publish safetensors shards with ``arcfmt publish --state``; two followers follow."""
+    state = tmp_path / "state"
+    for s in range(steps):
+        for i, part in enumerate(split(traj[s], shards)):
+            d = tmp_path / "ckpt" / f"step{s:04d}"
+            d.mkdir(parents=True, exist_ok=True)
+            f = d / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            write_file(f, part, {"format": "pt"})
+            p = arcfmt("publish", url, f, "--shard", f"{i}/{shards}", "--state", state / str(i), "--json",
+                       "--effort", "fast", *extra, env=env, rc=0)
+            out = json.loads(p.stdout)
+            assert out["step"] == s and out["committed"] == (i == shards - 1)
+            assert (out["delta"] is not None) == (s > 0)
+    p = arcfmt("follow", url, "--into", tmp_path / "full", "--once", "--json", *extra, env=env, rc=0)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    assert lines[-1] == {"event": "done", "step": steps - 1, "head": steps - 1, "applied": steps,
+                         "into": str(tmp_path / "full")}
+    assert lines[0]["kind"] == "keyframe" and lines[0]["verified_model"]
+    assert_folder(tmp_path / "full", traj[steps - 1])
+    files = sorted(n for n in os.listdir(tmp_path / "full") if n.endswith(".safetensors"))
+    assert files == [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    p = arcfmt("follow", url, "--into", tmp_path / "mlp", "--tensors", MLP, "--until", steps - 1, *extra,
+               env=env, rc=0)
+    assert "verified" in p.stdout and "lag 0" in p.stdout
+    assert_folder(tmp_path / "mlp", traj[steps - 1], {n for n in traj[0] if ".mlp." in n})

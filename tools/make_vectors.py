@@ -95,9 +95,9 @@ def assemble(p: Parts, index_fn=None, index_payload: bytes | None = None, traile
         ck = int.from_bytes(rec[8:16], "little")
         if r.type == L.TENS:
             entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
-        elif r.type == L.BLCK:
+        elif r.type == L.BLCK and entries:
             entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, r.encoding))
-        elif r.type != L.META:
+        elif r.type != L.META or off != L.HEADER_SIZE:
             others.append(records.OtherRecord(off, len(rec), r.type))
     index = records.Index(p.index.base_digest, p.index.target_digest, entries, others)
     if index_fn is not None:

@@ -100,11 +100,14 @@ class Follower:
 
     ``tensors``: shell-style patterns (``fnmatch``) on tensor names, e.g. ``"model.layers.*.mlp.*"``.
     ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
+    ``concurrency``: range requests in flight at once; finished batches are spooled, so an interrupted
+    download loses at most one batch.
     """
 
     def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
                  chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
-                 retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None):
+                 retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None,
+                 concurrency: int = 16):
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff)
         self.url = url
         self.into = os.path.abspath(os.fspath(into)).rstrip("/")
@@ -121,7 +124,8 @@ class Follower:
         self.spool_dir = os.path.join(parent, f".arcfmt-spool-{base}") if spool else None
         self.stats = FetchStats()
         self.fetcher = RangeFetcher(self.store.fs, chunk_size=chunk_size, retries=retries, backoff=backoff,
-                                    spool_dir=self.spool_dir, stats=self.stats, on_bytes=self._on_bytes)
+                                    spool_dir=self.spool_dir, stats=self.stats, on_bytes=self._on_bytes,
+                                    batch=concurrency)
 
     # ------------------------------------------------------------------------------ small helpers
     def _emit(self, **event) -> None:

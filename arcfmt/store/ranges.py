@@ -83,7 +83,7 @@ class RangeFetcher:
     """Fetches byte ranges of objects on ``fs``; see the module docstring."""
 
     def __init__(self, fs, *, chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.2,
-                 spool_dir: str | None = None, stats: FetchStats | None = None, on_bytes=None, batch: int = 64):
+                 spool_dir: str | None = None, stats: FetchStats | None = None, on_bytes=None, batch: int = 16):
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         self.fs = fs
