@@ -45,3 +45,52 @@ def as_uint(x) -> tuple[DType, tuple, np.ndarray]:
     if flat.dtype.byteorder == ">":
         raise InputError("big-endian arrays are not supported")
     return dt, shape, flat.view(dt.uint)
+
+
+# ------------------------------------------------------------------------------ memory-mapped input
+
+import ctypes as _ctypes
+import ctypes.util as _ctypes_util
+import mmap as _mmap
+
+_PAGE = _mmap.PAGESIZE
+_MADV_DONTNEED = 4
+_libc = None
+
+
+def _madvise():
+    global _libc
+    if _libc is None:
+        name = _ctypes_util.find_library("c")
+        _libc = _ctypes.CDLL(name, use_errno=True) if name else False
+    return getattr(_libc, "madvise", None) if _libc else None
+
+
+def is_mapped(a) -> bool:
+    """Whether ``a`` is a view of a memory-mapped file (np.memmap or mmap)."""
+    x = a
+    for _ in range(32):
+        if x is None:
+            return False
+        if isinstance(x, (_mmap.mmap, np.memmap)):
+            return True
+        x = getattr(x, "base", None)
+    return False
+
+
+def release(a) -> None:
+    """Drop the pages of a memory-mapped array from this process's memory (they stay in the file).
+
+    Lets encode and apply stream through checkpoints larger than RAM with a resident set of a few
+    blocks: a page touched once is handed back as soon as its block is done. No-op for other arrays.
+    """
+    if a is None or not isinstance(a, np.ndarray) or a.nbytes == 0 or not is_mapped(a):
+        return
+    fn = _madvise()
+    if fn is None:
+        return
+    addr = a.ctypes.data
+    start = (addr + _PAGE - 1) // _PAGE * _PAGE
+    end = (addr + a.nbytes) // _PAGE * _PAGE
+    if end > start:
+        fn(_ctypes.c_void_p(start), _ctypes.c_size_t(end - start), _ctypes.c_int(_MADV_DONTNEED))

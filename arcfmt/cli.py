@@ -1,4 +1,4 @@
-"""The ``arcfmt`` command line: demo, encode, apply, inspect, publish, follow.
+"""The ``arcfmt`` command line: demo, encode, apply, inspect, report, publish, follow.
 
 Exit codes: 0 success; 1 the input was refused (bad, corrupt or wrong-base file: an ArcError);
 2 usage error; 3 unexpected internal error (a bug: please report it with --debug output).
@@ -22,6 +22,7 @@ EPILOG = """examples:
   arcfmt apply ckpt/step0030 step31.arc -o ckpt/step0031
   arcfmt apply /models/current step31.arc --in-place
   arcfmt inspect step31.arc --json
+  arcfmt report step31.arc --base ckpt/step0030 -o step31.html
   arcfmt publish s3://bucket/run42 --step 17 --shard 3/8 ckpt/step0017/model-00004-of-00008.safetensors
   arcfmt follow s3://bucket/run42 --into /models/run42 [--tensors 'model.layers.*.mlp.*'] [--once|--until STEP]
 
@@ -157,6 +158,26 @@ def cmd_inspect(args) -> int:
             streams = ",".join(t["encodings"]) + " " + " ".join(
                 f"{'/'.join(v['codecs'])}:{v['stored']}" for v in t["streams"].values())
         print(f"{t['name'][:48]:48s} {t['dtype']:8s} {shape:>16s} {ch:>9s} {t['bytes']:>9d}  {streams}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .checkpoint import _atomic_file
+    from .errors import InputError
+    from .report import render_html, report_figures
+
+    fig = report_figures(args.delta, args.base)
+    page = render_html(fig).encode("utf-8")
+    try:
+        _atomic_file(args.output, lambda f: f.write(page))  # temp file beside it, fsync, os.replace
+    except OSError as exc:
+        raise InputError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    if args.json:
+        print(json.dumps(fig))
+    else:
+        changed = "unknown" if fig["changed"] is None else f"{fig['changed']} changed values"
+        print(f"wrote {args.output}: {fig['kind']} of {_fmt_bytes(fig['file_bytes'])}, {fig['tensor_count']} tensors, "
+              f"{changed}, page {_fmt_bytes(len(page))}")
     return 0
 
 
@@ -321,6 +342,20 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--blocks", action="store_true", help="one entry per block instead of per tensor")
     common(i)
     i.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("report", help="draw a delta as one self-contained HTML page",
+                       description="Per tensor: bytes per stream role, changed fraction, codec per stream; the "
+                                   "file's identity and totals. One HTML file with inline SVG charts, no scripts. "
+                                   "With --base, each tensor is also checked against the base and changes in "
+                                   "keyframe blocks are counted.",
+                       epilog="examples:\n  arcfmt report step31.arc -o step31.html\n"
+                              "  arcfmt report step31.arc --base ckpt/step0030 -o step31.html --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("delta", metavar="DELTA")
+    r.add_argument("--base", metavar="BASE", help="the base checkpoint: a .safetensors file or a folder of shards")
+    r.add_argument("-o", "--output", required=True, help="the .html file to write (atomically)")
+    common(r)
+    r.set_defaults(func=cmd_report)
 
     def storage(sp):
         sp.add_argument("-O", "--storage-option", action="append", metavar="KEY=VALUE",

@@ -7,9 +7,27 @@ import numpy as np
 import xxhash
 
 
+HASH_CHUNK = 64 << 20
+
+
 def tensor_hash(u: np.ndarray) -> int:
-    """xxh3-64 of a tensor's row-major little-endian bytes."""
-    return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(u).reshape(-1)).cast("B"))
+    """xxh3-64 of a tensor's row-major little-endian bytes.
+
+    Memory-mapped tensors are hashed chunk by chunk and their pages released as it goes, so hashing a
+    checkpoint larger than RAM keeps a small resident set.
+    """
+    from .arrays import is_mapped, release
+
+    flat = np.ascontiguousarray(u).reshape(-1)
+    if not is_mapped(flat):
+        return xxhash.xxh3_64_intdigest(memoryview(flat).cast("B"))
+    raw = flat.view(np.uint8)
+    h = xxhash.xxh3_64()
+    for start in range(0, raw.size, HASH_CHUNK):
+        part = raw[start: start + HASH_CHUNK]
+        h.update(memoryview(part))
+        release(part)
+    return h.intdigest()
 
 
 def record_checksum(header8: bytes, payload) -> int:

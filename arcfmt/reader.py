@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import layout as L, records, transforms
-from .arrays import as_uint
+import xxhash
+
+from .arrays import as_uint, release
 from .errors import (
     ArcError, CorruptError, InputError, LimitError, TruncatedError, VerificationError, WrongBaseError,
 )
@@ -235,18 +238,40 @@ class DeltaReader:
                       pool=None) -> np.ndarray:
         """Rebuild and verify one tensor as a flat unsigned view (``out`` may be ``base_u``: in place).
 
-        ``base_u`` must come from :meth:`check_base`.
+        ``base_u`` must come from :meth:`check_base`. Blocks are decoded in parallel when a pool is
+        given, hashed in order as they complete, and — for memory-mapped inputs and outputs — their
+        pages are released as soon as they are done, so a tensor larger than RAM streams through.
         """
         th = self.header(name)
         if out is None:
             out = allocate(th, [self.max_output_bytes])
-        if pool is not None and th.block_count > 1:
-            for f in [pool.submit(self.decode_block_into, name, b, base_u, out) for b in range(th.block_count)]:
-                f.result()
-        else:
-            for b in range(th.block_count):
+        h = xxhash.xxh3_64()
+        window = max(2, 2 * self.workers)
+        pending = deque()
+
+        def finish(b):
+            s, e = th.block_range(b)
+            h.update(memoryview(out[s:e]).cast("B"))
+            release(out[s:e])
+            if base_u is not None and base_u is not out:
+                release(base_u[s:e])
+
+        for b in range(th.block_count):
+            if pool is None or th.block_count == 1:
                 self.decode_block_into(name, b, base_u, out)
-        self.verify_tensor(name, out)
+                finish(b)
+                continue
+            pending.append((b, pool.submit(self.decode_block_into, name, b, base_u, out)))
+            while len(pending) >= window:
+                pb, f = pending.popleft()
+                f.result()
+                finish(pb)
+        while pending:
+            pb, f = pending.popleft()
+            f.result()
+            finish(pb)
+        if h.intdigest() != th.target_hash:
+            raise VerificationError(f"tensor {name!r}: reconstructed bytes do not match the target hash")
         return out
 
     def to_array(self, name: str, flat_u: np.ndarray) -> np.ndarray:

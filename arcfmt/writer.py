@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import codecs, layout as L, records, transforms
-from .arrays import as_uint
+from .arrays import as_uint, release
 from .errors import InputError
 from .integrity import model_digest, tensor_hash
 
@@ -153,9 +153,10 @@ class DeltaWriter:
                 pending.append(("T", th))
                 for blk in range(th.block_count):
                     s, e = th.block_range(blk)
-                    fut = pool.submit(_encode_block, th.dtype, None if b is None else b[s:e], t[s:e], self._effort,
+                    bb = None if b is None else b[s:e]
+                    fut = pool.submit(_encode_block, th.dtype, bb, t[s:e], self._effort,
                                       self._force_encoding, self._force_codec)
-                    pending.append(("B", (th, blk, fut)))
+                    pending.append(("B", (th, blk, fut, bb, t[s:e])))
                     drain(max_inflight)
             drain(0)
 
@@ -172,8 +173,10 @@ class DeltaWriter:
                 self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
             self._tensor_ordinal = len(self._entries) - 1
             return
-        th, blk, fut = obj
+        th, blk, fut, bb, tb = obj
         enc, coded = fut.result()
+        release(bb)  # memory-mapped inputs: this block's pages are done with
+        release(tb)
         off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
         self._entries[-1].blocks.append(records.BlockRef(off, size, ck, enc.encoding))
         self.stats[-1].blocks.append(BlockStats(

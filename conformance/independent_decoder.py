@@ -25,8 +25,32 @@ Memory: no declared size is allocated before it is checked against the SPEC §14
 limits; tensors are reconstructed and hashed block by block, so the largest
 buffer is one block (or one record payload / one index body).
 
-Ordering decisions the spec leaves open are marked "ASSUMPTION" below; see the
-report that accompanies this file for the list of spec defects.
+Every check is made in the order SPEC.md gives for the structure and the reading
+procedure in use (§4-§12).  Where the text still leaves a choice open, the choice is
+marked "ASSUMPTION" below; the list is at the end of this docstring.
+
+Remaining ASSUMPTIONs (SPEC.md revision of commit 9a585f8):
+  A1 §12.2 step 4 "check it (§10, up to the tiling and order checks)": the streaming
+     reader makes every §10 body check, 1-8, with index_offset = the INDX record's own
+     offset (so the unknown_record rule of check 7 gives the same category as random
+     access, §12).
+  A2 §3 / §12.2 vs §5 check 6: a first record that is an unknown critical type is
+     `corrupt` (first record not META), not `unknown_record`.
+  A3 §10 check 3 (no tens_block_counts entry > MAX_BLOCKS_PER_TENSOR) and check 4 (record
+     size > 16 + MAX_RECORD_PAYLOAD) are `corrupt` ("corrupt unless stated"), not `limit`
+     (§14).  Check 3's bound is unreachable once the block columns fit in the body.
+  A4 §8 check 7: all streams are decoded (in order) before the encoding's own checks.
+  A5 §8.5: all stream-0 values are checked before the stream-1 values.
+  A6 §12.3 step 4: target_digest (`verification`) is checked before base_digest (`corrupt`),
+     in the order the sentence gives them.
+  A7 §12.2: META is checked (§6) as soon as it is read, after the §5 checks, although the
+     §12.2 steps do not name the §6 checks.
+  A8 §12.2 step 6: the cross-check also compares tens_block_counts with each tensor's B.
+  A9 §9 xz: any filter chain liblzma decodes is accepted (the spec binds only writers to
+     LZMA2 alone); the `limit` threshold is liblzma's own memory accounting.
+  A10 §9 zstd: the end of the frame (trailing bytes, second frame) is found by walking the
+     block headers before decompressing; every failure there is `corrupt` either way.
+  A11 §9: the L = 0 rule (raw, stored length 0) is checked before any codec-specific rule.
 """
 
 import bz2
@@ -209,7 +233,7 @@ class Cursor:
 
 
 def check_name_bytes(name, what):
-    """SPEC §7 name rules (the length limit is checked by the caller, as `limit`)."""
+    """SPEC §7 name rules, all `corrupt` (the length limit is checked by the caller, as `limit`)."""
     if len(name) == 0:
         fail("corrupt", f"{what}: empty tensor name")
     try:
@@ -247,15 +271,18 @@ def gap_decode(gaps):
 # Codecs (SPEC §9)
 
 def parse_zstd_frame(stored, L, what):
-    """Check a zstd frame header against SPEC §9 and walk its blocks to find where the frame ends.
+    """SPEC §9 zstd checks, in order, before anything is decompressed; then find the frame's end.
 
-    Returns nothing; raises on violations.  Done before anything is decompressed.
+    1. frame magic 28 B5 2F FD and a valid frame header (reserved bit zero, header complete);
+    2. Frame_Content_Size declared and equal to L;
+    3. Dictionary_ID absent or 0;
+    4. window size <= MAX_WINDOW (`limit`).
+    All others are `corrupt`.
     """
-    if len(stored) < 6:
-        fail("corrupt", f"{what}: zstd: stored bytes too short for a frame header")
-    magic = struct.unpack("<I", stored[0:4])[0]
-    if magic != 0xFD2FB528:
-        fail("corrupt", f"{what}: zstd: not a Zstandard frame (magic 0x{magic:08X})")
+    if len(stored) < 4 or stored[0:4] != b"\x28\xb5\x2f\xfd":
+        fail("corrupt", f"{what}: zstd: stored bytes do not begin with the zstd frame magic")
+    if len(stored) < 5:
+        fail("corrupt", f"{what}: zstd: frame header truncated")
     fhd = stored[4]
     fcs_flag = fhd >> 6
     single_segment = (fhd >> 5) & 1
@@ -264,40 +291,40 @@ def parse_zstd_frame(stored, L, what):
     did_flag = fhd & 3
     if reserved:
         fail("corrupt", f"{what}: zstd: reserved bit of the frame header descriptor is set")
+    wd_size = 0 if single_segment else 1
+    did_size = (0, 1, 2, 4)[did_flag]
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    header_end = 5 + wd_size + did_size + fcs_size
+    if header_end > len(stored):
+        fail("corrupt", f"{what}: zstd: frame header truncated")
     pos = 5
     window_size = None
     if not single_segment:
-        if pos >= len(stored):
-            fail("corrupt", f"{what}: zstd: frame header truncated")
         wd = stored[pos]
         pos += 1
         exponent, mantissa = wd >> 3, wd & 7
         window_base = 1 << (10 + exponent)
         window_size = window_base + (window_base // 8) * mantissa
-    did_size = (0, 1, 2, 4)[did_flag]
-    if pos + did_size > len(stored):
-        fail("corrupt", f"{what}: zstd: frame header truncated")
     dictionary_id = int.from_bytes(stored[pos:pos + did_size], "little")
     pos += did_size
-    fcs_size = {0: 1 if single_segment else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
-    if pos + fcs_size > len(stored):
-        fail("corrupt", f"{what}: zstd: frame header truncated")
-    if fcs_size == 0:
-        fail("corrupt", f"{what}: zstd: frame header does not declare Frame_Content_Size")
-    fcs = int.from_bytes(stored[pos:pos + fcs_size], "little")
-    if fcs_size == 2:
-        fcs += 256
+    fcs = None
+    if fcs_size:
+        fcs = int.from_bytes(stored[pos:pos + fcs_size], "little")
+        if fcs_size == 2:
+            fcs += 256
     pos += fcs_size
     if single_segment:
         window_size = fcs
-    # ASSUMPTION: the checks are made in the order SPEC §9 lists them.
+    if fcs is None:
+        fail("corrupt", f"{what}: zstd: frame header does not declare Frame_Content_Size")
     if fcs != L:
         fail("corrupt", f"{what}: zstd: Frame_Content_Size {fcs} != decoded length {L}")
     if dictionary_id != 0:
         fail("corrupt", f"{what}: zstd: frame uses a dictionary (Dictionary_ID {dictionary_id})")
     if window_size > MAX_WINDOW:
         fail("limit", f"{what}: zstd: window size {window_size} exceeds MAX_WINDOW")
-    # Walk the blocks to find the end of the frame (so trailing data is detected without decoding).
+    # ASSUMPTION A10: walk the blocks to find the end of the frame, so a second frame or trailing
+    # bytes are found without decompressing them.
     plain = 0
     while True:
         if pos + 3 > len(stored):
@@ -349,9 +376,10 @@ def bounded_decompress(decompressor, stored, L, name):
 
 
 def decode_stream(codec, stored, L, what):
-    """Decode one stream to exactly L bytes (SPEC §9)."""
+    """Decode one stream to exactly L bytes (SPEC §9).  The codec id is known (checked by the caller)."""
     if codec not in KNOWN_CODECS:
         fail("unsupported", f"{what}: unknown codec id {codec}")
+    # ASSUMPTION A11: the empty-stream rule first.
     if L == 0:
         if codec != CODEC_RAW or len(stored) != 0:
             fail("corrupt", f"{what}: an empty stream must use raw with stored length 0")
@@ -365,7 +393,7 @@ def decode_stream(codec, stored, L, what):
         try:
             dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
             # The frame declares its content size (checked == L), so this allocates L bytes
-            # and libzstd fails rather than write past it.
+            # and libzstd fails rather than write past it; a content checksum is verified.
             out = dctx.decompress(bytes(stored), max_output_size=L)
         except zstandard.ZstdError as exc:
             fail("corrupt", f"{what}: zstd: {exc}")
@@ -373,6 +401,7 @@ def decode_stream(codec, stored, L, what):
             fail("corrupt", f"{what}: zstd stream decodes to {len(out)} bytes, expected {L}")
         return out
     if codec == CODEC_XZ:
+        # ASSUMPTION A9: any filter chain and any integrity check liblzma decodes is accepted.
         try:
             d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
             return bounded_decompress(d, bytes(stored), L, f"{what}: xz")
@@ -401,8 +430,7 @@ class InputFile:
 
     def read_at(self, offset, n):
         self.f.seek(offset)
-        data = self.f.read(n)
-        return data
+        return self.f.read(n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,7 +467,7 @@ class BaseCheckpoint:
         return data
 
     def check(self, ti):
-        """SPEC §7 / §12.3 step 1: same dtype, same shape, base_hash matches (`wrong_base`)."""
+        """SPEC §12.3 step 1: exists, same dtype, same shape, hashes to base_hash (`wrong_base`)."""
         entry = self.tensors.get(ti.name)
         if entry is None:
             fail("wrong_base", f"tensor {ti.name!r}: not in the base")
@@ -461,14 +489,13 @@ class BaseCheckpoint:
 
 
 # --------------------------------------------------------------------------------------------
-# Header and trailer (SPEC §4, §11)
+# Header and trailer (SPEC §4, §11, §12.1 steps 1-3)
 
 def check_header(f):
+    """§12.1 step 1 (also §12.2 step 1): short files, then §4 in order."""
     if f.size < HEADER_SIZE:
         data = f.read_at(0, f.size)
-        # ASSUMPTION: "a prefix of the magic" means its first min(size, 8) bytes match the magic
-        # (a 9..15-byte file that starts with the full magic is a cut-off header: `truncated`).
-        if MAGIC.startswith(data[:8]):
+        if data[:min(f.size, 8)] == MAGIC[:min(f.size, 8)]:
             fail("truncated", f"file is {f.size} bytes, shorter than the 16-byte header")
         fail("bad_magic", "not an arcfmt file")
     data = f.read_at(0, HEADER_SIZE)
@@ -482,38 +509,28 @@ def check_header(f):
     return major, minor
 
 
-def parse_trailer(data, header_major, header_minor):
-    """Checks of SPEC §11 after the magic: checksum, major, flags.  Returns (index_offset, index_size)."""
+def check_trailer(data, file_size, header_major, header_minor):
+    """§11 checks, in order, on the 40 trailer bytes; returns (index_offset, index_size)."""
+    assert len(data) == TRAILER_SIZE
+    if data[32:40] != TRAILER_MAGIC:
+        fail("truncated", "no trailer magic at the end of the file (cut off or damaged)")
     index_offset, index_size, major, minor, flags, csum = struct.unpack("<QQHHIQ", data[0:32])
     if xxh3_64(data[0:24]) != csum:
         fail("checksum", "trailer checksum mismatch")
-    if major != 1 or major != header_major:
-        # ASSUMPTION: a trailer major other than 1 (the header's, already checked) is
-        # `unsupported_version`, as the ordered list in §11 says, not `corrupt` (§12.1).
+    if major != 1:
         fail("unsupported_version", f"trailer major version {major}")
     if flags != 0:
         fail("reserved_bits", f"trailer flags 0x{flags:08x}")
-    return index_offset, index_size, minor
-
-
-def check_trailer_random(f, header_major, header_minor):
-    if f.size < MIN_FILE_SIZE:
-        fail("truncated", f"file is {f.size} bytes, shorter than the minimum {MIN_FILE_SIZE}")
-    data = f.read_at(f.size - TRAILER_SIZE, TRAILER_SIZE)
-    if data[32:40] != TRAILER_MAGIC:
-        # the header magic is valid at this point, so a bad trailer magic means a cut-off file
-        fail("truncated", "trailer magic missing (file cut off?)")
-    index_offset, index_size, minor = parse_trailer(data, header_major, header_minor)
-    if index_offset + index_size != f.size - TRAILER_SIZE:
-        fail("corrupt", "trailer: index_offset + index_size != file size - 40")
-    if index_offset < FIRST_RECORD_OFFSET:
-        fail("corrupt", f"trailer: index_offset {index_offset} < 52")
     if index_size < 16:
         fail("corrupt", f"trailer: index_size {index_size} < 16")
-    # ASSUMPTION: the header/trailer minor agreement (§11 table, §12.1 `corrupt`) is checked after
-    # the ordered §11 list.
-    if minor != header_minor:
-        fail("corrupt", f"trailer minor version {minor} != header minor version {header_minor}")
+    if index_offset < FIRST_RECORD_OFFSET:
+        fail("corrupt", f"trailer: index_offset {index_offset} < 52")
+    if index_offset + index_size != file_size - TRAILER_SIZE:
+        fail("corrupt", f"trailer: index_offset + index_size = {index_offset + index_size} != "
+                        f"file size - 40 = {file_size - TRAILER_SIZE}")
+    if major != header_major or minor != header_minor:
+        fail("corrupt", f"trailer version {major}.{minor} != header version "
+                        f"{header_major}.{header_minor}")
     return index_offset, index_size
 
 
@@ -521,11 +538,10 @@ def check_trailer_random(f, header_major, header_minor):
 # Records (SPEC §5)
 
 def read_located_record(f, offset, size, expected_type, expected_checksum=None):
-    """Random access: read the record the index (or trailer) locates and check it (SPEC §5, §10).
-
-    ASSUMPTION (order): type letters (corrupt), length limit (limit), type == expected (corrupt),
-    length == size - 16 (corrupt), checksum field == index column (corrupt), checksum (checksum).
-    """
+    """Random access: read a record located by the index (or trailer / fixed offset) with the
+    §5 checks 1-5 in order: type letters (corrupt), length limit (limit), type / length /
+    checksum field agree with the locator (corrupt), payload present (truncated), checksum
+    (checksum)."""
     what = f"{expected_type.decode()} record at offset {offset}"
     hdr = f.read_at(offset, 16)
     if len(hdr) != 16:
@@ -551,11 +567,10 @@ def read_located_record(f, offset, size, expected_type, expected_checksum=None):
 
 
 def parse_meta(payload):
-    c = Cursor(payload, "META")
-    flags = c.u32("flags")
-    base_step = c.u64("base_step")
-    target_step = c.u64("target_step")
-    c.end()
+    """§6: exactly 20 bytes (corrupt), then reserved flags (reserved_bits)."""
+    if len(payload) != 20:
+        fail("corrupt", f"META payload is {len(payload)} bytes, not 20")
+    flags, base_step, target_step = struct.unpack("<IQQ", payload)
     if flags != 0:
         fail("reserved_bits", f"META flags 0x{flags:08x}")
     return base_step, target_step
@@ -569,52 +584,51 @@ class TensorInfo:
 
 
 def parse_tens(payload, ordinal):
+    """§7 'Checks, in this order'."""
     what = f"TENS #{ordinal}"
     c = Cursor(payload, what)
     ti = TensorInfo()
     ti.ordinal = ordinal
+    # While reading the fields.
     name_length = c.varint("name_length")
-    if name_length == 0:
-        fail("corrupt", f"{what}: empty tensor name")
     if name_length > MAX_NAME_BYTES:
-        # ASSUMPTION: a declared name_length beyond MAX_NAME_BYTES is `limit` (§14), not `corrupt` (§7).
         fail("limit", f"{what}: name_length {name_length} exceeds MAX_NAME_BYTES")
     ti.name_bytes = c.take(name_length, "name")
-    ti.name = check_name_bytes(ti.name_bytes, what)
-    what = f"TENS {ti.name!r}"
-    c.what = what
     ti.dtype = c.u8("dtype")
-    if ti.dtype not in DTYPES:
-        fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
-    ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
     ndim = c.u8("ndim")
     if ndim > MAX_DIMS:
         fail("limit", f"{what}: ndim {ndim} exceeds MAX_DIMS")
     ti.dims = [c.varint(f"dims[{i}]") for i in range(ndim)]
-    # ASSUMPTION: the literal procedure of §7: partial products left to right, `limit` as soon as
-    # one exceeds MAX_TENSOR_ELEMS (so [2^41, 0] is `limit` although n would be 0).
-    n = 1
-    for d in ti.dims:
-        n *= d
-        if n > MAX_TENSOR_ELEMS:
-            fail("limit", f"{what}: element count exceeds MAX_TENSOR_ELEMS")
-    ti.n = n
     ti.block_elems = c.varint("block_elems")
+    flags = c.u8("flags")
+    ti.needs_base = bool(flags & 1)
+    ti.base_hash = c.u64("base_hash") if ti.needs_base else None
+    ti.target_hash = c.u64("target_hash")
+    # Then.
+    c.end()
+    ti.name = check_name_bytes(ti.name_bytes, what)
+    what = f"TENS {ti.name!r}"
+    if flags & 0xFE:
+        fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{flags:02x}")
+    if ti.dtype not in DTYPES:
+        fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
+    ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
+    if any(d == 0 for d in ti.dims):
+        n = 0
+    else:
+        n = 1
+        for d in ti.dims:
+            n *= d
+            if n > MAX_TENSOR_ELEMS:
+                fail("limit", f"{what}: element count exceeds MAX_TENSOR_ELEMS")
+    ti.n = n
     if ti.block_elems == 0:
-        # ASSUMPTION: block_elems = 0 is `corrupt` (§7 says 1 ... MAX_BLOCK_ELEMS, no category).
         fail("corrupt", f"{what}: block_elems is 0")
     if ti.block_elems > MAX_BLOCK_ELEMS:
         fail("limit", f"{what}: block_elems {ti.block_elems} exceeds MAX_BLOCK_ELEMS")
     ti.B = ceil_div(n, ti.block_elems)
     if ti.B > MAX_BLOCKS_PER_TENSOR:
         fail("limit", f"{what}: {ti.B} blocks exceed MAX_BLOCKS_PER_TENSOR")
-    flags = c.u8("flags")
-    if flags & 0xFE:
-        fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{flags:02x}")
-    ti.needs_base = bool(flags & 1)
-    ti.base_hash = c.u64("base_hash") if ti.needs_base else None
-    ti.target_hash = c.u64("target_hash")
-    c.end()
     return ti
 
 
@@ -647,47 +661,54 @@ def stream_lengths(ti, enc, m, c=None, e=None):
 def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
 
-    get_base(start, m) returns the base bytes of elements [start, start+m).
+    §8 'Checks, in this order'.  get_base(start, m) returns the base bytes of elements
+    [start, start+m).  expected_encoding is the index's blk_encodings entry (random access).
     """
     what = f"BLCK {ti.name!r} #{b}"
     cur = Cursor(payload, what)
+    start, m = block_elems_of(ti, b)
+    # 1. While reading.
     tensor = cur.varint("tensor")
     block = cur.varint("block")
-    if tensor != t or block != b:
-        fail("corrupt", f"{what}: record says tensor {tensor} block {block}, expected {t} {b}")
     enc = cur.u8("encoding")
-    # ASSUMPTION (order): index agreement (corrupt), then unknown id / dtype mismatch (unsupported),
-    # then the NEEDS_BASE rule (corrupt).
-    if expected_encoding is not None and enc != expected_encoding:
-        fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
-    if enc not in (0, 1, 2, 3, 4):
+    if enc not in (ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME):
         fail("unsupported", f"{what}: unknown encoding id {enc}")
     if enc == ENC_BF16_DELTA and ti.dtype != BF16:
         fail("unsupported", f"{what}: bf16-delta used on {ti.dtype_name}")
     if enc == ENC_FLOAT_DELTA and ti.dtype not in FLOAT_DELTA_DTYPES:
         fail("unsupported", f"{what}: float-delta used on {ti.dtype_name}")
-    if not ti.needs_base and enc != ENC_KEYFRAME:
-        fail("corrupt", f"{what}: tensor without NEEDS_BASE uses encoding {enc}")
-    start, m = block_elems_of(ti, b)
     c = e = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
+        e = cur.varint("e")
         if not 1 <= c <= m:
             fail("corrupt", f"{what}: c = {c} not in [1, m = {m}]")
-        e = cur.varint("e")
         if not 0 <= e <= c:
             fail("corrupt", f"{what}: e = {e} not in [0, c = {c}]")
     lengths = stream_lengths(ti, enc, m, c, e)
     table = []
     for k in range(len(lengths)):
         codec = cur.u8(f"stream {k} codec")
-        if codec not in KNOWN_CODECS:
-            fail("unsupported", f"{what}: stream {k}: unknown codec id {codec}")
         stored_len = cur.varint(f"stream {k} stored length")
         table.append((codec, stored_len))
+    # 2. Ordinals.
+    if tensor != t or block != b:
+        fail("corrupt", f"{what}: record says tensor {tensor} block {block}, expected {t} {b}")
+    # 3. Random access: the index's encoding.
+    if expected_encoding is not None and enc != expected_encoding:
+        fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
+    # 4. NEEDS_BASE.
+    if not ti.needs_base and enc != ENC_KEYFRAME:
+        fail("corrupt", f"{what}: tensor without NEEDS_BASE uses encoding {enc}")
+    # 5. Codec ids.
+    for k, (codec, _) in enumerate(table):
+        if codec not in KNOWN_CODECS:
+            fail("unsupported", f"{what}: stream {k}: unknown codec id {codec}")
+    # 6. data.
     total = sum(s for _, s in table)
     if total != cur.remaining():
         fail("corrupt", f"{what}: stored lengths sum to {total}, {cur.remaining()} data bytes follow")
+    # 7. Streams, in order (ASSUMPTION A4: all decoded before the encoding's checks).
     streams = []
     for k, ((codec, stored_len), L) in enumerate(zip(table, lengths)):
         stored = cur.take(stored_len, f"stream {k}")
@@ -695,41 +716,38 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     cur.end()
 
     W = ti.W
-    if enc == ENC_KEYFRAME:
+    if enc == ENC_KEYFRAME:  # §8.5
         if ti.kind == "float":
             E, M = ti.E, ti.M
-            ew = bytes_for(2 ** E - 1)
-            smw = bytes_for(2 ** (M + 1) - 1)
-            exps = plane_major_decode(streams[0], m, ew)
-            sms = plane_major_decode(streams[1], m, smw)
-            out = bytearray()
+            exps = plane_major_decode(streams[0], m, bytes_for(2 ** E - 1))
+            sms = plane_major_decode(streams[1], m, bytes_for(2 ** (M + 1) - 1))
+            # ASSUMPTION A5: every stream-0 value, then every stream-1 value.
             for i in range(m):
                 if exps[i] >= 2 ** E:
-                    fail("corrupt", f"{what}: keyframe exponent {exps[i]} >= 2^{E}")
+                    fail("corrupt", f"{what}: keyframe exponent {exps[i]} >= 2^{E} (element {i})")
+            for i in range(m):
                 if sms[i] >= 2 ** (M + 1):
-                    fail("corrupt", f"{what}: keyframe sign/mantissa {sms[i]} >= 2^{M + 1}")
-                v = (sms[i] >> M) * 2 ** (W * 8 - 1) + exps[i] * 2 ** M + (sms[i] & (2 ** M - 1))
-                out += v.to_bytes(W, "little")
-            return enc, bytes(out)
+                    fail("corrupt", f"{what}: keyframe sign/mantissa {sms[i]} >= 2^{M + 1} (element {i})")
+            top = 2 ** (W * 8 - 1)
+            mask = 2 ** M - 1
+            return enc, b"".join(((sms[i] >> M) * top + exps[i] * 2 ** M + (sms[i] & mask))
+                                 .to_bytes(W, "little") for i in range(m))
         vals = plane_major_decode(streams[0], m, W)
         return enc, b"".join(v.to_bytes(W, "little") for v in vals)
 
     base_bytes = get_base(start, m)
     assert len(base_bytes) == m * W
-    base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
-
-    if enc == ENC_UNCHANGED:
+    if enc == ENC_UNCHANGED:  # §8.1
         return enc, base_bytes
-
-    if enc == ENC_XOR:
+    base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
+    if enc == ENC_XOR:  # §8.2
         x = plane_major_decode(b"".join(streams), m, W)
         return enc, b"".join((base[i] ^ x[i]).to_bytes(W, "little") for i in range(m))
 
-    # bf16-delta / float-delta (SPEC §8.3)
+    # bf16-delta / float-delta (§8.3), decoding steps 1-5 in order.
     M = ti.M
     mask = 2 ** M - 1
-    full = 2 ** (8 * W) - 1
-    sign_exp_mask = full & ~mask
+    sign_exp_mask = (2 ** (8 * W) - 1) & ~mask
     pw = bytes_for(m - 1)
     sw = bytes_for(2 ** (M + 1) - 1)
     xw = bytes_for(c - 1)
@@ -741,19 +759,13 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     for x in exc_idx:  # step 2
         if x >= c:
             fail("corrupt", f"{what}: exception index {x} >= c = {c}")
-    values = plane_major_decode(streams[3], e, W)
     raw_steps = plane_major_decode(streams[1], c - e, sw)
-    target = list(base)  # step 3
-    for k, x in enumerate(exc_idx):
-        p = positions[x]
-        v = values[k]
-        if (v ^ base[p]) & sign_exp_mask == 0:
-            fail("corrupt", f"{what}: exception value at {p} keeps the base's sign and exponent")
-        target[p] = v
+    values = plane_major_decode(streams[3], e, W)
+    target = list(base)  # step 5: every other element keeps its base value
     exc_set = set(exc_idx)
     r = 0
     half = 2 ** (8 * sw - 1)
-    for j, p in enumerate(positions):  # step 4
+    for j, p in enumerate(positions):  # step 3
         if j in exc_set:
             continue
         s = raw_steps[r]
@@ -767,6 +779,12 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
             fail("corrupt", f"{what}: step {s} at position {p} leaves the mantissa range")
         target[p] = bv + s
     assert r == c - e
+    for k, x in enumerate(exc_idx):  # step 4
+        p = positions[x]
+        v = values[k]
+        if (v ^ base[p]) & sign_exp_mask == 0:
+            fail("corrupt", f"{what}: exception value at {p} keeps the base's sign and exponent")
+        target[p] = v
     return enc, b"".join(v.to_bytes(W, "little") for v in target)
 
 
@@ -778,17 +796,19 @@ class Index:
 
 
 def parse_index(payload, index_offset):
+    """§10 'Checks, in this order'.  index_offset: where the INDX record is (trailer's value in
+    random access, the record's own offset when streaming — ASSUMPTION A1)."""
     c = Cursor(payload, "INDX")
     codec = c.u8("codec")
     body_length = c.varint("body_length")
-    # ASSUMPTION (order): the body_length limit before the codec id check.
     if body_length > MAX_INDEX_BYTES:
         fail("limit", f"INDX: body_length {body_length} exceeds MAX_INDEX_BYTES")
     if codec not in KNOWN_CODECS:
-        fail("unsupported", f"INDX: unknown codec id {codec}")
+        fail("unsupported", f"INDX: unknown body codec id {codec}")
     stored = c.take(c.remaining(), "body")
     body = decode_stream(codec, stored, body_length, "INDX body")
 
+    # While reading the body.
     b = Cursor(body, "INDX body")
     ix = Index()
     ix.base_digest = b.take(16, "base_digest")
@@ -799,20 +819,12 @@ def parse_index(payload, index_offset):
     K = b.u64("block_count")
     ix.T, ix.K = T, K
     ix.name_lengths = b.column(T, "I", "name_lengths")
-    for i, nl in enumerate(ix.name_lengths):
-        if nl > MAX_NAME_BYTES:
-            fail("limit", f"INDX: name_lengths[{i}] = {nl} exceeds MAX_NAME_BYTES")
-    total_names = sum(ix.name_lengths)
-    b.check_column(total_names, 1, "names")
-    ix.names = []
-    for i, nl in enumerate(ix.name_lengths):
-        ix.names.append(b.take(nl, f"names[{i}]"))
+    b.check_column(sum(ix.name_lengths), 1, "names")
+    ix.names = [b.take(nl, f"names[{i}]") for i, nl in enumerate(ix.name_lengths)]
     ix.tens_offsets = b.column(T, "Q", "tens_offsets")
     ix.tens_sizes = b.column(T, "I", "tens_sizes")
     ix.tens_checksums = b.column(T, "Q", "tens_checksums")
     ix.tens_block_counts = b.column(T, "Q", "tens_block_counts")
-    if sum(ix.tens_block_counts) != K:
-        fail("corrupt", f"INDX: tens_block_counts sum to {sum(ix.tens_block_counts)}, block_count is {K}")
     ix.blk_offsets = b.column(K, "Q", "blk_offsets")
     ix.blk_sizes = b.column(K, "I", "blk_sizes")
     ix.blk_checksums = b.column(K, "Q", "blk_checksums")
@@ -825,33 +837,39 @@ def parse_index(payload, index_offset):
     ix.other_sizes = b.column(X, "I", "other_sizes")
     b.check_column(X, 4, "other_types")
     ix.other_types = [b.take(4, f"other_types[{i}]") for i in range(X)]
-    b.end()
 
-    # Decoder checks of §10, in the order listed there.
-    seen = set()
-    for i, name in enumerate(ix.names):
-        check_name_bytes(name, f"INDX names[{i}]")
-        if name in seen:
-            fail("corrupt", f"INDX: duplicate tensor name {name!r}")
-        seen.add(name)
+    # 1. Consumed exactly.
+    b.end()
+    # 2. Name lengths.
+    for i, nl in enumerate(ix.name_lengths):
+        if nl > MAX_NAME_BYTES:
+            fail("limit", f"INDX: name_lengths[{i}] = {nl} exceeds MAX_NAME_BYTES")
+    # 3. Block counts (ASSUMPTION A3: the per-tensor bound is `corrupt`).
+    if sum(ix.tens_block_counts) != K:
+        fail("corrupt", f"INDX: tens_block_counts sum to {sum(ix.tens_block_counts)}, "
+                        f"block_count is {K}")
+    for t, bc in enumerate(ix.tens_block_counts):
+        if bc > MAX_BLOCKS_PER_TENSOR:
+            fail("corrupt", f"INDX: tens_block_counts[{t}] = {bc} exceeds MAX_BLOCKS_PER_TENSOR")
+    # 4. Record sizes (ASSUMPTION A3: `corrupt`).
     for sizes, label in ((ix.tens_sizes, "tens_sizes"), (ix.blk_sizes, "blk_sizes"),
                          (ix.other_sizes, "other_sizes")):
         for i, s in enumerate(sizes):
             if not 16 <= s <= 16 + MAX_RECORD_PAYLOAD:
                 fail("corrupt", f"INDX: {label}[{i}] = {s} out of [16, 16 + MAX_RECORD_PAYLOAD]")
-    # Tiling.
-    spans = [(o, s) for o, s in zip(ix.tens_offsets, ix.tens_sizes)]
-    spans += [(o, s) for o, s in zip(ix.blk_offsets, ix.blk_sizes)]
-    spans += [(o, s) for o, s in zip(ix.other_offsets, ix.other_sizes)]
-    spans.sort()
+    # 5. Tiling (exact integers: an "overflowing" sum simply fails to tile).
+    spans = sorted(list(zip(ix.tens_offsets, ix.tens_sizes)) + list(zip(ix.blk_offsets, ix.blk_sizes))
+                   + list(zip(ix.other_offsets, ix.other_sizes)))
     pos = FIRST_RECORD_OFFSET
     for o, s in spans:
         if o != pos:
             fail("corrupt", f"INDX: records do not tile the file (record at {o}, expected {pos})")
+        if o + s >= 2 ** 64:
+            fail("corrupt", f"INDX: record at {o} of size {s} overflows 64 bits")
         pos = o + s
     if pos != index_offset:
         fail("corrupt", f"INDX: records end at {pos}, index is at {index_offset}")
-    # Order.
+    # 6. Order.
     ix.block_base = []
     k = 0
     prev = -1
@@ -865,7 +883,7 @@ def parse_index(payload, index_offset):
                 fail("corrupt", f"INDX: BLCK #{k} is out of file order")
             prev = ix.blk_offsets[k]
             k += 1
-    # Other records' types.
+    # 7. Other records' types.
     for i, typ in enumerate(ix.other_types):
         if not is_letters(typ):
             fail("corrupt", f"INDX: other_types[{i}] = {typ!r} is not four ASCII letters")
@@ -873,11 +891,18 @@ def parse_index(payload, index_offset):
             fail("corrupt", f"INDX: other_types[{i}] = {typ!r} is a core record type")
         if 0x41 <= typ[0] <= 0x5A:
             fail("unknown_record", f"INDX: unknown critical record type {typ!r}")
+    # 8. Names valid and unique.
+    seen = set()
+    for i, name in enumerate(ix.names):
+        check_name_bytes(name, f"INDX names[{i}]")
+        if name in seen:
+            fail("corrupt", f"INDX: duplicate tensor name {name!r}")
+        seen.add(name)
     return ix
 
 
 # --------------------------------------------------------------------------------------------
-# Digests (SPEC §13.2)
+# Digests (SPEC §13.2, §12.3 step 4)
 
 def model_digest(entries):
     """entries: (name bytes, dtype code, dims, hash)."""
@@ -891,16 +916,14 @@ def model_digest(entries):
 
 
 def check_digests(ix, tensors):
-    # ASSUMPTION: base_digest is checked too (the spec only defines it; §10 lists no decoder check),
-    # against the TENS records' base_hash values, as `corrupt`.
-    base_entries = [(ti.name_bytes, ti.dtype, ti.dims, ti.base_hash) for ti in tensors if ti.needs_base]
-    expected_base = model_digest(base_entries) if base_entries else bytes(16)
-    if ix.base_digest != expected_base:
-        fail("corrupt", "INDX: base_digest does not match the TENS records")
-    # §12.3: the target digest is checked against the reconstructed tensors (`verification`).
+    # ASSUMPTION A6: target_digest first, then base_digest, as §12.3 step 4 lists them.
     target = model_digest([(ti.name_bytes, ti.dtype, ti.dims, ti.actual_hash) for ti in tensors])
     if ix.target_digest != target:
         fail("verification", "target_digest does not match the reconstructed tensors")
+    base_entries = [(ti.name_bytes, ti.dtype, ti.dims, ti.base_hash) for ti in tensors if ti.needs_base]
+    expected_base = model_digest(base_entries) if base_entries else bytes(16)
+    if ix.base_digest != expected_base:
+        fail("corrupt", "base_digest does not match the NEEDS_BASE tensors' base hashes")
 
 
 # --------------------------------------------------------------------------------------------
@@ -925,9 +948,13 @@ class TensorBuilder:
         self.next_block += 1
         return enc
 
-    def finish(self):
+    def complete(self):
+        return self.next_block == self.ti.B
+
+    def verify(self):
+        """§12.3 step 3."""
         ti = self.ti
-        assert self.next_block == ti.B
+        assert self.complete()
         ti.actual_hash = self.xxh.intdigest()
         if ti.actual_hash != ti.target_hash:
             fail("verification", f"tensor {ti.name!r}: reconstructed hash 0x{ti.actual_hash:016x} != "
@@ -945,19 +972,17 @@ def report(tensors):
 
 def decode_random_access(path, base):
     f = InputFile(path)
-    major, minor = check_header(f)                                   # §12.1 step 1, §4
-    index_offset, index_size = check_trailer_random(f, major, minor)  # §11
-    payload = read_located_record(f, index_offset, index_size, b"INDX")  # step 2
+    major, minor = check_header(f)                                          # step 1
+    if f.size < MIN_FILE_SIZE:                                              # step 2
+        fail("truncated", f"file is {f.size} bytes, shorter than the minimum {MIN_FILE_SIZE}")
+    trailer = f.read_at(f.size - TRAILER_SIZE, TRAILER_SIZE)                # step 3
+    index_offset, index_size = check_trailer(trailer, f.size, major, minor)
+    payload = read_located_record(f, index_offset, index_size, b"INDX")     # step 4
     ix = parse_index(payload, index_offset)
-    payload = read_located_record(f, 16, META_SIZE, b"META")           # step 3
+    payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
     parse_meta(payload)
-    # ASSUMPTION: a decoder reconstructing the whole file also reads every other record the index
-    # locates and verifies its checksum (§5 "skip it (after checking its checksum)").
-    for off, size, typ in zip(ix.other_offsets, ix.other_sizes, ix.other_types):
-        read_located_record(f, off, size, typ)
-    # Step 4, in two passes: every TENS record (checked against the index) and every base tensor
-    # (§12.3 step 1, "check every base tensor before writing anything"), then the blocks.
-    tensors = []
+    # Ancillary records are not read (§5: a random-access decoder need not read them).
+    tensors = []                                                            # step 6
     for t in range(ix.T):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
                                       ix.tens_checksums[t])
@@ -966,10 +991,10 @@ def decode_random_access(path, base):
             fail("corrupt", f"TENS #{t}: name {ti.name!r} != index name {ix.names[t]!r}")
         if ti.B != ix.tens_block_counts[t]:
             fail("corrupt", f"TENS {ti.name!r}: {ti.B} blocks, index says {ix.tens_block_counts[t]}")
-        tensors.append(ti)
-    for ti in tensors:
         if ti.needs_base:
             base.check(ti)
+        tensors.append(ti)
+    builders = []                                                           # step 7
     for t, ti in enumerate(tensors):
         builder = TensorBuilder(ti, base)
         for b in range(ti.B):
@@ -977,7 +1002,9 @@ def decode_random_access(path, base):
             payload = read_located_record(f, ix.blk_offsets[k], ix.blk_sizes[k], b"BLCK",
                                           ix.blk_checksums[k])
             builder.add_block(t, payload, ix.blk_encodings[k])
-        builder.finish()
+        builders.append(builder)
+    for builder in builders:                                                # step 8
+        builder.verify()
     check_digests(ix, tensors)
     return tensors
 
@@ -1006,25 +1033,24 @@ class SeqReader:
 
 def decode_streaming(path, base):
     f = InputFile(path)
-    major, minor = check_header(f)
+    major, minor = check_header(f)                                          # step 1
     r = SeqReader(path)
     r.read_exact(HEADER_SIZE, "the header")
     tensors = []
     names = set()
-    builder = None
+    builder = None   # the tensor that is receiving blocks (None before the first TENS)
     seen_tens = []   # (offset, size, checksum)
     seen_blck = []   # (offset, size, checksum, encoding)
     seen_other = []  # (offset, size, type)
     first = True
-    while True:
+    while True:                                                             # step 2
         offset = r.pos
         if r.at_eof():
-            fail("truncated", f"end of input at offset {offset}, before the index")
+            fail("truncated", f"end of input at offset {offset}, where a record header should start")
         hdr = r.read_exact(16, f"the record header at offset {offset}")
         typ = hdr[0:4]
         length, csum = struct.unpack("<IQ", hdr[4:16])
-        # ASSUMPTION (order): type letters, length limit, payload (truncated), checksum, then the
-        # type's place in the file.
+        # §5 checks 1, 2, 4, 5.
         if not is_letters(typ):
             fail("corrupt", f"record at offset {offset}: type {typ!r} is not four ASCII letters")
         if length > MAX_RECORD_PAYLOAD:
@@ -1033,17 +1059,30 @@ def decode_streaming(path, base):
         if xxh3_64(hdr[0:8] + payload) != csum:
             fail("checksum", f"{typ!r} record at offset {offset}: checksum mismatch")
         size = 16 + length
+        # §5 check 6 and the §3 / §12.2 placement rules.
         if first:
+            # ASSUMPTION A2: any first record other than META is `corrupt`, even an unknown
+            # critical one.
             if typ != b"META":
                 fail("corrupt", f"first record is {typ!r}, not META")
-            parse_meta(payload)
+            parse_meta(payload)  # ASSUMPTION A7
             first = False
             continue
+        critical = 0x41 <= typ[0] <= 0x5A
+        if critical and typ not in KNOWN_CRITICAL:
+            fail("unknown_record", f"unknown critical record type {typ!r} at offset {offset}")
+        awaiting = builder is not None and not builder.complete()
         if typ == b"META":
             fail("corrupt", f"second META record at offset {offset}")
-        if typ == b"TENS":
-            if builder is not None and builder.next_block != builder.ti.B:
-                fail("corrupt", f"TENS at offset {offset} before tensor {builder.ti.name!r} is complete")
+        if typ == b"BLCK" and not awaiting:
+            fail("corrupt", f"BLCK at offset {offset} where no block is due")
+        if typ in (b"TENS", b"INDX") and awaiting:
+            fail("corrupt", f"{typ.decode()} at offset {offset} while tensor "
+                            f"{builder.ti.name!r} still awaits blocks")
+        if not critical:
+            seen_other.append((offset, size, typ))  # ancillary: checksum checked, skipped
+            continue
+        if typ == b"TENS":                                                  # step 3
             ti = parse_tens(payload, len(tensors))
             if ti.name_bytes in names:
                 fail("corrupt", f"duplicate tensor name {ti.name!r}")
@@ -1053,34 +1092,38 @@ def decode_streaming(path, base):
             tensors.append(ti)
             seen_tens.append((offset, size, csum))
             builder = TensorBuilder(ti, base)
-            if ti.B == 0:
-                builder.finish()
+            if builder.complete():
+                builder.verify()
             continue
         if typ == b"BLCK":
-            if builder is None:
-                fail("corrupt", f"BLCK at offset {offset} before any TENS")
-            if builder.next_block >= builder.ti.B:
-                # decode_block would report the ordinal mismatch; say it plainly
-                fail("corrupt", f"BLCK at offset {offset}: tensor {builder.ti.name!r} has no more blocks")
             enc = builder.add_block(len(tensors) - 1, payload)
             seen_blck.append((offset, size, csum, enc))
-            if builder.next_block == builder.ti.B:
-                builder.finish()
+            if builder.complete():
+                builder.verify()
             continue
-        if typ == b"INDX":
-            if builder is not None and builder.next_block != builder.ti.B:
-                fail("corrupt", f"INDX at offset {offset} before tensor {builder.ti.name!r} is complete")
-            ix = parse_index(payload, offset)
-            check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)
-            check_trailer_streaming(r, f, offset, size, major, minor)
-            check_digests(ix, tensors)
-            return tensors
-        if 0x41 <= typ[0] <= 0x5A:
-            fail("unknown_record", f"unknown critical record type {typ!r} at offset {offset}")
-        seen_other.append((offset, size, typ))  # ancillary: checksum checked, skipped
+        assert typ == b"INDX"
+        ix = parse_index(payload, offset)                                   # step 4 (A1)
+        check_trailer_streaming(r, f, offset, major, minor)                 # step 5
+        check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)  # step 6
+        check_digests(ix, tensors)                                          # step 7
+        return tensors
+
+
+def check_trailer_streaming(r, f, index_offset, major, minor):
+    trailer_at = r.pos
+    left = f.size - trailer_at
+    if left < TRAILER_SIZE:
+        fail("truncated", f"end of input inside the trailer ({left} of 40 bytes)")
+    if left > TRAILER_SIZE:
+        fail("corrupt", f"{left - TRAILER_SIZE} bytes follow the trailer")
+    data = r.read_exact(TRAILER_SIZE, "the trailer")
+    t_off, _ = check_trailer(data, trailer_at + TRAILER_SIZE, major, minor)
+    if t_off != index_offset:
+        fail("corrupt", f"trailer index_offset {t_off} != offset of the INDX record {index_offset}")
 
 
 def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
+    """§12.2 step 6 (ASSUMPTION A8: tens_block_counts compared too)."""
     if ix.T != len(tensors):
         fail("corrupt", f"INDX: {ix.T} tensors, {len(tensors)} TENS records seen")
     if ix.K != len(seen_blck):
@@ -1101,25 +1144,6 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
     for i, (off, size, typ) in enumerate(seen_other):
         if (ix.other_offsets[i], ix.other_sizes[i], ix.other_types[i]) != (off, size, typ):
             fail("corrupt", f"INDX: entry of other record #{i} does not match the record")
-
-
-def check_trailer_streaming(r, f, index_offset, index_size, major, minor):
-    trailer_at = r.pos
-    left = f.size - trailer_at
-    if left < TRAILER_SIZE:
-        fail("truncated", "end of input inside the trailer")
-    if left > TRAILER_SIZE:
-        fail("corrupt", f"{left - TRAILER_SIZE} bytes follow the trailer")
-    data = r.read_exact(TRAILER_SIZE, "the trailer")
-    if data[32:40] != TRAILER_MAGIC:
-        # ASSUMPTION: §12.2 — the trailer must follow and be valid (`corrupt`); the input is not cut
-        # off here (exactly 40 bytes are left), so `truncated` would be wrong.
-        fail("corrupt", "bad trailer magic after INDX")
-    t_off, t_size, t_minor = parse_trailer(data, major, minor)
-    if t_off != index_offset or t_size != index_size:
-        fail("corrupt", "trailer does not point at the INDX record")
-    if t_minor != minor:
-        fail("corrupt", f"trailer minor version {t_minor} != header minor version {minor}")
 
 
 # --------------------------------------------------------------------------------------------

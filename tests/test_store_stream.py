@@ -437,3 +437,18 @@ def test_cli_errors(tmp_path, traj):
     assert "nothing published yet" in p.stdout
     p = arcfmt("follow", "s3://bucket/../x", "--into", tmp_path / "g", "--once", rc=1)
     assert "arcfmt: error (input)" in p.stderr
+
+
+@pytest.mark.parametrize("tensors", [None, [MLP]])
+def test_memory_budget_rebuilds_group_by_group(url, tmp_path, traj, tensors):
+    """With a tiny budget every shard is fetched and rebuilt a few tensors at a time (keyframe and deltas)."""
+    pubs = publishers(url, 2)
+    small = Follower(url, tmp_path / "small", tensors=tensors, memory_budget=20_000)
+    big = Follower(url, tmp_path / "big", tensors=tensors)
+    for s in range(3):
+        publish_step(pubs, s, traj[s])
+        (a,), (b,) = small.sync(), big.sync()
+        assert_folder(small.into, traj[s], None if tensors is None else mlp_names(traj[s]))
+        assert sorted(a.changed) == sorted(b.changed)
+        assert a.requests >= b.requests
+        assert a.bytes_downloaded <= 1.05 * (a.bytes_needed + a.tail_bytes), a.as_dict()

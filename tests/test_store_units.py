@@ -413,3 +413,17 @@ def test_generic_backend_warns():
     assert st.backend == "generic"
     assert st.create("head.json", b"1") and not st.create("head.json", b"2")
     st.fs.rm(st.path("head.json"))
+
+
+def test_object_source_overlapping_chunks(flaky):
+    blob = bytes(range(256)) * 40
+    stats = FetchStats()
+    src = ObjectSource(RangeFetcher(flaky, stats=stats), "/obj/a", "a", 10240)
+    for s, e in [(50, 60), (300, 400), (0, 500), (450, 700), (100, 200), (690, 710)]:
+        src.add(s, blob[s:e])
+    assert src._starts == [0, 450, 690]                  # contained chunks dropped, partial overlaps kept
+    assert bytes(src.read(0, 710)) == blob[:710] and stats.requests == 0
+    assert bytes(src.read(455, 250)) == blob[455:705]
+    src.drop(400, 800)
+    assert src._starts == [0]
+    assert bytes(src.read(480, 40)) == blob[480:520] and stats.requests == 1 and stats.bytes == 20

@@ -25,7 +25,7 @@ import xxhash
 
 from .. import layout as FL, records, transforms
 from ..checkpoint import OLD_TAG, TMP_TAG, _exchange_dirs, _fsync_dir, recover
-from ..errors import ArcError, ChecksumError, CorruptError, InputError, VerificationError
+from ..errors import ArcError, ChecksumError, CorruptError, InputError, LimitError, VerificationError
 from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, build_header, layout_specs, open_checkpoint
@@ -39,6 +39,7 @@ from .layout import (
 from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats, ObjectSource, RangeFetcher, coalesce
 
 STATE_NAME = "arcfmt-stream.json"
+MAX_CHAIN = 1 << 20          # manifests one plan may read walking back from the head
 STATE_FORMAT = "arcfmt-stream-follower"
 
 
@@ -64,6 +65,7 @@ class StepUpdate:
     head_step: int
     verified_model: bool           # the whole-model digest was checked (no tensor filter)
     manifest: str = ""
+    head_age_seconds: float = 0.0  # how long ago the head was moved (wall clock) when this step was done
 
     @property
     def lag_steps(self) -> int:
@@ -90,8 +92,8 @@ class _ShardPlan:
     obj: object
     source: ObjectSource
     index: records.Index
-    wanted: list = field(default_factory=list)     # IndexEntry
-    ranges: list = field(default_factory=list)
+    wanted: list = field(default_factory=list)     # IndexEntry of the tensors to rebuild
+    groups: list = field(default_factory=list)     # wanted, cut into groups that fit the memory budget
     reader: DeltaReader | None = None
 
 
@@ -101,13 +103,14 @@ class Follower:
     ``tensors``: shell-style patterns (``fnmatch``) on tensor names, e.g. ``"model.layers.*.mlp.*"``.
     ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
     ``concurrency``: range requests in flight at once; finished batches are spooled, so an interrupted
-    download loses at most one batch.
+    download loses at most one batch. ``memory_budget``: record bytes held in memory at once; a shard
+    with more is fetched and rebuilt a group of tensors at a time.
     """
 
     def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
                  chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
                  retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None,
-                 concurrency: int = 16):
+                 concurrency: int = 16, memory_budget: int = 256 << 20):
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff)
         self.url = url
         self.into = os.path.abspath(os.fspath(into)).rstrip("/")
@@ -115,6 +118,7 @@ class Follower:
             raise InputError("--into must name a folder, not the file system root")
         self.patterns = N.tensor_patterns(tensors)
         self.max_gap = max_gap
+        self.memory_budget = memory_budget
         self.overhead = overhead
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.progress = progress
@@ -222,6 +226,8 @@ class Follower:
                 break
             if f_step is not None and step <= f_step:
                 break             # the folder's step is not on this chain: a keyframe is needed
+            if len(chain) >= MAX_CHAIN:
+                raise LimitError(f"more than {MAX_CHAIN} manifests between the head and a usable start")
             m = self._manifest(step, digest)
             chain.append(m)
             if m.keyframe:
@@ -288,9 +294,20 @@ class Follower:
     def _apply(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
         t0 = time.perf_counter()
         s0 = FetchStats(**self.stats.as_dict())
-        plans = self._fetch(m, kind)
+        plans = self._tails(m, kind)
         needed = sum(e - s for p in plans for s, e in _needed_ranges(p.wanted))
         tail_bytes = sum(p.obj.tail_size for p in plans)
+        # Phase A, one concurrent batch over every shard: a shard whose records fit the memory budget
+        # is fetched whole; a bigger one only its header, META and TENS records (shapes and hashes).
+        first = []
+        for p in plans:
+            p.groups = _groups(p.wanted, self.memory_budget)
+            if len(p.groups) == 1:
+                first.append((p, _needed_ranges(p.wanted)))
+            elif p.groups:
+                first.append((p, [(0, HEADER_META_BYTES)] + [(e.tens_offset, e.tens_offset + e.tens_size)
+                                                             for e in p.wanted]))
+        self._prefetch([(p, coalesce(rs, max_gap=self.max_gap, overhead=self.overhead)) for p, rs in first])
         for p in plans:
             if p.wanted:
                 p.reader = self._open_reader(m, kind, p)
@@ -298,11 +315,18 @@ class Follower:
         state = self.state() if kind == "delta" else None
         if state is not None and state.get("files") and any(p.wanted for p in plans):
             base = open_checkpoint(self.into).tensors()
-        bases = {}
-        for p in plans:     # every base tensor is checked before anything is written
+        bases, out_bytes = {}, 0
+        for p in plans:     # every base tensor is checked before any block is decoded
             for e in p.wanted:
                 th = p.reader.header(e.name)
+                if kind == "keyframe" and th.needs_base:
+                    raise CorruptError(f"{p.obj.name}: tensor {e.name!r} of a keyframe object needs a base")
                 bases[e.name] = p.reader.check_base(e.name, base.get(e.name) if th.needs_base else None)
+                out_bytes += th.size * th.dtype.itemsize
+        free = shutil.disk_usage(self._parent).free
+        if out_bytes > free:
+            raise LimitError(f"step {m.step} needs {out_bytes} bytes of tensors in {self._parent}, which has "
+                             f"{free} bytes free")
         staging = os.path.join(self._parent, f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(self.into)}")
         try:
             changed, count = self._write(m, plans, bases, staging)
@@ -327,11 +351,13 @@ class Follower:
         ds = self.stats.minus(s0)
         upd = StepUpdate(m.step, cur, kind, self.into, changed, count, ds.bytes, needed, tail_bytes, ds.requests,
                          m.num_shards, sum(1 for p in plans if p.wanted), ds.reused_bytes, ds.retries,
-                         time.perf_counter() - t0, head.step, verified_model, m.digest)
+                         time.perf_counter() - t0, head.step, verified_model, m.digest,
+                         max(0.0, time.time() - head.time_ms / 1000))
         self._emit(event="step", **upd.as_dict())
         return upd
 
-    def _fetch(self, m: Manifest, kind: str) -> list:
+    def _tails(self, m: Manifest, kind: str) -> list:
+        """Every shard's index and trailer, in one range request each (one concurrent batch)."""
         objs = [(s, s.object(kind)) for s in m.shards]
         tails = self.fetcher.fetch([(self.store.path(o.name), o.index_offset, o.size, o.name) for _, o in objs])
         plans = []
@@ -341,15 +367,16 @@ class Follower:
             index = _parse_tail(tail, o)
             src = ObjectSource(self.fetcher, self.store.path(o.name), o.name, o.size)
             src.add(o.index_offset, tail)
-            wanted = [e for e in index.entries if self.wants(e.name)]
-            ranges = coalesce(_needed_ranges(wanted), max_gap=self.max_gap, overhead=self.overhead) if wanted else []
-            plans.append(_ShardPlan(s, o, src, index, wanted, ranges))
-        reqs = [(p.source.path, a, b, p.source.key) for p in plans for a, b in p.ranges]
-        datas = iter(self.fetcher.fetch(reqs))
-        for p in plans:
-            for a, _ in p.ranges:
-                p.source.add(a, next(datas))
+            plans.append(_ShardPlan(s, o, src, index, [e for e in index.entries if self.wants(e.name)]))
         return plans
+
+    def _prefetch(self, jobs) -> None:
+        """Fetch ``[(plan, ranges)]`` in one concurrent batch into the plans' sources."""
+        reqs = [(p.source.path, a, b, p.source.key) for p, rs in jobs for a, b in rs]
+        datas = iter(self.fetcher.fetch(reqs))
+        for p, rs in jobs:
+            for a, _ in rs:
+                p.source.add(a, next(datas))
 
     def _open_reader(self, m: Manifest, kind: str, p: _ShardPlan) -> DeltaReader:
         r = DeltaReader(p.source, workers=self.workers)
@@ -366,6 +393,8 @@ class Follower:
         return r
 
     def _write(self, m: Manifest, plans, bases, staging):
+        """Write each shard's file into ``staging``, decoding (and verifying) tensor by tensor; a shard
+        bigger than the memory budget is fetched and decoded one group of tensors at a time."""
         os.makedirs(staging)
         changed, count = [], 0
         weight_map = {}
@@ -375,10 +404,10 @@ class Follower:
                     continue
                 r = p.reader
                 items = [(e.name, r.header(e.name).dtype, r.header(e.name).shape) for e in p.wanted]
-                specs = layout_specs(items)
-                header = build_header(specs, {"format": "pt"})
+                specs = {s.name: s for s in layout_specs(items)}
+                header = build_header(list(specs.values()), {"format": "pt"})
                 data_start = 8 + len(header)
-                size = data_start + (specs[-1].end if specs else 0)
+                size = data_start + max((s.end for s in specs.values()), default=0)
                 target = os.path.join(staging, p.entry.file)
                 with open(target, "wb") as f:
                     f.write(len(header).to_bytes(8, "little"))
@@ -386,15 +415,22 @@ class Follower:
                     f.truncate(size)
                 mm = np.memmap(target, np.uint8, mode="r+") if size > data_start else None
                 try:
-                    for s, e in zip(specs, p.wanted):
-                        out = mm[data_start + s.begin: data_start + s.end].view(s.dtype.uint) if s.end > s.begin \
-                            else np.empty(0, s.dtype.uint)
-                        r.decode_tensor(s.name, bases[s.name], out, pool=pool)
-                        th = r.header(s.name)
-                        if not th.needs_base or any(b.encoding != transforms.UNCHANGED for b in e.blocks):
-                            changed.append(s.name)
-                        weight_map[s.name] = p.entry.file
-                        count += 1
+                    for group in p.groups:
+                        if len(p.groups) > 1:
+                            blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks]
+                            self._prefetch([(p, coalesce(blocks, max_gap=self.max_gap, overhead=self.overhead))])
+                        for e in group:
+                            s = specs[e.name]
+                            out = mm[data_start + s.begin: data_start + s.end].view(s.dtype.uint) \
+                                if s.end > s.begin else np.empty(0, s.dtype.uint)
+                            r.decode_tensor(s.name, bases[s.name], out, pool=pool)
+                            if not r.header(s.name).needs_base or any(b.encoding != transforms.UNCHANGED
+                                                                      for b in e.blocks):
+                                changed.append(s.name)
+                            weight_map[s.name] = p.entry.file
+                            count += 1
+                        if len(p.groups) > 1:
+                            p.source.drop(HEADER_META_BYTES, p.obj.index_offset)   # bounded memory
                     if mm is not None:
                         mm.flush()
                 finally:
@@ -427,6 +463,22 @@ class Follower:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+def _groups(wanted, budget: int) -> list:
+    """``wanted`` (IndexEntry, file order) cut into runs whose records total at most ``budget`` bytes
+    (a tensor bigger than the budget is a group of its own)."""
+    groups, cur, size = [], [], 0
+    for e in wanted:
+        n = e.tens_size + sum(b.size for b in e.blocks)
+        if cur and size + n > budget:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += n
+    if cur:
+        groups.append(cur)
+    return groups
+
 
 def _needed_ranges(wanted) -> list:
     if not wanted:

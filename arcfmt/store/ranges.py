@@ -243,11 +243,29 @@ class ObjectSource:
         self.misses = 0
 
     def add(self, start: int, data) -> None:
+        """Cache bytes at ``start``. Chunks inside the new one are dropped, and a chunk inside an
+        existing one is not kept, so the chunk with the largest start <= p is the only one that can
+        cover an offset p."""
         mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        end = start + len(mv)
         with self._lock:
-            i = bisect.bisect_left(self._starts, start)
-            self._starts.insert(i, start)
-            self._chunks.insert(i, (start, start + len(mv), mv))
+            i = bisect.bisect_right(self._starts, start) - 1
+            if i >= 0 and self._chunks[i][1] >= end:
+                return
+            j = bisect.bisect_left(self._starts, start)
+            k = j
+            while k < len(self._chunks) and self._chunks[k][0] < end:
+                k += 1
+            kept = [c for c in self._chunks[j:k] if c[1] > end]
+            self._chunks[j:k] = [(start, end, mv)] + kept
+            self._starts[j:k] = [start] + [c[0] for c in kept]
+
+    def drop(self, lo: int, hi: int) -> None:
+        """Forget the cached chunks that lie inside ``[lo, hi)`` (to bound memory)."""
+        with self._lock:
+            keep = [(i, c) for i, c in enumerate(self._chunks) if not (lo <= c[0] and c[1] <= hi)]
+            self._chunks = [c for _, c in keep]
+            self._starts = [c[0] for c in self._chunks]
 
     def prefetch(self, ranges) -> None:
         ranges = list(ranges)
@@ -255,22 +273,19 @@ class ObjectSource:
             self.add(s, data)
 
     def _pieces(self, offset, end):
-        """The cached pieces covering [offset, end) in order, and the gaps that are not cached."""
+        """The cached pieces covering [offset, end) in order (``None`` for a gap), and the gaps."""
         pieces, gaps = [], []
         pos = offset
         with self._lock:
-            i = max(0, bisect.bisect_right(self._starts, pos) - 1)
             while pos < end:
-                while i < len(self._chunks) and self._chunks[i][1] <= pos:
-                    i += 1
-                if i < len(self._chunks) and self._chunks[i][0] <= pos:
+                i = bisect.bisect_right(self._starts, pos) - 1
+                if i >= 0 and self._chunks[i][1] > pos:
                     s, e, mv = self._chunks[i]
                     take = min(e, end)
                     pieces.append(mv[pos - s: take - s])
                     pos = take
                 else:
-                    nxt = self._chunks[i][0] if i < len(self._chunks) else end
-                    stop = min(nxt, end)
+                    stop = min(self._starts[i + 1], end) if i + 1 < len(self._starts) else end
                     gaps.append((pos, stop))
                     pieces.append(None)
                     pos = stop
