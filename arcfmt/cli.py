@@ -344,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect)
 
     r = sub.add_parser("report", help="draw a delta as one self-contained HTML page",
-                       description="Per tensor: bytes per stream role, changed fraction, codec per stream; the "
-                                   "file's identity and totals. One HTML file with inline SVG charts, no scripts. "
-                                   "With --base, each tensor is also checked against the base and changes in "
+                       description="Per tensor: bytes per stream role, changed fraction, codec per stream; the\n"
+                                   "file's identity and totals. One HTML file with inline SVG charts, no scripts.\n"
+                                   "With --base, each tensor is also checked against the base, and changes in\n"
                                    "keyframe blocks are counted.",
                        epilog="examples:\n  arcfmt report step31.arc -o step31.html\n"
                               "  arcfmt report step31.arc --base ckpt/step0030 -o step31.html --json",

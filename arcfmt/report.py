@@ -529,7 +529,7 @@ def _stacked(svg_id: str, items: list, label: str, fmt) -> str:
                    f'({_e(fmt_pct(v / total))})</title></rect>')
         x += w
     if total <= 0:
-        out.append(f'<text class="note" x="4" y="17">nothing</text>')
+        out.append('<text class="note" x="4" y="17">nothing</text>')
     out.append("</svg>")
     legend = "".join(
         f'<span class="key"><i style="background:{color}"></i>{_e(key)} <b>{_e(fmt(v))}</b>'
