@@ -128,6 +128,11 @@ class DeltaReader:
         self.index_offset = trailer.index_offset
         head, payload = self._read_record(trailer.index_offset, trailer.index_size, L.INDX)
         self.index = records.parse_index(payload, trailer.index_offset)
+        for o in self.index.others:  # learn the true type of every record the index lists (§12.1 step 4)
+            head = records.parse_record_head(self.source.read(o.offset, L.RECORD_HEADER_SIZE), o.offset)
+            if head.type != o.type or head.length != o.size - L.RECORD_HEADER_SIZE:
+                raise CorruptError(f"record at offset {o.offset} is {head.type!r} of {head.length} bytes; "
+                                   f"the index says {o.type!r} of {o.size - L.RECORD_HEADER_SIZE}")
         _, meta = self._read_record(L.HEADER_SIZE, records.META_RECORD_SIZE, L.META)
         self.meta = records.parse_meta(meta)
         self.entries = {e.name: e for e in self.index.entries}

@@ -17,9 +17,11 @@ needs no base), DELTA the arcfmt file, OUT the JSON report written on success::
 On rejection it prints exactly one line ``error: CATEGORY: message`` to stdout
 and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
 
-By default it decodes with the random-access procedure (SPEC §12.1: trailer ->
-index -> META -> records).  ``--stream`` decodes front to back (SPEC §12.2) and
-only uses the index at the end, to cross-check it against the records seen.
+By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
+(header, size, trailer, INDX, META, every TENS with its base, every BLCK, then the
+tensor hashes and the digests).  As §5 allows, it does not read ancillary records in
+that mode.  ``--stream`` decodes front to back (SPEC §12.2, steps 1-7) and only uses
+the index at the end, to cross-check it against the records seen.
 
 Memory: no declared size is allocated before it is checked against the SPEC §14
 limits; tensors are reconstructed and hashed block by block, so the largest
@@ -29,7 +31,7 @@ Every check is made in the order SPEC.md gives for the structure and the reading
 procedure in use (§4-§12).  Where the text still leaves a choice open, the choice is
 marked "ASSUMPTION" below; the list is at the end of this docstring.
 
-Remaining ASSUMPTIONs (SPEC.md revision of commit 9a585f8):
+Remaining ASSUMPTIONs (SPEC.md as of commit 7a52db9):
   A1 §12.2 step 4 "check it (§10, up to the tiling and order checks)": the streaming
      reader makes every §10 body check, 1-8, with index_offset = the INDX record's own
      offset (so the unknown_record rule of check 7 gives the same category as random

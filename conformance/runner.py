@@ -71,7 +71,7 @@ def run_reference(v, mode, timeout):
     dt = time.perf_counter() - t0
     if dt > timeout:
         return "timeout", f"took {dt:.1f} s", dt
-    return judge(v, rc, out, category) + (dt,)
+    return judge(v, rc, out, category, mode) + (dt,)
 
 
 # ------------------------------------------------------------------------------------ external
@@ -101,18 +101,18 @@ def run_external(template, v, mode, timeout):
                     out = json.load(f)
             except (OSError, ValueError) as exc:
                 return "fail", f"exit 0 but no readable {{out}}: {exc}", dt
-            return judge(v, 0, out, None) + (dt,)
+            return judge(v, 0, out, None, mode) + (dt,)
         if p.returncode == 1:
             first = (p.stdout.strip().splitlines() or [""])[0]
             parts = first.split(":", 2)
             category = parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
-            return judge(v, 1, None, category) + (dt,)
+            return judge(v, 1, None, category, mode) + (dt,)
         return "crash", f"exit {p.returncode}: {p.stderr.strip()[-200:]}", dt
 
 
 # ------------------------------------------------------------------------------------ judging
 
-def judge(v, rc, out, category):
+def judge(v, rc, out, category, mode="random"):
     if v["expect"] == "accept":
         if rc != 0:
             return "fail", f"rejected a valid file ({category})"
@@ -122,8 +122,9 @@ def judge(v, rc, out, category):
         return "pass", ""
     if rc == 0:
         return "fail", "accepted a file that must be rejected"
-    if category != v["error"]:
-        return "fail", f"rejected as {category!r}, expected {v['error']!r}"
+    want = v.get("errors", {}).get(mode, v["error"])
+    if category != want:
+        return "fail", f"rejected as {category!r}, expected {want!r}"
     return "pass", ""
 
 

@@ -174,6 +174,7 @@ class Vector:
     expect_tensors: dict | None = None   # y_: the target tensors
     error: str | None = None             # n_: the category
     modes: list = field(default_factory=lambda: ["random", "stream"])
+    errors: dict | None = None           # n_: a different category for some read mode (SPEC.md §12)
 
 
 def valid_vectors():
@@ -739,6 +740,105 @@ def reject_vectors():
     n("n_xz_memory_limit", "an xz stream whose dictionary needs more than MAX_XZ_MEMORY", ["9", "14"],
       restream(xz_memory), "limit", base_={"w": bz})
 
+    # -- more structure: records out of place, index columns, codec trailers
+    def lie_type(p):
+        p.recs.insert(2, Rec(b"ZZZZ", b"must understand"))
+    V.append(Vector("n_index_hides_critical_record", "the index lists a critical ZZZZ record as ancillary zzzz",
+                    ["5", "12.1"], base,
+                    _assemble_fn(good, lie_type, lambda ix: setattr(ix.others[0], "type", b"zzzz")),
+                    error="corrupt", errors={"stream": "unknown_record"}))
+
+    def second_meta(p):
+        p.recs.insert(2, Rec(b"META", p.recs[0].payload))
+    n("n_second_meta", "a second META record", ["3", "12.2"], mod(second_meta), "corrupt")
+
+    def tens_between_blocks(p):
+        i = [i for i, r in enumerate(p.recs) if r.type == L.BLCK][0]
+        p.recs.insert(i + 1, Rec(L.TENS, p.recs[i - 1].payload, name="w2"))
+    n("n_tens_while_blocks_due", "a TENS record between the blocks of a tensor", ["3", "12.2"],
+      mod(tens_between_blocks), "corrupt")
+
+    def drop_block(p):
+        i = [i for i, r in enumerate(p.recs) if r.type == L.BLCK][-1]
+        del p.recs[i]
+    n("n_missing_block", "the last block of a tensor is missing", ["3", "10", "12.2"], mod(drop_block), "corrupt")
+
+    def critical_first(p):
+        p.recs.insert(0, Rec(b"ZZZZ", b"x"))
+    V.append(Vector("n_unknown_critical_first", "an unknown critical record before META (random access: the "
+                    "index cannot tile the file from offset 52)", ["5", "10", "12.2"], base, mod(critical_first),
+                    error="unknown_record", errors={"random": "corrupt"}))
+
+    def body_edit(fn):
+        p = split(good)
+        d = dict(_index_dict_of(p))
+        fn(d)
+        body = L.IndexBody.build(d)
+        return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
+
+    def many_others(d):
+        d["other_count"] = (1 << 20) + 1
+    n("n_limit_other_count", "an index declaring 2^20+1 other records", ["10", "14"], body_edit(many_others), "limit")
+
+    def counts_off(d):
+        c = list(d["tens_block_counts"])
+        c[0] += 1
+        d["tens_block_counts"] = c
+    n("n_index_block_counts", "per-tensor block counts that do not sum to block_count", ["10"],
+      body_edit(counts_off), "corrupt")
+
+    def size_small(d):
+        z = list(d["blk_sizes"])
+        z[0] = 8
+        d["blk_sizes"] = z
+    n("n_index_record_size", "a located record size below 16", ["10"], body_edit(size_small), "corrupt")
+    p_ = split(good)
+    body = L.IndexBody.build(dict(_index_dict_of(p_))) + b"\0"
+    n("n_index_extra_bytes", "a byte after the index body's columns", ["10"],
+      assemble(p_, index_payload=bytes([0]) + varint(len(body)) + body), "corrupt")
+    body = L.IndexBody.build(dict(_index_dict_of(split(good))))
+    n("n_index_unknown_codec", "index body codec 9", ["10"],
+      assemble(split(good), index_payload=bytes([9]) + varint(len(body)) + body), "unsupported")
+
+    def long_name(d):
+        d["name_lengths"] = [1025] + list(d["name_lengths"][1:])
+        d["names"] = b"w" * 1025 + d["names"][1:]  # the first (and only) name was "w"
+    n("n_index_name_too_long", "a 1025-byte name in the index", ["10", "14"], body_edit(long_name), "limit")
+
+    def tr_shift(tb):
+        off = int.from_bytes(tb[0:8], "little")
+        size = int.from_bytes(tb[8:16], "little")
+        tb[0:8] = (off - 8).to_bytes(8, "little")
+        tb[8:16] = (size + 8).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_index_offset_shifted", "the trailer points 8 bytes before the index", ["11", "12.2"],
+      assemble(split(good), trailer_fn=tr_shift), "corrupt")
+
+    def zstd_checksum(streams, params):
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        fr = bytearray(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(raw))
+        fr[-1] ^= 0xFF
+        streams[0][1] = bytes(fr)
+    n("n_zstd_bad_content_checksum", "a zstd frame whose content checksum does not match", ["9"],
+      restream(zstd_checksum), "corrupt", base_={"w": bz})
+
+    def zstd_cut(streams, params):
+        streams[0][1] = streams[0][1][:-1]
+    n("n_zstd_cut_short", "a zstd frame missing its last byte", ["9"], restream(zstd_cut), "corrupt", base_={"w": bz})
+
+    def xz_trailing(streams, params):
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        streams[0][0] = 2
+        streams[0][1] = _lzma.compress(raw, format=_lzma.FORMAT_XZ) + b"\0\0\0\0"
+    n("n_xz_trailing_data", "bytes after the xz stream", ["9"], restream(xz_trailing), "corrupt", base_={"w": bz})
+
+    def bz2_trailing(streams, params):
+        raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+        streams[0][0] = 3
+        streams[0][1] = _bz2.compress(raw) + b"x"
+    n("n_bz2_trailing_data", "bytes after the bzip2 stream", ["9"], restream(bz2_trailing), "corrupt",
+      base_={"w": bz})
+
     # -- base
     wrong = b.copy()
     wrong.view(np.uint16).reshape(-1)[5] ^= 1
@@ -748,6 +848,20 @@ def reject_vectors():
     n("n_wrong_base_shape", "base tensor has another shape", ["7"], good, "wrong_base", base_={"w": b.reshape(16, 24)})
     n("n_wrong_base_missing", "the base lacks the tensor", ["7"], good, "wrong_base", base_={"x": b})
     return V
+
+
+def _index_dict_of(p):
+    payload = records.build_index(p.index)
+    q = L.IndexPayload.parse(payload)
+    from arcfmt import codecs as _codecs
+    body = L.IndexBody.parse(bytes(_codecs.decode(q.codec, q.body, q.body_length)))
+    return {k: (list(v) if hasattr(v, "tolist") else v) for k, v in body.items() if not k.startswith("_")}
+
+
+def _assemble_fn(data, fn, index_fn):
+    p = split(data)
+    fn(p)
+    return assemble(p, index_fn=index_fn)
 
 
 def _assemble_mod(data, fn):
@@ -809,6 +923,15 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_first_record_not_meta", ["R-RECORD-ORDER"]), ("n_target_digest_mismatch", ["R-TARGET-DIGEST"]),
     ("n_base_digest_mismatch", ["R-BASE-DIGEST"]), ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
     ("n_data_after_trailer_stream", ["R-STREAM-END"]), ("n_wrong_base_*", ["R-BASE"]),
+    ("n_index_hides_critical_record", ["R-INDEX-OTHER-HEADERS", "R-CRITICAL"]), ("n_second_meta", ["R-RECORD-ORDER"]),
+    ("n_tens_while_blocks_due", ["R-RECORD-ORDER", "R-INDEX-ORDER"]),
+    ("n_missing_block", ["R-INDEX-BLOCK-COUNTS", "R-RECORD-ORDER"]), ("n_unknown_critical_first", ["R-CRITICAL"]),
+    ("n_limit_other_count", ["R-INDEX-COUNTS"]), ("n_index_block_counts", ["R-INDEX-BLOCK-COUNTS"]),
+    ("n_index_record_size", ["R-INDEX-SIZES"]), ("n_index_extra_bytes", ["R-INDEX-EXACT"]),
+    ("n_index_unknown_codec", ["R-INDEX-CODEC"]), ("n_index_name_too_long", ["R-NAME-LIMIT"]),
+    ("n_trailer_index_offset_shifted", ["R-TRAILER-OFFSETS", "R-STREAM-TRAILER-INDEX"]),
+    ("n_zstd_bad_content_checksum", ["R-ZSTD"]), ("n_zstd_cut_short", ["R-ZSTD"]),
+    ("n_xz_trailing_data", ["R-XZ"]), ("n_bz2_trailing_data", ["R-BZ2"]),
 ]
 
 
@@ -853,6 +976,8 @@ def generate(out_dir: str) -> None:
             entry["tensors"] = {k: tensor_expect(a) for k, a in v.expect_tensors.items()}
         else:
             entry["error"] = v.error
+            if v.errors:
+                entry["errors"] = v.errors
         manifest["vectors"].append(entry)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
