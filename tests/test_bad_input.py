@@ -298,12 +298,15 @@ def flip_expectations(d):
         ra_exp[i] = sr_exp[i] = {ReservedBitsError}
     for r in p.recs:
         o, n = r.offset, len(r.payload)
-        used = r.type != L.NOTE  # a random-access reader never reads an ancillary record
+        # a random-access reader reads only the 16-byte header of an ancillary record, and checks its
+        # type and length against the index (SPEC.md §12.1 step 4); its checksum field and payload
+        # are never read, so damage there cannot matter
+        used = r.type != L.NOTE
         for i in range(o, o + 4):  # type
-            ra_exp[i] = {CorruptError, ChecksumError} if used else None
+            ra_exp[i] = {CorruptError, ChecksumError}
             sr_exp[i] = {CorruptError, ChecksumError, UnknownRecordError}
         for i in range(o + 4, o + 8):  # length
-            ra_exp[i] = {CorruptError, LimitError} if used else None
+            ra_exp[i] = {CorruptError, LimitError}
             sr_exp[i] = {ChecksumError, TruncatedError, LimitError, CorruptError}
         for i in range(o + 8, o + 16):  # checksum field (TENS/BLCK: also compared with the index)
             ra_exp[i] = ({ChecksumError} if r.type in (L.META, L.INDX) else {CorruptError}) if used else None
