@@ -222,6 +222,7 @@ def run_range(seed, start, stop, max_seconds, out_dir):
                 if r < 0.1:
                     engine = "safetensors"
                     fail = check_safetensors(rng, tmpdir)
+                    data = open(os.path.join(tmpdir, "x.safetensors"), "rb").read() if fail else None
                 else:
                     key = case // 8
                     if key not in files:
@@ -259,6 +260,8 @@ def run_range(seed, start, stop, max_seconds, out_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--start", type=int, default=0, help="first case number (to resume or reproduce)")
+    ap.add_argument("--log", help="append every failure to this JSON-lines file as soon as its chunk ends")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--chunk", type=int, default=2000)
@@ -269,7 +272,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     chunks = [(args.seed, s, min(args.cases, s + args.chunk), args.max_seconds, args.out)
-              for s in range(0, args.cases, args.chunk)]
+              for s in range(args.start, args.cases, args.chunk)]
     total = dict(failures=[], slow=0, counts={}, worst_seconds=0.0, peak_rss_mib=0)
     done = 0
     with ProcessPoolExecutor(args.workers) as pool:
@@ -281,6 +284,10 @@ def main(argv=None):
             for k, v in res["counts"].items():
                 total["counts"][k] = total["counts"].get(k, 0) + v
             done += sum(res["counts"].values())
+            if args.log and res["failures"]:
+                with open(args.log, "a") as logf:
+                    for f in res["failures"]:
+                        logf.write(json.dumps(f) + "\n")
             if not args.json:
                 print(f"\r{done}/{args.cases} cases, {len(total['failures'])} failures", end="", file=sys.stderr)
     total["cases"] = done
