@@ -12,8 +12,6 @@ import re
 import warnings
 from pathlib import Path
 
-import ml_dtypes
-import numpy as np
 
 import arcfmt
 from arcfmt.cli import build_parser

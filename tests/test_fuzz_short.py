@@ -1,7 +1,6 @@
 """A short, seeded run of tools/fuzz.py and a hypothesis-driven build-then-corrupt property."""
 from __future__ import annotations
 
-import io
 import os
 import sys
 
@@ -12,7 +11,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import fuzz  # noqa: E402
 
-import arcfmt  # noqa: E402
 
 
 def test_short_fuzz_run(tmp_path):

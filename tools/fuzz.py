@@ -35,7 +35,6 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import arcfmt  # noqa: E402
 from arcfmt import ArcError  # noqa: E402
 from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
 

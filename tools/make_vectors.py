@@ -21,7 +21,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -409,7 +409,6 @@ def reject_vectors():
         i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
         th = records.parse_tensor(p.recs[i - 1].payload, "")
         info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
-        head = p.recs[i].payload[:info.data_offset]
         streams = []
         pos = info.data_offset
         for s in info.streams:

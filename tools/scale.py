@@ -166,7 +166,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps(dict(small=small, big=big, ok=ok), indent=1))
     else:
-        print(f"| model | phase | GB | seconds | MB/s | peak RSS MiB | bit-exact |")
+        print("| model | phase | GB | seconds | MB/s | peak RSS MiB | bit-exact |")
         print("|---|---|---|---|---|---|---|")
         for label, k, nb, s, mbs, rss, ex in rows:
             print(f"| {label} | {k} | {nb / 1e9:.2f} | {s:.1f} | {mbs:.0f} | {rss / 2**20:.0f} | {'yes' if ex else 'NO'} |")
