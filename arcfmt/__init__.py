@@ -1,5 +1,5 @@
 """arcfmt: lossless weight deltas for RL weight sync — a versioned binary format (SPEC.md)."""
-from .api import decode, encode
+from .api import apply_in_place, decode, encode
 from .errors import (
     ArcError, BadMagicError, ChecksumError, CorruptError, FormatError, InputError, LimitError,
     ReservedBitsError, SafetensorsError, TruncatedError, UnknownRecordError, UnsupportedError,
@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 FORMAT_VERSION = (1, 0)
 
 __all__ = [
-    "encode", "decode", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
+    "encode", "decode", "apply_in_place", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
     "VerificationError", "InputError", "SafetensorsError", "FORMAT_VERSION", "__version__",

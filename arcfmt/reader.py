@@ -235,6 +235,18 @@ class DeltaReader:
         except ArcError as exc:
             raise type(exc)(f"{where}: {exc}") from None
 
+    def decode_block_into_buffer(self, name: str, b: int, base_block, out_block: np.ndarray) -> None:
+        """Decode block ``b`` given only that block of the base, into a block-sized buffer."""
+        th = self.header(name)
+        lb = self.load_block(name, b)
+        s, e = th.block_range(b)
+        where = f"tensor {name!r} block {b}"
+        streams = records.decode_block_streams(lb.payload, lb.info, where)
+        try:
+            transforms.decode_block(th.dtype, lb.info.encoding, lb.info.params, streams, e - s, base_block, out_block)
+        except ArcError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+
     def verify_tensor(self, name: str, out: np.ndarray) -> None:
         if tensor_hash(out) != self.header(name).target_hash:
             raise VerificationError(f"tensor {name!r}: reconstructed bytes do not match the target hash")

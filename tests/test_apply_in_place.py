@@ -1,0 +1,67 @@
+"""Rollout side: a delta applied straight into live arrays, verified before any byte is overwritten."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import arcfmt
+
+
+def model(seed=0):
+    rng = np.random.default_rng(seed)
+    base = {"embed": rng.standard_normal((500, 64)).astype(ml_dtypes.bfloat16),
+            "norm": rng.standard_normal(64).astype(np.float32),
+            "frozen": rng.standard_normal((10, 10)).astype(ml_dtypes.bfloat16)}
+    target = {k: v.copy() for k, v in base.items()}
+    u = target["embed"].view(np.uint16).reshape(-1)
+    u[rng.choice(u.size, 300, replace=False)] += 1
+    target["norm"][3] = 7.0
+    return base, target
+
+
+def test_updates_live_arrays_and_yields_changed_only():
+    base, target = model()
+    delta = arcfmt.encode(base, target, block_elems=4096)
+    live = {k: v.copy() for k, v in base.items()}
+    ids = {k: id(v) for k, v in live.items()}
+    got = list(arcfmt.apply_in_place(live, delta))
+    assert [n for n, _ in got] == ["embed", "norm"]  # "frozen" did not change
+    for n, arr in got:
+        assert id(arr) == ids[n]  # the caller's own array, updated in place
+    for k in target:
+        assert live[k].tobytes() == target[k].tobytes()
+
+
+def test_wrong_base_touches_nothing():
+    base, target = model()
+    delta = arcfmt.encode(base, target)
+    live = {k: v.copy() for k, v in base.items()}
+    live["norm"][0] += 1
+    before = {k: v.tobytes() for k, v in live.items()}
+    with pytest.raises(arcfmt.WrongBaseError):
+        list(arcfmt.apply_in_place(live, delta))
+    assert {k: v.tobytes() for k, v in live.items()} == before
+
+
+def test_corrupt_block_leaves_tensor_untouched():
+    base, target = model()
+    delta = bytearray(arcfmt.encode(base, target, block_elems=4096))
+    delta[len(delta) // 2] ^= 0x01  # damage inside a record of the embedding
+    live = {k: v.copy() for k, v in base.items()}
+    before = {k: v.tobytes() for k, v in live.items()}
+    with pytest.raises(arcfmt.ArcError):
+        list(arcfmt.apply_in_place(live, bytes(delta)))
+    changed_any = [k for k in live if live[k].tobytes() != before[k]]
+    assert all(live[k].tobytes() == target[k].tobytes() for k in changed_any)  # only whole, verified tensors
+
+
+def test_torch_tensors_in_place():
+    torch = pytest.importorskip("torch")
+    base, target = model()
+    delta = arcfmt.encode(base, target)
+    live = {"embed": torch.from_numpy(base["embed"].view(np.int16).copy()).view(torch.bfloat16),
+            "norm": torch.from_numpy(base["norm"].copy()), "frozen": torch.zeros(10, 10, dtype=torch.bfloat16)}
+    live["frozen"].view(torch.int16).copy_(torch.from_numpy(base["frozen"].view(np.int16)))
+    list(arcfmt.apply_in_place(live, delta))
+    assert live["embed"].view(torch.int16).numpy().tobytes() == target["embed"].tobytes()
