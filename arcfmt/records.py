@@ -363,8 +363,10 @@ def parse_index(payload, index_offset: int) -> Index:
     if b.name_lengths.size and int(b.name_lengths.max()) > L.MAX_NAME_BYTES:
         raise LimitError(f"{where}: a tensor name exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})")
     counts = b.tens_block_counts
-    if int(counts.sum(dtype=np.uint64)) != b.block_count or (counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR):
+    if int(counts.sum(dtype=np.uint64)) != b.block_count:
         raise CorruptError(f"{where}: per-tensor block counts do not add up to {b.block_count}")
+    if counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR:
+        raise LimitError(f"{where}: a tensor has more than MAX_BLOCKS_PER_TENSOR blocks")
     ends = np.cumsum(counts.astype(np.int64))
     starts = ends - counts.astype(np.int64)
     check_tiling(b, index_offset, where)

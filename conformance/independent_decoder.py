@@ -19,8 +19,8 @@ and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
 
 By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
 (header, size, trailer, INDX, META, every TENS with its base, every BLCK, then the
-tensor hashes and the digests).  As §5 allows, it does not read ancillary records in
-that mode.  ``--stream`` decodes front to back (SPEC §12.2, steps 1-7) and only uses
+tensor hashes and the digests).  In that mode it reads only the 16-byte header of each
+record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream`` decodes front to back (SPEC §12.2, steps 1-7) and only uses
 the index at the end, to cross-check it against the records seen.
 
 Memory: no declared size is allocated before it is checked against the SPEC §14
@@ -31,28 +31,19 @@ Every check is made in the order SPEC.md gives for the structure and the reading
 procedure in use (§4-§12).  Where the text still leaves a choice open, the choice is
 marked "ASSUMPTION" below; the list is at the end of this docstring.
 
-Remaining ASSUMPTIONs (SPEC.md as of commit 7a52db9):
-  A1 §12.2 step 4 "check it (§10, up to the tiling and order checks)": the streaming
-     reader makes every §10 body check, 1-8, with index_offset = the INDX record's own
-     offset (so the unknown_record rule of check 7 gives the same category as random
-     access, §12).
-  A2 §3 / §12.2 vs §5 check 6: a first record that is an unknown critical type is
-     `corrupt` (first record not META), not `unknown_record`.
-  A3 §10 check 3 (no tens_block_counts entry > MAX_BLOCKS_PER_TENSOR) and check 4 (record
-     size > 16 + MAX_RECORD_PAYLOAD) are `corrupt` ("corrupt unless stated"), not `limit`
-     (§14).  Check 3's bound is unreachable once the block columns fit in the body.
-  A4 §8 check 7: all streams are decoded (in order) before the encoding's own checks.
+Remaining ASSUMPTIONs (SPEC.md as of commit 267f96e; numbers kept stable, gaps are ones the
+spec has since settled: A1 §12.2 step 4 now names §10 checks 1-8 with the INDX record's own
+offset; A2 §12.2 step 2 makes an unknown critical first record `unknown_record`; A7 §12.2 step 2
+says META is "checked as in §6"; A8 the block-count comparison is R-INDEX-BLOCK-COUNTS / §10
+"Later"; A11 §9 now puts the L = 0 rule before the codec's own rules):
+  A4 §8 check 7 "each is decoded (§9), then the encoding's own checks apply": all streams are
+     decoded, in order, before any of the encoding's checks (matters when a later stream fails
+     with `limit` and an earlier one carries an encoding error).
   A5 §8.5: all stream-0 values are checked before the stream-1 values.
-  A6 §12.3 step 4: target_digest (`verification`) is checked before base_digest (`corrupt`),
-     in the order the sentence gives them.
-  A7 §12.2: META is checked (§6) as soon as it is read, after the §5 checks, although the
-     §12.2 steps do not name the §6 checks.
-  A8 §12.2 step 6: the cross-check also compares tens_block_counts with each tensor's B.
   A9 §9 xz: any filter chain liblzma decodes is accepted (the spec binds only writers to
      LZMA2 alone); the `limit` threshold is liblzma's own memory accounting.
   A10 §9 zstd: the end of the frame (trailing bytes, second frame) is found by walking the
      block headers before decompressing; every failure there is `corrupt` either way.
-  A11 §9: the L = 0 rule (raw, stored length 0) is checked before any codec-specific rule.
 """
 
 import bz2
@@ -381,7 +372,7 @@ def decode_stream(codec, stored, L, what):
     """Decode one stream to exactly L bytes (SPEC §9).  The codec id is known (checked by the caller)."""
     if codec not in KNOWN_CODECS:
         fail("unsupported", f"{what}: unknown codec id {codec}")
-    # ASSUMPTION A11: the empty-stream rule first.
+    # §9: the empty-stream rule first, before the codec's own rules.
     if L == 0:
         if codec != CODEC_RAW or len(stored) != 0:
             fail("corrupt", f"{what}: an empty stream must use raw with stored length 0")
@@ -799,7 +790,7 @@ class Index:
 
 def parse_index(payload, index_offset):
     """§10 'Checks, in this order'.  index_offset: where the INDX record is (trailer's value in
-    random access, the record's own offset when streaming — ASSUMPTION A1)."""
+    random access, the record's own offset when streaming, §12.2 step 4)."""
     c = Cursor(payload, "INDX")
     codec = c.u8("codec")
     body_length = c.varint("body_length")
@@ -846,14 +837,14 @@ def parse_index(payload, index_offset):
     for i, nl in enumerate(ix.name_lengths):
         if nl > MAX_NAME_BYTES:
             fail("limit", f"INDX: name_lengths[{i}] = {nl} exceeds MAX_NAME_BYTES")
-    # 3. Block counts (ASSUMPTION A3: the per-tensor bound is `corrupt`).
+    # 3. Block counts: the sum is `corrupt`, a per-tensor count beyond the limit `limit`.
     if sum(ix.tens_block_counts) != K:
         fail("corrupt", f"INDX: tens_block_counts sum to {sum(ix.tens_block_counts)}, "
                         f"block_count is {K}")
     for t, bc in enumerate(ix.tens_block_counts):
         if bc > MAX_BLOCKS_PER_TENSOR:
-            fail("corrupt", f"INDX: tens_block_counts[{t}] = {bc} exceeds MAX_BLOCKS_PER_TENSOR")
-    # 4. Record sizes (ASSUMPTION A3: `corrupt`).
+            fail("limit", f"INDX: tens_block_counts[{t}] = {bc} exceeds MAX_BLOCKS_PER_TENSOR")
+    # 4. Record sizes (`corrupt`, R-INDEX-SIZES).
     for sizes, label in ((ix.tens_sizes, "tens_sizes"), (ix.blk_sizes, "blk_sizes"),
                          (ix.other_sizes, "other_sizes")):
         for i, s in enumerate(sizes):
@@ -918,7 +909,7 @@ def model_digest(entries):
 
 
 def check_digests(ix, tensors):
-    # ASSUMPTION A6: target_digest first, then base_digest, as §12.3 step 4 lists them.
+    # §12.3 step 4: target_digest first, then base_digest.
     target = model_digest([(ti.name_bytes, ti.dtype, ti.dims, ti.actual_hash) for ti in tensors])
     if ix.target_digest != target:
         fail("verification", "target_digest does not match the reconstructed tensors")
@@ -981,9 +972,11 @@ def decode_random_access(path, base):
     index_offset, index_size = check_trailer(trailer, f.size, major, minor)
     payload = read_located_record(f, index_offset, index_size, b"INDX")     # step 4
     ix = parse_index(payload, index_offset)
+    check_other_headers(f, ix)
     payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
     parse_meta(payload)
-    # Ancillary records are not read (§5: a random-access decoder need not read them).
+    # The payloads of the other records are not read (§5: a random-access decoder need not read
+    # the payload of records it does not use); their headers were checked in step 4.
     tensors = []                                                            # step 6
     for t in range(ix.T):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
@@ -1009,6 +1002,30 @@ def decode_random_access(path, base):
         builder.verify()
     check_digests(ix, tensors)
     return tensors
+
+
+def check_other_headers(f, ix):
+    """§12.1 step 4 (second half), §5: read the 16-byte header of every other record the index
+    lists, in index order: §5 checks 1 (type letters, `corrupt`) and 2 (length limit, `limit`),
+    then its type must equal other_types[i] and its length other_sizes[i] - 16 (`corrupt`). The
+    checksum field and payload are not read. The tiling check (§10 check 5) put every such header
+    inside [52, index_offset), so it is present."""
+    for i in range(ix.X):
+        offset, size, expected = ix.other_offsets[i], ix.other_sizes[i], ix.other_types[i]
+        hdr = f.read_at(offset, 16)
+        if len(hdr) != 16:  # unreachable after the tiling and trailer checks
+            fail("truncated", f"other record at offset {offset}: end of input inside its header")
+        typ = hdr[0:4]
+        length = struct.unpack("<I", hdr[4:8])[0]
+        if not all(65 <= c <= 90 or 97 <= c <= 122 for c in typ):
+            fail("corrupt", f"other record at offset {offset}: type {typ!r} is not four ASCII letters")
+        if length > MAX_RECORD_PAYLOAD:
+            fail("limit", f"other record at offset {offset}: length {length} exceeds MAX_RECORD_PAYLOAD")
+        if typ != expected:
+            fail("corrupt", f"other record at offset {offset}: type {typ!r} != index's {expected!r}")
+        if length != size - 16:
+            fail("corrupt", f"other record at offset {offset}: length {length} != index's size "
+                            f"{size} - 16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1061,18 +1078,17 @@ def decode_streaming(path, base):
         if xxh3_64(hdr[0:8] + payload) != csum:
             fail("checksum", f"{typ!r} record at offset {offset}: checksum mismatch")
         size = 16 + length
-        # §5 check 6 and the §3 / §12.2 placement rules.
-        if first:
-            # ASSUMPTION A2: any first record other than META is `corrupt`, even an unknown
-            # critical one.
-            if typ != b"META":
-                fail("corrupt", f"first record is {typ!r}, not META")
-            parse_meta(payload)  # ASSUMPTION A7
-            first = False
-            continue
+        # §5 check 6 (unknown critical type: `unknown_record`, the first record included,
+        # §12.2 step 2), then the §3 / §12.2 placement rules (`corrupt`).
         critical = 0x41 <= typ[0] <= 0x5A
         if critical and typ not in KNOWN_CRITICAL:
             fail("unknown_record", f"unknown critical record type {typ!r} at offset {offset}")
+        if first:
+            if typ != b"META":
+                fail("corrupt", f"first record is {typ!r}, not META")
+            parse_meta(payload)  # §12.2 step 2: "checked as in §6"
+            first = False
+            continue
         awaiting = builder is not None and not builder.complete()
         if typ == b"META":
             fail("corrupt", f"second META record at offset {offset}")
@@ -1104,7 +1120,7 @@ def decode_streaming(path, base):
                 builder.verify()
             continue
         assert typ == b"INDX"
-        ix = parse_index(payload, offset)                                   # step 4 (A1)
+        ix = parse_index(payload, offset)                                   # step 4
         check_trailer_streaming(r, f, offset, major, minor)                 # step 5
         check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)  # step 6
         check_digests(ix, tensors)                                          # step 7
@@ -1125,7 +1141,7 @@ def check_trailer_streaming(r, f, index_offset, major, minor):
 
 
 def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
-    """§12.2 step 6 (ASSUMPTION A8: tens_block_counts compared too)."""
+    """§12.2 step 6, with §10 "Later": each TENS record's B equals tens_block_counts[t]."""
     if ix.T != len(tensors):
         fail("corrupt", f"INDX: {ix.T} tensors, {len(tensors)} TENS records seen")
     if ix.K != len(seen_blck):

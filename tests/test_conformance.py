@@ -24,3 +24,10 @@ def test_every_decoder_rule_has_a_vector():
     from conformance.runner import main
 
     assert main(["rules"]) == 0
+
+
+def test_independent_decoder_passes_every_vector():
+    """The second decoder, written from SPEC.md alone, rebuilds and refuses exactly as the vectors say."""
+    from conformance.runner import main
+
+    assert main(["run", "--impl", "independent", "--timeout", "60"]) == 0
