@@ -6,13 +6,14 @@ from .errors import (
     UnsupportedVersionError, VerificationError, WrongBaseError,
 )
 from .reader import BufferSource, DeltaReader, FileSource, StreamReader
+from .store import Follower, Publisher
 from .writer import DeltaWriter
 
 __version__ = "0.1.0"
 FORMAT_VERSION = (1, 0)
 
 __all__ = [
-    "encode", "decode", "apply_in_place", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
+    "encode", "decode", "apply_in_place", "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
     "VerificationError", "InputError", "SafetensorsError", "FORMAT_VERSION", "__version__",

@@ -234,7 +234,7 @@ def cmd_publish(args) -> int:
         raise UsageError("--base-step needs --base")
     pub = Publisher(args.url, shard=shard, num_shards=num_shards, keyframe_every=args.keyframe_every,
                     storage_options=_storage_options(args.storage_option), effort=args.effort,
-                    workers=args.workers, remember=False, state_dir=args.state)
+                    workers=args.workers, remember=False, state_dir=args.state, writer=args.writer)
     res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
                       file_name=args.file_name)
     out = res.as_dict()
@@ -264,8 +264,21 @@ def cmd_follow(args) -> int:
 
     if args.once and args.until is not None:
         raise UsageError("give --once or --until, not both")
+    bar = None
+
+    def progress(event):
+        nonlocal bar
+        if event["event"] == "bytes":
+            if bar is None:
+                from tqdm import tqdm
+                bar = tqdm(desc="download", unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=sys.stderr)
+            bar.update(event["bytes"])
+        elif event["event"] == "step" and bar is not None:
+            bar.close()
+            bar = None
+
     fol = Follower(args.url, args.into, tensors=args.tensors, storage_options=_storage_options(args.storage_option),
-                   chunk_size=args.chunk_size, workers=args.workers)
+                   chunk_size=args.chunk_size, workers=args.workers, progress=progress if args.progress else None)
     updates = fol.sync() if args.once else fol.follow(until=args.until, interval=args.interval, timeout=args.timeout)
     n = 0
     for u in updates:
@@ -275,7 +288,8 @@ def cmd_follow(args) -> int:
             print(json.dumps(d), flush=True)
             continue
         frm = "new folder" if u.from_step is None else f"from step {u.from_step}"
-        print(f"step {u.step} ({u.kind}, {frm}): {_fmt_bytes(u.bytes_downloaded)} in {u.requests} requests "
+        print(f"step {u.step} ({u.kind}, {frm}): {_fmt_bytes(u.bytes_downloaded)} in {u.requests} "
+              f"request{'' if u.requests == 1 else 's'} "
               f"({_fmt_bytes(u.bytes_needed)} of records + {_fmt_bytes(u.tail_bytes)} of indexes), "
               f"{len(u.changed)}/{u.tensors} tensors changed, verified{' (whole model)' if u.verified_model else ''} "
               f"in {u.seconds:.2f} s; head {u.head_step}, lag {u.lag_steps} step(s)", flush=True)
@@ -380,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="force (or suppress) a keyframe; default: every --keyframe-every steps")
     pb.add_argument("--keyframe-every", type=int, default=10, help="keyframe when step %% N == 0 (0: on demand only)")
     pb.add_argument("--file-name", help="the file name followers give this shard (default: the checkpoint's)")
+    pb.add_argument("--writer", metavar="ID", help="an id shared by all ranks of this trainer run (e.g. the job id): "
+                                                   "a step is never committed from shards of different writers")
     pb.add_argument("--effort", choices=["fast", "default", "max"], default="default")
     pb.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
     storage(pb)
@@ -403,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--timeout", type=float, help="exit after this many seconds without a new step")
     fo.add_argument("--chunk-size", type=int, default=8 << 20, help="largest range request in bytes (default 8 MiB)")
     fo.add_argument("--workers", type=int, help="decoder threads (default: CPU count)")
+    fo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                    help="show the bytes of each step as they arrive")
     storage(fo)
     common(fo)
     fo.set_defaults(func=cmd_follow)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import uuid
 
-# Before any client library is imported (SPEC-stream / README: S3-compatible servers and emulators).
+# Before any client library is imported (SPEC.md Part II / README: S3-compatible servers and emulators).
 for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
                "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():

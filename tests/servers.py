@@ -28,7 +28,7 @@ ACCESS_KEY = "arcfmt-test-key"
 SECRET_KEY = "arcfmt-test-secret-0123456789"
 BUCKET = "arcfmt-test"
 
-# Settings both S3 servers need from botocore (SPEC-stream / README explain why); the tests set them
+# Settings both S3 servers need from botocore (SPEC.md Part II / README explain why); the tests set them
 # in their own environment and pass them to every child process.
 CLIENT_ENV = {
     "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",

@@ -79,7 +79,7 @@ def test_publish_and_follow(remote, tmp_path, traj):
     assert_folder(late.into, traj[3])
 
 
-def test_racing_shards_and_publishers(remote, traj):
+def test_racing_shards_and_publishers(remote, tmp_path, traj):
     so = remote.storage_options
     n = 3
     parts = split(traj[0], n)
@@ -103,7 +103,7 @@ def test_racing_shards_and_publishers(remote, traj):
         t.join()
     assert len(errors) == 1 and "already published" in str(errors[0])
     assert sum(r.commit.made_manifest for r in results) == 1
-    assert Follower(remote.url, "/nonexistent-unused", storage_options=so).head().step == 0
+    assert Follower(remote.url, tmp_path / "unused", storage_options=so).head().step == 0
 
 
 @pytest.mark.parametrize("kind", ["seaweedfs", "fake-gcs"])

@@ -155,6 +155,15 @@ def test_filter_change_starts_again_from_keyframe(url, tmp_path, traj):
     assert_folder(other.into, traj[2], ["model.embed_tokens.weight"])
 
 
+def test_patterns_that_match_nothing_are_refused(url, tmp_path, traj):
+    (pub,) = publishers(url, 1)
+    pub.publish(0, traj[0])
+    fol = Follower(url, tmp_path / "f", tensors=["no.such.*"])
+    with pytest.raises(InputError, match="match none"):
+        fol.sync()
+    assert fol.step is None and not os.path.exists(fol.into)
+
+
 def test_until_stops_early(url, tmp_path, traj):
     (pub,) = publishers(url, 1)
     for s in range(4):
@@ -162,7 +171,8 @@ def test_until_stops_early(url, tmp_path, traj):
     fol = Follower(url, tmp_path / "f")
     fol.sync(until=0)
     assert fol.step == 0
-    assert [u.step for u in fol.follow(until=2, interval=0.01)] == [1, 2, 3] or fol.step >= 2
+    assert [u.step for u in fol.follow(until=2, interval=0.01)] == [1, 2]
+    assert fol.step == 2 and [u.step for u in fol.sync()] == [3]
 
 
 # ------------------------------------------------------------------------------------ commits
@@ -212,7 +222,7 @@ def test_racing_shard_publishers_one_wins(url, tmp_path, traj):
     assert again.commit.committed and not again.commit.made_manifest
 
 
-def test_concurrent_shards_commit_exactly_once(url, traj):
+def test_concurrent_shards_commit_exactly_once(url, tmp_path, traj):
     n = 4
     pubs = publishers(url, n, keyframe_every=0)
     parts = split(traj[0], n)
@@ -230,16 +240,16 @@ def test_concurrent_shards_commit_exactly_once(url, traj):
         t.join()
     assert sum(r.commit.made_manifest for r in results) == 1
     assert any(r.commit.committed for r in results)
-    assert Follower(url, "/nonexistent-unused").head().step == 0
+    assert Follower(url, tmp_path / "unused").head().step == 0
 
 
 def test_dead_committer_is_helped_by_next_step(url, tmp_path, traj, monkeypatch):
     pubs = publishers(url, 2)
     publish_step(pubs, 0, traj[0])
     real = Publisher.commit
-    monkeypatch.setattr(Publisher, "commit", lambda self, step, _depth=0: real(self, step, 1) if step != 1 else
-                        type("R", (), {"committed": False, "made_manifest": False, "waiting_for": [],
-                                       "waiting_for_base": None, "head": None})())
+    monkeypatch.setattr(Publisher, "commit", lambda self, step, mine=None, _depth=0: real(self, step, mine=mine)
+                        if step != 1 else type("R", (), {"committed": False, "made_manifest": False,
+                                                         "waiting_for": [], "waiting_for_base": None, "head": None})())
     publish_step(pubs, 1, traj[1])              # every shard "dies" before committing step 1
     monkeypatch.setattr(Publisher, "commit", real)
     st = Store(url)
@@ -254,13 +264,42 @@ def test_dead_committer_is_helped_by_next_step(url, tmp_path, traj, monkeypatch)
     assert pubs[0].commit(1).committed          # and committing again is harmless
 
 
-def test_head_never_moves_backwards(url, traj):
+def test_two_trainers_never_mix_into_one_step(url, tmp_path, traj):
+    """Two trainer incarnations (writers) race for step 1 shard by shard: each may win some shards,
+    but no step is committed from a mix; the shards that lost say so."""
+    old = publishers(url, 2, writer="job-1")
+    publish_step(old, 0, traj[0])
+    new = publishers(url, 2, writer="job-2")
+    parts_old, parts_new = split(traj[1], 2), split(traj[2], 2)
+    old[0].publish(1, parts_old[0], base=split(traj[0], 2)[0], base_step=0)      # job-1 wins shard 0
+    new_base = split(traj[0], 2)
+    with pytest.raises(ConflictError, match="writer job-1"):
+        new[0].publish(1, parts_new[0], base=new_base[0], base_step=0)
+    with pytest.raises(ConflictError, match="different writers"):
+        new[1].publish(1, parts_new[1], base=new_base[1], base_step=0)           # job-2 wins shard 1
+    with pytest.raises(ConflictError, match="writer job-2"):
+        old[1].publish(1, parts_old[1])
+    assert Follower(url, tmp_path / "f").sync()[-1].step == 0                      # step 1 never appears
+
+
+def test_republishing_is_idempotent(url, tmp_path, traj):
+    pubs = publishers(url, 2)
+    publish_step(pubs, 0, traj[0])
+    first = publish_step(pubs, 1, traj[1])
+    again = publish_step(publishers(url, 2), 1, traj[1])     # e.g. a rank restarted after it had published
+    assert [r.delta for r in again] == [r.delta for r in first]
+    assert all(r.commit.committed and not r.commit.made_manifest and r.encode_seconds == 0 for r in again)
+    Follower(url, tmp_path / "f").sync()
+    assert_folder(tmp_path / "f", traj[1])
+
+
+def test_head_never_moves_backwards(url, tmp_path, traj):
     (pub,) = publishers(url, 1)
     pub.publish(0, traj[0])
     pub.publish(2, traj[2])
     res = Publisher(url, effort="fast").publish(1, traj[1], base=traj[0], base_step=0)
     assert res.commit.committed and res.commit.head == 2
-    assert Follower(url, "/nonexistent-unused").head().step == 2
+    assert Follower(url, tmp_path / "unused").head().step == 2
 
 
 def test_inconsistent_shards_cannot_commit(url, traj):
@@ -452,3 +491,21 @@ def test_memory_budget_rebuilds_group_by_group(url, tmp_path, traj, tensors):
         assert sorted(a.changed) == sorted(b.changed)
         assert a.requests >= b.requests
         assert a.bytes_downloaded <= 1.05 * (a.bytes_needed + a.tail_bytes), a.as_dict()
+
+
+def test_folder_off_the_chain_restarts_from_an_older_keyframe(tmp_path, traj):
+    """A folder at a step the head's chain does not contain (the stream was rewritten) takes a keyframe,
+    even one further back than its own step."""
+    url = str(tmp_path / "stream")
+    (pub,) = publishers(url, 1, keyframe_every=0)
+    for s in range(3):
+        pub.publish(s, traj[s])
+    fol = Follower(url, tmp_path / "f")
+    fol.sync()
+    st = json.loads((tmp_path / "f" / "arcfmt-stream.json").read_text())
+    st["manifest"] = "0" * 32                   # as if the folder followed another stream to step 2
+    (tmp_path / "f" / "arcfmt-stream.json").write_text(json.dumps(st))
+    pub.publish(3, traj[3])
+    assert [(m.step, k) for m, k in fol.plan()] == [(0, "keyframe"), (1, "delta"), (2, "delta"), (3, "delta")]
+    fol.sync()
+    assert_folder(fol.into, traj[3])

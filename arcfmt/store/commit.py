@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 import uuid
 import warnings
 
@@ -128,7 +129,7 @@ class Store:
             todo = again
             if todo:
                 attempt += 1
-                retry.time.sleep(retry.backoff_delay(attempt, self.backoff))
+                time.sleep(retry.backoff_delay(attempt, self.backoff))
         return out
 
     def put_bytes(self, name: str, data: bytes) -> None:

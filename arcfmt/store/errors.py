@@ -1,4 +1,4 @@
-"""Errors of the stream layer (SPEC-stream §9). All are ``arcfmt.ArcError`` subclasses.
+"""Errors of the stream layer (SPEC.md Part II). All are ``arcfmt.ArcError`` subclasses.
 
 Bad stream objects (a manifest that is not valid JSON, a wrong name, a size beyond a limit, a hash
 that does not match) raise the format's own classes (``CorruptError``, ``LimitError``,

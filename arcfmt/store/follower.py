@@ -5,7 +5,7 @@ deltas, or the latest keyframe plus the deltas after it — then for every step 
 reads each needed shard's index and trailer with one range request (checked against the manifest's
 tail hash), fetches only the records of the tensors it wants (coalesced, chunked, concurrent,
 retried, spooled for resumption), checks every base tensor, rebuilds and verifies every tensor, and
-swaps the folder atomically: ``into`` is always one complete, verified step (SPEC-stream §7).
+swaps the folder atomically: ``into`` is always one complete, verified step (SPEC.md Part II).
 """
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ class StepUpdate:
         """``(name, array)`` for every changed tensor, read (memory-mapped) from the folder as it is now:
         the shape vLLM-style ``load_weights`` takes. Arrays stay valid after later steps replace the
         folder (the files are unlinked, not overwritten)."""
+        if not self.changed:
+            return
         arrays = open_checkpoint(self.path).tensors()
         for name in self.changed:
             if name in arrays:
@@ -225,7 +227,7 @@ class Follower:
                     best = (d, "delta")
                 break
             if f_step is not None and step <= f_step:
-                break             # the folder's step is not on this chain: a keyframe is needed
+                f_step = None     # the folder's step is not on this chain: only a keyframe can help
             if len(chain) >= MAX_CHAIN:
                 raise LimitError(f"more than {MAX_CHAIN} manifests between the head and a usable start")
             m = self._manifest(step, digest)
@@ -244,7 +246,7 @@ class Follower:
             step, digest = m.base_step, m.base_manifest
         if best is None:
             raise MissingError(f"no keyframe is reachable from the head (step {head.step}) for a folder at "
-                               f"step {f_step}")
+                               f"step {None if state is None else state['step']}")
         if best[1] == "delta":
             return [(m, "delta") for m in reversed(chain)]
         k = best[1]
@@ -295,6 +297,9 @@ class Follower:
         t0 = time.perf_counter()
         s0 = FetchStats(**self.stats.as_dict())
         plans = self._tails(m, kind)
+        if self.patterns is not None and not any(p.wanted for p in plans):
+            raise InputError(f"the tensor patterns {self.patterns} match none of the "
+                             f"{sum(len(p.index.entries) for p in plans)} tensors of step {m.step}")
         needed = sum(e - s for p in plans for s, e in _needed_ranges(p.wanted))
         tail_bytes = sum(p.obj.tail_size for p in plans)
         # Phase A, one concurrent batch over every shard: a shard whose records fit the memory budget
@@ -327,7 +332,8 @@ class Follower:
         if out_bytes > free:
             raise LimitError(f"step {m.step} needs {out_bytes} bytes of tensors in {self._parent}, which has "
                              f"{free} bytes free")
-        staging = os.path.join(self._parent, f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(self.into)}")
+        staging = os.path.join(self._parent,
+                               f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(self.into)}")
         try:
             changed, count = self._write(m, plans, bases, staging)
             verified_model = self.patterns is None

@@ -1,9 +1,9 @@
-"""The stream's small objects (SPEC-stream §3–§5): head pointer, per-step manifest, shard descriptor.
+"""The stream's small objects (SPEC.md Part II): head pointer, per-step manifest, shard descriptor.
 
 Each is one JSON object in canonical form (sorted keys, no spaces, ASCII, one trailing newline), so
 the same content always has the same bytes and the same xxh3-128. Parsing is strict — size capped
 before decoding, UTF-8, no duplicate keys, no floats/NaN, every field type- and range-checked —
-because every byte comes from a shared bucket. Unknown keys are ignored (SPEC-stream §8).
+because every byte comes from a shared bucket. Unknown keys are ignored (SPEC.md Part II).
 """
 from __future__ import annotations
 
@@ -207,6 +207,7 @@ class Descriptor:
     tensors: list           # (name, dtype name, shape tuple, hash hex16), in file order
     delta: ObjectRef | None
     keyframe: ObjectRef | None
+    writer: str | None = None     # the trainer incarnation that published it (S5)
     raw: bytes = b""
 
     @property
@@ -216,7 +217,7 @@ class Descriptor:
     def to_bytes(self) -> bytes:
         return canonical(dict(
             format=DESCRIPTOR_FORMAT, version=VERSION, step=self.step, shard=self.shard,
-            num_shards=self.num_shards, file=self.file, target_digest=self.target_digest,
+            num_shards=self.num_shards, file=self.file, target_digest=self.target_digest, writer=self.writer,
             tensors=[[n, d, list(s), h] for n, d, s, h in self.tensors],
             delta=None if self.delta is None else self.delta.to_json(),
             keyframe=None if self.keyframe is None else self.keyframe.to_json()))
@@ -262,8 +263,9 @@ def parse_descriptor(data, where: str) -> Descriptor:
         objs[kind] = None if v is None else _parse_object(v, kind, step, shard, num_shards, f"{where}: {kind}")
     if objs["delta"] is None and objs["keyframe"] is None:
         raise CorruptError(f"{where}: a shard needs a delta or a keyframe object")
+    writer = N.check_writer(f.get("writer", str, nullable=True), CorruptError)
     return Descriptor(step, shard, num_shards, file, target_digest, tensors, objs["delta"], objs["keyframe"],
-                      bytes(data))
+                      writer, bytes(data))
 
 
 # ------------------------------------------------------------------------------------ manifest
@@ -299,6 +301,7 @@ class Manifest:
     model_digest: str           # SPEC.md §13.2 over every tensor of every shard
     tensors: int
     shards: list = field(default_factory=list)   # ShardEntry, shard order
+    writer: str | None = None   # every shard's descriptor names this writer
     raw: bytes = b""
 
     @property
@@ -317,7 +320,8 @@ class Manifest:
         return canonical(dict(
             format=MANIFEST_FORMAT, version=VERSION, step=self.step, base_step=self.base_step,
             base_manifest=self.base_manifest, keyframe=self.keyframe, keyframe_step=self.keyframe_step,
-            model_digest=self.model_digest, tensors=self.tensors, shards=[s.to_json() for s in self.shards]))
+            model_digest=self.model_digest, tensors=self.tensors, shards=[s.to_json() for s in self.shards],
+            writer=self.writer))
 
 
 def parse_manifest(data, where: str) -> Manifest:
@@ -369,4 +373,6 @@ def parse_manifest(data, where: str) -> Manifest:
                                  sf.int("tensors", 0, MAX_TENSORS), objs["delta"], objs["keyframe"]))
     if sum(s.tensors for s in shards) != total:
         raise CorruptError(f"{where}: shard tensor counts do not add up to {total}")
-    return Manifest(step, base_step, base_manifest, keyframe, keyframe_step, model_digest, total, shards, bytes(data))
+    writer = N.check_writer(f.get("writer", str, nullable=True), CorruptError)
+    return Manifest(step, base_step, base_manifest, keyframe, keyframe_step, model_digest, total, shards, writer,
+                    bytes(data))

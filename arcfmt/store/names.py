@@ -1,4 +1,4 @@
-"""Object names of a stream (SPEC-stream §2), validated before any of them is used.
+"""Object names of a stream (SPEC.md Part II), validated before any of them is used.
 
 Every name the stream layer reads or writes is relative to the stream root and is one of a few fixed
 shapes, derived from integers (step, shard, shard count) and a content hash: a name found inside a
@@ -24,6 +24,7 @@ KINDS = ("delta", "keyframe")
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
 _FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\.safetensors\Z")
 _HEX32 = re.compile(r"[0-9a-f]{32}\Z")
+_WRITER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _OBJECT = re.compile(r"steps/(\d{20})/shard-(\d{5})-of-(\d{5})-(delta|keyframe)-([0-9a-f]{32})\.arc\Z")
 RESERVED_FILES = {"model.safetensors.index.json"}
 
@@ -77,6 +78,15 @@ def check_file_name(name, error=InputError) -> str:
         raise error(f"file name {name!r} is not a plain '.safetensors' name of at most {MAX_FILE_NAME_BYTES} "
                     f"bytes using A-Z a-z 0-9 . _ -")
     return name
+
+
+def check_writer(value, error=InputError):
+    """A writer id (one trainer incarnation): ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}``, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _WRITER.match(value):
+        raise error(f"writer id {value!r} must be 1-64 characters of A-Z a-z 0-9 . _ - (not starting with . _ -)")
+    return value
 
 
 def check_hex32(value, what: str, error=CorruptError) -> str:

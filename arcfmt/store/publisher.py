@@ -1,6 +1,6 @@
 """The trainer side: each shard publishes its part of a step; the last one to finish commits it.
 
-Protocol for step S, shard i of n (SPEC-stream §6):
+Protocol for step S, shard i of n (SPEC.md Part II):
 1. encode the shard's delta from its previous step (and a keyframe when due) into local temporary
    files; upload each as an immutable, content-addressed data object;
 2. create the shard's descriptor ``steps/S/shard-i-of-n.json`` with a conditional create — the
@@ -25,9 +25,9 @@ import numpy as np
 import xxhash
 
 from .. import layout as FL, records
-from ..arrays import as_numpy
+from ..arrays import as_numpy, as_uint
 from ..errors import ArcError, InputError
-from ..integrity import model_digest
+from ..integrity import model_digest, tensor_hash
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
 from ..writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
@@ -107,14 +107,19 @@ class Publisher:
     ``publish(step, tensors)`` encodes the delta from the previous step this publisher published
     (kept in memory, or in ``state_dir`` across processes; or given as ``base=`` / ``base_step=``),
     plus a keyframe every ``keyframe_every`` steps (``step % keyframe_every == 0``) or on demand.
+
+    ``writer``: an id shared by every rank of one trainer incarnation (a job id). A step is only
+    committed from descriptors of one writer, so two trainers racing for the same steps cannot have
+    their shards mixed into one step; without it such a race is detected per shard only.
     """
 
     def __init__(self, url: str, *, shard: int = 0, num_shards: int = 1, keyframe_every: int = 10,
                  storage_options: dict | None = None, fs=None, effort: str = "default",
                  keyframe_effort: str = "fast", block_elems: int = DEFAULT_BLOCK_ELEMS, workers=None,
                  remember: bool = True, state_dir: str | None = None, tmp_dir: str | None = None,
-                 retries: int = 5):
+                 retries: int = 5, writer: str | None = None):
         N.check_shard(shard, num_shards)
+        self.writer = N.check_writer(writer)
         if isinstance(keyframe_every, bool) or not isinstance(keyframe_every, int) or keyframe_every < 0:
             raise InputError("keyframe_every must be a non-negative integer (0: only on demand)")
         self.store = Store(url, storage_options, fs=fs, retries=retries)
@@ -208,6 +213,12 @@ class Publisher:
             make_kf = bool(keyframe) or base_map is None
 
         model_bytes = sum(int(as_numpy(a).nbytes) for a in target.values())
+        done = self._already_published(step, target)
+        if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
+            result = self.commit(step, mine=done)
+            self._remember(step, target, source_path)
+            return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
+                                 model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start)
         t0 = time.perf_counter()
         made = {}
         tmpfiles = []
@@ -232,18 +243,38 @@ class Publisher:
                 except FileNotFoundError:
                     pass
         first = next(iter(made.values()))[1]
-        if "delta" in made and "keyframe" in made and made["delta"][1]["target_digest"] != made["keyframe"][1]["target_digest"]:
-            raise ArcError("internal error: delta and keyframe of the same tensors have different digests")
+        assert len({info["target_digest"] for _, info in made.values()}) == 1, "delta and keyframe disagree"
         desc = Descriptor(step, self.shard, self.num_shards, file_name, first["target_digest"], first["tensors"],
-                          refs.get("delta"), refs.get("keyframe"))
+                          refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
-        result = self.commit(step)
+        result = self.commit(step, mine=desc)
+        self._remember(step, target, source_path)
+        t3 = time.perf_counter()
+        return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
+                             model_bytes, result, t1 - t0, t2 - t1, t3 - t_start)
+
+    def _remember(self, step, target, source_path) -> None:
         if self.remember:
             self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
         self._save_state(step, target, source_path)
-        t3 = time.perf_counter()
-        return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
-                             model_bytes, result, t1 - t0, t2 - t1 + 0.0, t3 - t_start)
+
+    def _already_published(self, step, target) -> Descriptor | None:
+        """This shard's descriptor for ``step`` if it exists with these very tensors (a retry); None
+        if there is none; ``conflict`` if another publisher claimed the shard with other tensors."""
+        name = N.descriptor_name(step, self.shard, self.num_shards)
+        raw = self.store.read(name, MAX_DESCRIPTOR_BYTES, missing_ok=True)
+        if raw is None:
+            return None
+        d = parse_descriptor(raw, name)
+        entries = []
+        for n, a in target.items():
+            dt, shape, u = as_uint(a)
+            entries.append((n.encode("utf-8"), dt.code, tuple(shape), tensor_hash(u)))
+        if d.target_digest != model_digest(entries).hex() or d.writer != self.writer:
+            raise ConflictError(f"shard {self.shard} of {self.num_shards} for step {step} was already published "
+                                f"by another publisher with different content ({name}"
+                                f"{f', writer {d.writer}' if d.writer else ''})")
+        return d
 
     def _encode(self, step, target, base, base_step, tmpfiles):
         fd, path = tempfile.mkstemp(prefix="arcfmt-publish-", suffix=".arc", dir=self.tmp_dir)
@@ -279,14 +310,21 @@ class Publisher:
             return
         existing = self.store.read(name, MAX_DESCRIPTOR_BYTES)
         if existing != data:
+            other = None
+            try:
+                other = parse_descriptor(existing, name).writer
+            except ArcError:
+                pass
             raise ConflictError(f"shard {desc.shard} of {desc.num_shards} for step {desc.step} was already "
-                                f"published by another publisher with different content ({name})")
+                                f"published by another publisher with different content ({name}"
+                                f"{f', writer {other}' if other else ''})")
 
     # ------------------------------------------------------------------------------ commit
-    def commit(self, step: int, _depth: int = 0) -> CommitResult:
+    def commit(self, step: int, *, mine: Descriptor | None = None, _depth: int = 0) -> CommitResult:
         """Write step ``step``'s manifest if every shard's descriptor exists, then move the head.
 
-        Safe to call any number of times from any shard (it is what ``publish`` ends with).
+        Safe to call any number of times from any shard (it is what ``publish`` ends with). With
+        ``mine`` (this shard's descriptor), a manifest that does not contain it is ``conflict``.
         """
         N.check_step(step)
         n = self.num_shards
@@ -294,6 +332,7 @@ class Publisher:
         raw = self.store.read(mname, MAX_MANIFEST_BYTES, missing_ok=True)
         if raw is not None:
             m = parse_manifest(raw, mname)
+            _check_mine(m, mine)
             return CommitResult(step, True, False, head=self._advance_head(m), manifest=m)
         dnames = [N.descriptor_name(step, i, n) for i in range(n)]
         raws = self.store.read_many(dnames, MAX_DESCRIPTOR_BYTES)
@@ -328,6 +367,10 @@ class Publisher:
         if not use_delta and not use_kf:
             raise ConflictError(f"step {step} cannot be committed: its shards do not all have a delta from the "
                                 f"same base step ({sorted(bases)}) nor all a keyframe")
+        writers = sorted({d.writer or "" for d in descs})
+        if len(writers) > 1:
+            raise ConflictError(f"step {step} cannot be committed: its shards come from different writers "
+                                f"({', '.join(w or '(none)' for w in writers)})")
         entries, owner, files = [], {}, {}
         for d in descs:
             for e in d.digest_entries():
@@ -343,7 +386,8 @@ class Publisher:
         m = Manifest(step, base_m.step if use_delta else None, base_m.digest if use_delta else None, use_kf,
                      step if use_kf else base_m.keyframe_step, model_digest(entries).hex(), len(entries),
                      [ShardEntry(d.shard, d.file, d.digest, d.target_digest, len(d.tensors),
-                                 d.delta if use_delta else None, d.keyframe if use_kf else None) for d in descs])
+                                 d.delta if use_delta else None, d.keyframe if use_kf else None) for d in descs],
+                     descs[0].writer)
         data = m.to_bytes()
         made = self.store.create(mname, data)
         if made:
@@ -352,6 +396,7 @@ class Publisher:
             m = parse_manifest(self.store.read(mname, MAX_MANIFEST_BYTES), mname)
             if [s.descriptor for s in m.shards] != [d.digest for d in descs]:
                 raise ConflictError(f"{mname} was written from other shard descriptors than the ones in the store")
+        _check_mine(m, mine)
         return CommitResult(step, True, made, head=self._advance_head(m), manifest=m)
 
     def _advance_head(self, m: Manifest) -> int:
@@ -370,6 +415,14 @@ class Publisher:
                 return m.step
             time.sleep(random.random() * 0.05 * (attempt + 1))
         raise ConflictError(f"could not move {N.HEAD} to step {m.step}: {HEAD_ATTEMPTS} compare-and-swap attempts lost")
+
+
+def _check_mine(m: Manifest, mine: Descriptor | None) -> None:
+    if mine is None:
+        return
+    if m.num_shards != mine.num_shards or m.shards[mine.shard].descriptor != mine.digest:
+        raise ConflictError(f"step {m.step} was committed without this publisher's shard {mine.shard} of "
+                            f"{mine.num_shards} (another writer's shards won the step)")
 
 
 __all__ = ["Publisher", "PublishResult", "CommitResult"]

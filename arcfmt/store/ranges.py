@@ -95,8 +95,6 @@ class RangeFetcher:
         self.on_bytes = on_bytes
         self.batch = batch
         self._lock = threading.Lock()
-        if spool_dir:
-            os.makedirs(spool_dir, exist_ok=True)
 
     # -- spool: one file per finished chunk, named <key>.<start>-<end>.<xxh3-64 of the bytes>
     @staticmethod
@@ -132,6 +130,7 @@ class RangeFetcher:
         name = self._spool_stem(key, start, end) + xxhash.xxh3_64_hexdigest(data)
         tmp = os.path.join(self.spool_dir, f".tmp-{os.getpid()}-{threading.get_ident()}-{name}")
         try:
+            os.makedirs(self.spool_dir, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, os.path.join(self.spool_dir, name))
@@ -140,7 +139,7 @@ class RangeFetcher:
 
     def forget(self, keep=lambda key: False) -> None:
         """Remove spooled chunks whose object key ``keep`` rejects (called after a step commits)."""
-        if not self.spool_dir:
+        if not self.spool_dir or not os.path.isdir(self.spool_dir):
             return
         for n in os.listdir(self.spool_dir):
             key = n.rsplit(".", 2)[0].replace("__", "/") if not n.startswith(".") else ""
