@@ -2,7 +2,7 @@
 
     python -m conformance run                       # the reference implementation (in process)
     python -m conformance run --impl independent    # conformance/independent_decoder.py
-    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]"
+    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]" [--impl-objects "CMD {kind} {object}"]
     python -m conformance list                      # the vectors and what they cover
     python -m conformance rules                     # SPEC.md rules (Appendix A) without a vector
 
@@ -57,14 +57,30 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
     return res
 
 
+def reference_object(kind: str, path: str) -> None:
+    """Parse a stream object (SPEC.md Part II) with arcfmt; raises ArcError when it must be refused."""
+    from arcfmt.store import layout as SL
+
+    with open(path, "rb") as f:
+        data = f.read()
+    {"head": SL.parse_head, "manifest": SL.parse_manifest, "descriptor": SL.parse_descriptor}[kind](data, path)
+
+
 def run_reference(v, mode, timeout):
     from arcfmt import ArcError
 
     t0 = time.perf_counter()
     try:
+        if "kind" in v:
+            reference_object(v["kind"], os.path.join(HERE, v["object"]))
+            out = None
+            rc, category = 0, None
+            return judge_object(v, rc, category) + (time.perf_counter() - t0,)
         out = reference_decode(os.path.join(HERE, v["base"]), os.path.join(HERE, v["delta"]), mode)
         rc, category = 0, None
     except ArcError as exc:
+        if "kind" in v:
+            return judge_object(v, 1, exc.category) + (time.perf_counter() - t0,)
         out, rc, category = None, 1, exc.category
     except Exception as exc:  # noqa: BLE001 - a crash is what we are looking for
         return "crash", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
@@ -81,6 +97,31 @@ def impl_command(impl: str) -> str:
         path = os.path.join(HERE, "independent_decoder.py")
         return f"{shlex.quote(sys.executable)} {shlex.quote(path)} {{base}} {{delta}} {{out}} {{mode_flag}}"
     return impl
+
+
+def objects_command(impl: str | None, impl_objects: str | None) -> str | None:
+    if impl_objects:
+        return impl_objects
+    if impl == "independent":
+        path = os.path.join(HERE, "independent_decoder.py")
+        return f"{shlex.quote(sys.executable)} {shlex.quote(path)} object {{kind}} {{object}}"
+    return None
+
+
+def run_external_object(template, v, timeout):
+    cmd = template.format(kind=v["kind"], object=shlex.quote(os.path.join(HERE, v["object"])))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"no answer in {timeout} s", timeout
+    dt = time.perf_counter() - t0
+    if p.returncode in (0, 1):
+        first = (p.stdout.strip().splitlines() or [""])[0]
+        parts = first.split(":", 2)
+        category = parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
+        return judge_object(v, p.returncode, category) + (dt,)
+    return "crash", f"exit {p.returncode}: {p.stderr.strip()[-200:]}", dt
 
 
 def run_external(template, v, mode, timeout):
@@ -112,6 +153,16 @@ def run_external(template, v, mode, timeout):
 
 # ------------------------------------------------------------------------------------ judging
 
+def judge_object(v, rc, category):
+    if v["expect"] == "accept":
+        return ("pass", "") if rc == 0 else ("fail", f"rejected a valid object ({category})")
+    if rc == 0:
+        return "fail", "accepted an object that must be rejected"
+    if category != v["error"]:
+        return "fail", f"rejected as {category!r}, expected {v['error']!r}"
+    return "pass", ""
+
+
 def judge(v, rc, out, category, mode="random"):
     if v["expect"] == "accept":
         if rc != 0:
@@ -135,8 +186,20 @@ def cmd_run(args) -> int:
     modes = ["random", "stream"] if args.mode == "both" else [args.mode]
     if template is not None and "{mode" not in template and args.mode == "both":
         modes = ["random"]
+    obj_template = objects_command(args.impl, args.impl_objects)
     rows = []
+    skipped = 0
     for v in vectors:
+        if "kind" in v:  # a stream object (SPEC.md Part II): parsed once, no read modes
+            if template is None:
+                outcome, detail, dt = run_reference(v, "random", args.timeout)
+            elif obj_template is None:
+                skipped += 1
+                continue
+            else:
+                outcome, detail, dt = run_external_object(obj_template, v, args.timeout)
+            rows.append(dict(vector=v["name"], mode="object", outcome=outcome, detail=detail, seconds=round(dt, 3)))
+            continue
         for mode in modes:
             if mode not in v.get("modes", ["random"]):
                 continue
@@ -153,8 +216,9 @@ def cmd_run(args) -> int:
         for r in rows:
             if r["outcome"] != "pass" or args.verbose:
                 print(f"{r['vector']:{w}s}  {r['mode']:6s}  {r['outcome']:7s}  {r['detail']}")
-        print(f"{args.impl or 'reference'}: {len(rows)} runs of {len(vectors)} vectors — {counts['pass']} passed, "
-              f"{counts['fail']} failed, {counts['crash']} crashed, {counts['timeout']} timed out")
+        print(f"{args.impl or 'reference'}: {len(rows)} runs of {len(vectors) - skipped} vectors — {counts['pass']} passed, "
+              f"{counts['fail']} failed, {counts['crash']} crashed, {counts['timeout']} timed out"
+              + (f" ({skipped} stream-object vectors not run: no --impl-objects)" if skipped else ""))
     return 0 if counts["pass"] == len(rows) else 1
 
 
@@ -212,6 +276,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the vectors against an implementation")
     r.add_argument("--impl", help="'independent', or a command with {base} {delta} {out} and optionally {mode}")
+    r.add_argument("--impl-objects", help="a command with {kind} and {object} for the stream-object vectors "
+                                          "(SPEC.md Part II); 'independent' supplies its own")
     r.add_argument("--mode", choices=["random", "stream", "both"], default="both")
     r.add_argument("--filter", default="*", help="only vectors whose name matches this glob")
     r.add_argument("--timeout", type=float, default=10.0, help="seconds per vector")

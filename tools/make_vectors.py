@@ -21,7 +21,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -876,6 +876,110 @@ def _extra_payload(data):
     return assemble(p)
 
 
+# ------------------------------------------------------------------------------------ stream objects (Part II)
+
+@dataclass
+class ObjectVector:
+    name: str
+    description: str
+    covers: list
+    kind: str                            # head | manifest | descriptor
+    data: bytes
+    error: str | None = None
+
+
+def stream_objects():
+    """Real objects of a small stream (2 shards, a keyframe step and a delta step), made by Publisher."""
+    from arcfmt.store import Publisher
+    from arcfmt.store import layout as SL
+
+    with tempfile.TemporaryDirectory() as root:
+        r = rng(40)
+        steps = []
+        for k in range(2):
+            b = {f"s{k}.w": (r.standard_normal((16, 8)) * 0.02).astype(BF16)}
+            t = {n: (a.astype(np.float32) * 1.001).astype(BF16) for n, a in b.items()}
+            steps.append((b, t))
+        for k, (b, t) in enumerate(steps):
+            pub = Publisher(root, shard=k, num_shards=2)
+            pub.publish(0, b)
+        objs = {}
+        for k, (b, t) in enumerate(steps):
+            pub = Publisher(root, shard=k, num_shards=2)
+            pub.publish(1, t, base=b, base_step=0)
+        def read(name):
+            with open(os.path.join(root, name), "rb") as f:
+                return f.read()
+        objs["manifest_keyframe"] = read("steps/00000000000000000000/manifest.json")
+        objs["manifest_delta"] = read("steps/00000000000000000001/manifest.json")
+        objs["descriptor"] = read("steps/00000000000000000001/shard-00001-of-00002.json")
+        h = replace(SL.parse_head(read("head.json")), time_ms=1_700_000_000_000)  # informative: fixed
+        objs["head"] = h.to_bytes()
+    return objs
+
+
+def object_vectors():
+    o = stream_objects()
+    V = [ObjectVector("y_stream_head", "a head pointer", ["S7"], "head", o["head"]),
+         ObjectVector("y_stream_manifest_keyframe", "the manifest of a keyframe step", ["S6"], "manifest",
+                      o["manifest_keyframe"]),
+         ObjectVector("y_stream_manifest_delta", "the manifest of a delta step, 2 shards", ["S6"], "manifest",
+                      o["manifest_delta"]),
+         ObjectVector("y_stream_descriptor", "a shard descriptor", ["S5"], "descriptor", o["descriptor"])]
+
+    def edit(kind, src, fn):
+        obj = json.loads(o[src])
+        fn(obj)
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+    def nv(name, desc, covers, kind, data, error):
+        V.append(ObjectVector(name, desc, covers, kind, data, error))
+
+    def obj_name(value):
+        def f(m):
+            m["shards"][0]["delta"]["name"] = value
+        return f
+    nv("n_stream_manifest_path_traversal", "a data object named ../../../etc/passwd", ["S3", "S13"], "manifest",
+       edit("manifest", "manifest_delta", obj_name("../../../etc/passwd")), "corrupt")
+    nv("n_stream_manifest_absolute_name", "a data object named with an absolute path", ["S3", "S13"], "manifest",
+       edit("manifest", "manifest_delta", obj_name("/etc/passwd")), "corrupt")
+    nv("n_stream_manifest_name_traversal_inside", "a name that climbs out of its step folder", ["S3", "S13"],
+       "manifest", edit("manifest", "manifest_delta", obj_name(
+           "steps/00000000000000000001/../../head.json")), "corrupt")
+    nv("n_stream_manifest_other_step_name", "a well-formed name for another step", ["S3"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__(
+           "name", m["shards"][0]["delta"]["name"].replace("00000000000000000001", "00000000000000000002", 1))),
+       "corrupt")
+
+    def file_traversal(m):
+        m["shards"][0]["file"] = "../escape.safetensors"
+    nv("n_stream_manifest_file_traversal", "a shard file name ../escape.safetensors", ["S3", "S13"], "manifest",
+       edit("manifest", "manifest_delta", file_traversal), "corrupt")
+
+    def base_after(m):
+        m["base_step"] = 5
+    nv("n_stream_manifest_base_after_step", "base_step after step", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", base_after), "corrupt")
+    nv("n_stream_manifest_future_major", "version [2, 0]", ["S11"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("version", [2, 0])), "unsupported_version")
+    nv("n_stream_head_future_major", "version [2, 0]", ["S11"], "head",
+       edit("head", "head", lambda m: m.__setitem__("version", [2, 0])), "unsupported_version")
+    nv("n_stream_head_float", "a float where an integer belongs", ["S2"], "head",
+       o["head"].replace(b'"step":1', b'"step":1.0'), "corrupt")
+    nv("n_stream_head_duplicate_key", "a key given twice", ["S2"], "head",
+       o["head"].replace(b'"step":1', b'"step":1,"step":2'), "corrupt")
+    nv("n_stream_head_too_large", "a head of 5000 bytes", ["S12"], "head",
+       o["head"][:-2] + b',"x":"' + b"a" * 5000 + b'"}\n', "limit")
+    nv("n_stream_head_keyframe_after_step", "keyframe_step after step", ["S7"], "head",
+       edit("head", "head", lambda m: m.__setitem__("keyframe_step", 9)), "corrupt")
+    nv("n_stream_head_not_json", "not JSON", ["S2"], "head", b"\x8aARC\r\n\x1a\n", "corrupt")
+    nv("n_stream_descriptor_bad_hex", "a target digest that is not 32 hex digits", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m.__setitem__("target_digest", "xyz")), "corrupt")
+    nv("n_stream_descriptor_control_char_name", "a tensor name with a newline", ["S5", "S13"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, "bad\nname")), "corrupt")
+    return V
+
+
 # ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
 
 RULES = [  # (vector name glob, rules it exercises)
@@ -931,6 +1035,12 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_trailer_index_offset_shifted", ["R-TRAILER-OFFSETS", "R-STREAM-TRAILER-INDEX"]),
     ("n_zstd_bad_content_checksum", ["R-ZSTD"]), ("n_zstd_cut_short", ["R-ZSTD"]),
     ("n_xz_trailing_data", ["R-XZ"]), ("n_bz2_trailing_data", ["R-BZ2"]),
+    ("y_stream_*", ["R-S-OBJECTS"]), ("n_stream_*traversal*", ["R-S-NAMES"]), ("n_stream_*absolute*", ["R-S-NAMES"]),
+    ("n_stream_manifest_other_step_name", ["R-S-NAMES"]), ("n_stream_manifest_file_traversal", ["R-S-NAMES"]),
+    ("n_stream_*future_major", ["R-S-VERSION"]), ("n_stream_head_float", ["R-S-JSON"]),
+    ("n_stream_head_duplicate_key", ["R-S-JSON"]), ("n_stream_head_not_json", ["R-S-JSON"]),
+    ("n_stream_head_too_large", ["R-S-LIMITS"]), ("n_stream_head_keyframe_after_step", ["R-S-OBJECTS"]),
+    ("n_stream_manifest_base_after_step", ["R-S-OBJECTS"]), ("n_stream_descriptor_*", ["R-S-OBJECTS"]),
 ]
 
 
@@ -977,6 +1087,16 @@ def generate(out_dir: str) -> None:
             entry["error"] = v.error
             if v.errors:
                 entry["errors"] = v.errors
+        manifest["vectors"].append(entry)
+    for v in object_vectors():
+        fname = f"{v.name}.json"
+        with open(os.path.join(vec_dir, fname), "wb") as f:
+            f.write(v.data)
+        entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
+                 "description": v.description, "covers": ["SPEC.md " + c for c in v.covers],
+                 "rules": rules_for(v.name), "kind": v.kind, "object": f"vectors/{fname}"}
+        if v.error is not None:
+            entry["error"] = v.error
         manifest["vectors"].append(entry)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
