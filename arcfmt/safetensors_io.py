@@ -13,6 +13,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import InputError, SafetensorsError, UnsupportedError
+from .layout import MAX_DIMS, MAX_TENSOR_ELEMS
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
 INDEX_NAME = "model.safetensors.index.json"
@@ -85,7 +86,15 @@ def read_file(path: str) -> SafetensorsFile:
         if not all(isinstance(d, int) and d >= 0 for d in shape) or not all(
                 isinstance(x, int) for x in (begin, end)):
             raise SafetensorsError(f"{path}: tensor {name!r}: shape and offsets must be non-negative integers")
-        count = int(np.prod(shape, dtype=object)) if shape else 1
+        if len(shape) > MAX_DIMS:
+            raise SafetensorsError(f"{path}: tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
+        nonzero = 1
+        for d in shape:
+            nonzero *= max(d, 1)
+        if nonzero > MAX_TENSOR_ELEMS:  # numpy cannot even describe such a shape, empty or not
+            raise SafetensorsError(f"{path}: tensor {name!r}: shape {list(shape)} is beyond "
+                                   f"{MAX_TENSOR_ELEMS} elements")
+        count = 0 if 0 in shape else nonzero
         if not 0 <= begin <= end <= data_size or end - begin != count * dt.itemsize:
             raise SafetensorsError(f"{path}: tensor {name!r}: offsets [{begin}, {end}) do not hold "
                                    f"{count} {dt.name} elements inside the {data_size}-byte data section")

@@ -185,3 +185,13 @@ def test_in_place_survives_sigkill_at_any_moment(tmp_path, kind):
         outcomes.add("old" if state == old else "new")
         assert not [n for n in siblings(b) if ".arcfmt-" in n]
     assert outcomes  # at least one kill landed; both outcomes are allowed
+
+
+@pytest.mark.parametrize("shape", [[2**62, 2**62, 0], [2**41], [1] * 20, [-1, 2], [3.5]])
+def test_safetensors_header_with_impossible_shape(tmp_path, shape):
+    """Found by tools/fuzz.py: shapes numpy cannot describe must be a SafetensorsError, not a crash."""
+    path = tmp_path / "x.safetensors"
+    h = json.dumps({"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+    path.write_bytes(len(h).to_bytes(8, "little") + h)
+    with pytest.raises(arcfmt.SafetensorsError):
+        open_checkpoint(path).tensors()
