@@ -8,6 +8,13 @@ and hash bindings ``zstandard`` and ``xxhash``; it does not import ``arcfmt``.
 Usage::
 
     python conformance/independent_decoder.py [--stream] BASE DELTA OUT
+    python conformance/independent_decoder.py object KIND PATH    # KIND: head | manifest | descriptor
+
+The second form checks one stream object (SPEC.md Part II: S2 JSON, S3 names, S4 object
+references, S5 descriptor, S6 manifest, S7 head, S11 versions, S12 limits) on its own content:
+exit 0 = valid, 1 = refused (``error: CATEGORY: message``), 2 = anything unexpected.  With no
+object name given, the checks against the object's own name are skipped; every check between
+fields (each object reference's derived name included) is made.  See "Part II" below.
 
 BASE is a safetensors file holding the base tensors (``{}`` header when the file
 needs no base), DELTA the arcfmt file, OUT the JSON report written on success::
@@ -44,6 +51,35 @@ says META is "checked as in §6"; A8 the block-count comparison is R-INDEX-BLOCK
      LZMA2 alone); the `limit` threshold is liblzma's own memory accounting.
   A10 §9 zstd: the end of the frame (trailing bytes, second frame) is found by walking the
      block headers before decompressing; every failure there is `corrupt` either way.
+
+Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
+  P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
+  P2 S2 "null means absent" vs "a missing field is corrupt": every key of the S5-S7 tables must
+     be present; a nullable field holds null, it is never left out (missing = `corrupt`).
+  P3 S2 duplicate keys are compared after unescaping ("st\u0065p" duplicates "step").
+  P4 Check order: size (`limit`), UTF-8 / JSON (`corrupt`), top-level object, `format`,
+     `version` (S6 lists format before version; the head and descriptor follow S6), then the
+     fields in table order, then the relations between them.  So a major-2 object with missing
+     fields is `unsupported_version`, and a wrong format string wins over a wrong version.
+  P5 S11: `version` is exactly two integers (else `corrupt`); major != 1 (0 and negative
+     included) is `unsupported_version`; a negative minor is `corrupt`; any minor >= 0 is read.
+  P6 S7 `time_ms` has no stated range: any integer (negative, or beyond 64 bits) is accepted.
+  P7 S5 tensors entries: "a string valid as §7 says" brings §7's categories for the name (over
+     MAX_NAME_BYTES UTF-8 bytes = `limit`, checked first; lone-surrogate escape, empty, control
+     character = `corrupt`); an unknown dtype name and a shape of more than 16 dims are `corrupt`
+     (S2/S10), not §7's `unsupported` / `limit`; MAX_TENSOR_ELEMS is not applied (S5 does not).
+  P8 S5: the 2^20 tensor-count `limit` is checked when the `tensors` field is reached (after
+     step, num_shards, shard, file, target_digest, writer), before its entries.
+  P9 S2: an integer literal of 4000+ digits is out of every stated range; it is mapped to
+     +/-10^4000 instead of being converted (Python's int() refuses > 4300 digits).
+  P10 S2: `-0` is an integer (0); only fraction / exponent / NaN / Infinity are refused.
+  P11 S2/S12 state no nesting-depth limit: any depth is valid (deeper than Python's json
+     module goes, an iterative parser takes over); lone-surrogate escapes (\ud800) are valid
+     JSON and refused only where a field's own rule refuses them.
+  P12 S6: `keyframe_step` and a non-null `base_step` are steps (0 .. 2^64-2) besides the stated
+     relations; a shard entry's `tensors` beyond 2^20 is `corrupt` (S6 range), not S12's `limit`.
+  P13 S4: a keyframe reference's `base_step` / `base_digest` are ignored whatever they hold
+     (not even type-checked); a delta reference needs both, base_step in 0 .. S-1.
 """
 
 import bz2
@@ -51,6 +87,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import struct
 import sys
 import traceback
@@ -64,6 +101,8 @@ import zstandard
 CATEGORIES = (
     "bad_magic", "unsupported_version", "truncated", "checksum", "reserved_bits", "limit",
     "unknown_record", "unsupported", "corrupt", "wrong_base", "verification",
+    # SPEC S10: the categories only a stream has (none arises from checking one object alone)
+    "conflict", "not_found", "transport", "input",
 )
 
 
@@ -1164,10 +1203,517 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
             fail("corrupt", f"INDX: entry of other record #{i} does not match the record")
 
 
+# ============================================================================================
+# Part II: stream objects (SPEC.md S2-S7, S11, S12), checked on their own content.
+#
+#     python conformance/independent_decoder.py object KIND PATH     # KIND: head|manifest|descriptor
+#
+# There is no object name, so the checks that compare a field with the object's own name (a
+# descriptor's step/shard/num_shards, a manifest's step) are skipped; every check between fields of
+# the object, including each object reference's derived name (S3), is made.
+
+STREAM_LIMITS = {"head": 4096, "manifest": 16 * 2 ** 20, "descriptor": 64 * 2 ** 20}  # S12
+STREAM_FORMATS = {"head": "arcfmt-stream-head", "manifest": "arcfmt-stream-manifest",
+                  "descriptor": "arcfmt-stream-shard"}
+MAX_STEP = 2 ** 64 - 2                       # S1, S12
+MAX_SHARDS = 4096                            # S5, S6, S12
+MAX_DESCRIPTOR_TENSORS = 2 ** 20             # S5, S12
+MAX_MANIFEST_TENSORS = 2 ** 32               # S6
+MAX_FILE_NAME_BYTES = 200                    # S3
+MIN_OBJECT_SIZE = MIN_FILE_SIZE              # S4: 108
+MAX_OBJECT_SIZE = 2 ** 63 - 1                # S4
+HUGE_DIGITS = 4000                           # see parse_json_int
+
+# ASCII-only classes (never \d or \w: those match non-ASCII digits and letters in Python).
+OBJECT_NAME_RE = re.compile(r"steps/[0-9]{20}/shard-[0-9]{5}-of-[0-9]{5}-(delta|keyframe)-[0-9a-f]{32}\.arc")
+FILE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\.safetensors")
+WRITER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+HEX_RE = {16: re.compile(r"[0-9a-f]{16}"), 32: re.compile(r"[0-9a-f]{32}")}
+
+
+class _JsonReject(Exception):
+    pass
+
+
+class _Absent:
+    """Marks a key that is not there (distinct from JSON null)."""
+
+
+ABSENT = _Absent()
+
+
+def parse_json_int(text):
+    # S2: every number is an integer.  Python refuses int() of more than 4300 digits; any integer
+    # of 4000 digits or more is out of every range this layout states, so it is replaced by a
+    # value of the same sign that is equally out of range (fields without a stated range, such as
+    # a head's time_ms, accept it as the integer it is).
+    digits = text.lstrip("-")
+    if len(digits) >= HUGE_DIGITS:
+        return -(10 ** HUGE_DIGITS) if text.startswith("-") else 10 ** HUGE_DIGITS
+    return int(text)
+
+
+def _reject_float(text):
+    raise _JsonReject(f"a number with a fraction or exponent ({text[:40]})")
+
+
+def _reject_constant(text):
+    raise _JsonReject(f"{text} is not JSON")
+
+
+def _pairs(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _JsonReject(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+_WS_RE = re.compile(r"[ \t\n\r]*")
+_NUMBER_RE = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+def _parse_json_iterative(text):
+    """RFC 8259 parser without recursion, for texts nested deeper than Python's json accepts.
+
+    Same rules as the json-module path in parse_json: strict strings (json.decoder.scanstring),
+    duplicate keys, fractions/exponents and NaN/Infinity refused.
+    """
+    from json.decoder import scanstring
+    n = len(text)
+    pos = _WS_RE.match(text, 0).end()
+    stack = []          # frames: [container, pending_key]
+    root = ABSENT
+
+    def value_at(pos):
+        """Scan one scalar at pos, or open a container; returns (kind, value, newpos)."""
+        if pos >= n:
+            raise _JsonReject("unexpected end of input")
+        c = text[pos]
+        if c == "{":
+            return "open", {}, pos + 1
+        if c == "[":
+            return "open", [], pos + 1
+        if c == '"':
+            try:
+                s, end = scanstring(text, pos + 1, True)
+            except ValueError as exc:
+                raise _JsonReject(str(exc))
+            return "scalar", s, end
+        for lit, val in (("true", True), ("false", False), ("null", None)):
+            if text.startswith(lit, pos):
+                return "scalar", val, pos + len(lit)
+        for lit in ("NaN", "Infinity", "-Infinity"):
+            if text.startswith(lit, pos):
+                _reject_constant(lit)
+        m = _NUMBER_RE.match(text, pos)
+        if m is None or m.end() == pos:
+            raise _JsonReject(f"unexpected character at offset {pos}")
+        if m.group(2) or m.group(3):
+            _reject_float(m.group(0))
+        return "scalar", parse_json_int(m.group(1)), m.end()
+
+    def attach(val):
+        nonlocal root
+        if not stack:
+            root = val
+            return
+        cont, key, _count = stack[-1]
+        if isinstance(cont, dict):
+            if key in cont:
+                raise _JsonReject(f"duplicate key {key!r}")
+            cont[key] = val
+            stack[-1][1] = ABSENT
+        else:
+            cont.append(val)
+
+    expect_value = True
+    while True:
+        pos = _WS_RE.match(text, pos).end()
+        if expect_value:
+            top = stack[-1][0] if stack else None
+            if isinstance(top, dict) and stack[-1][1] is ABSENT:
+                # expecting a key (or '}' right after '{')
+                if pos < n and text[pos] == "}" and not top and stack[-1][2] == 0:
+                    pos += 1
+                    val = stack.pop()[0]
+                    attach(val)
+                    expect_value = False
+                    continue
+                if pos >= n or text[pos] != '"':
+                    raise _JsonReject(f"expected a key at offset {pos}")
+                try:
+                    key, pos = scanstring(text, pos + 1, True)
+                except ValueError as exc:
+                    raise _JsonReject(str(exc))
+                pos = _WS_RE.match(text, pos).end()
+                if pos >= n or text[pos] != ":":
+                    raise _JsonReject(f"expected ':' at offset {pos}")
+                pos += 1
+                stack[-1][1] = key
+                stack[-1][2] += 1
+                continue
+            if isinstance(top, list) and pos < n and text[pos] == "]" and stack[-1][2] == 0:
+                pos += 1
+                val = stack.pop()[0]
+                attach(val)
+                expect_value = False
+                continue
+            kind, val, pos = value_at(pos)
+            if isinstance(top, list):
+                stack[-1][2] += 1
+            if kind == "open":
+                stack.append([val, ABSENT, 0])
+                # record the container in its parent now (order of keys / items is kept)
+                continue
+            attach(val)
+            expect_value = False
+        else:
+            if not stack:
+                if pos != n:
+                    raise _JsonReject(f"extra data at offset {pos}")
+                return root
+            cont = stack[-1][0]
+            close = "}" if isinstance(cont, dict) else "]"
+            if pos < n and text[pos] == ",":
+                pos += 1
+                expect_value = True
+                continue
+            if pos < n and text[pos] == close:
+                pos += 1
+                stack.pop()
+                attach(cont)
+                continue
+            raise _JsonReject(f"expected ',' or '{close}' at offset {pos}")
+
+
+def parse_json(data, what):
+    """S2: strict UTF-8, one JSON value (RFC 8259), no duplicate keys, integers only."""
+    try:
+        text = data.decode("utf-8", errors="strict")  # no surrogates, no overlong forms
+    except UnicodeDecodeError as exc:
+        fail("corrupt", f"{what}: not valid UTF-8 ({exc})")
+    try:
+        try:
+            obj = json.loads(text, object_pairs_hook=_pairs, parse_float=_reject_float,
+                             parse_int=parse_json_int, parse_constant=_reject_constant)
+        except json.JSONDecodeError as exc:  # including a byte order mark (ASSUMPTION P1)
+            raise _JsonReject(f"not JSON ({exc})")
+        except RecursionError:  # ASSUMPTION P11: nested deeper than Python's json module goes: valid all the same
+            obj = _parse_json_iterative(text)
+    except _JsonReject as exc:
+        fail("corrupt", f"{what}: {exc}")
+    if not isinstance(obj, dict):
+        fail("corrupt", f"{what}: not a JSON object")
+    return obj
+
+
+# ---- typed field access (S2 "Types")
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def get(obj, key, what):
+    if key not in obj:  # ASSUMPTION P2: a nullable field is present (null), never left out
+        fail("corrupt", f"{what}: missing field {key!r}")
+    return obj[key]
+
+
+def get_int(obj, key, what, lo=None, hi=None, nullable=False):
+    v = get(obj, key, what)
+    if v is None and nullable:
+        return None
+    if not is_int(v):
+        fail("corrupt", f"{what}: field {key!r} is not an integer{' or null' if nullable else ''}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        fail("corrupt", f"{what}: field {key!r} = {v if abs(v) < 10 ** 30 else '(huge)'} is outside "
+                        f"{lo if lo is not None else '-inf'} .. {hi if hi is not None else 'inf'}")
+    return v
+
+
+def get_str(obj, key, what, nullable=False):
+    v = get(obj, key, what)
+    if v is None and nullable:
+        return None
+    if not isinstance(v, str):
+        fail("corrupt", f"{what}: field {key!r} is not a string{' or null' if nullable else ''}")
+    return v
+
+
+def check_hex(v, digits, what):
+    if not isinstance(v, str):
+        fail("corrupt", f"{what} is not a string of {digits} hex digits")
+    if HEX_RE[digits].fullmatch(v) is None:
+        fail("corrupt", f"{what} is not {digits} lower-case hex digits: {v[:80]!r}")
+    return v
+
+
+def get_hex(obj, key, digits, what, nullable=False):
+    v = get(obj, key, what)
+    if v is None and nullable:
+        return None
+    return check_hex(v, digits, f"{what}: field {key!r}")
+
+
+def get_bool(obj, key, what):
+    v = get(obj, key, what)
+    if not isinstance(v, bool):
+        fail("corrupt", f"{what}: field {key!r} is not a boolean")
+    return v
+
+
+def get_obj(obj, key, what, nullable=False):
+    v = get(obj, key, what)
+    if v is None and nullable:
+        return None
+    if not isinstance(v, dict):
+        fail("corrupt", f"{what}: field {key!r} is not an object{' or null' if nullable else ''}")
+    return v
+
+
+def get_list(obj, key, what):
+    v = get(obj, key, what)
+    if not isinstance(v, list):
+        fail("corrupt", f"{what}: field {key!r} is not an array")
+    return v
+
+
+# ---- S2 / S11 common head of every object
+
+def check_format_and_version(obj, kind, what):
+    # S6 lists the reader checks in this order: the format string, then the version (S11), then
+    # the fields.  The same order is used for the head and the descriptor.
+    fmt = get_str(obj, "format", what)
+    if fmt != STREAM_FORMATS[kind]:
+        fail("corrupt", f"{what}: format is {fmt[:80]!r}, not {STREAM_FORMATS[kind]!r}")
+    ver = get(obj, "version", what)
+    if not (isinstance(ver, list) and len(ver) == 2 and all(is_int(x) for x in ver)):
+        fail("corrupt", f"{what}: field 'version' is not [major, minor] (two integers)")
+    major, minor = ver
+    if major != 1:
+        fail("unsupported_version", f"{what}: version [{major}, {minor}]: major version "
+                                    f"{major} is not implemented (1)")
+    if minor < 0:  # ASSUMPTION P5: a version number is a non-negative integer
+        fail("corrupt", f"{what}: field 'version' has a negative minor version")
+
+
+# ---- S3 names
+
+def check_file_name(v, what):
+    if not isinstance(v, str):
+        fail("corrupt", f"{what} is not a string")
+    if FILE_NAME_RE.fullmatch(v) is None or v == "model.safetensors.index.json":
+        fail("corrupt", f"{what} {v[:80]!r} is not a valid checkpoint file name (S3)")
+    if len(v.encode("utf-8")) > MAX_FILE_NAME_BYTES:
+        fail("corrupt", f"{what} is longer than {MAX_FILE_NAME_BYTES} bytes")
+    return v
+
+
+def check_writer(v, what):
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        fail("corrupt", f"{what}: field 'writer' is not a string or null")
+    if WRITER_RE.fullmatch(v) is None:
+        fail("corrupt", f"{what}: writer {v[:80]!r} is not a valid writer id (S5)")
+    return v
+
+
+def derived_name(step, shard, num_shards, kind, h):
+    return f"steps/{step:020d}/shard-{shard:05d}-of-{num_shards:05d}-{kind}-{h}.arc"
+
+
+# ---- S4 object references
+
+def check_object_ref(ref, kind, step, shard, num_shards, what):
+    """An object reference of `kind` (delta | keyframe) belonging to (step, shard, num_shards)."""
+    name = get_str(ref, "name", what)
+    size = get_int(ref, "size", what, MIN_OBJECT_SIZE, MAX_OBJECT_SIZE)
+    h = get_hex(ref, "xxh3_128", 32, what)
+    get_int(ref, "index_offset", what, FIRST_RECORD_OFFSET, size - 56)
+    get_hex(ref, "tail_xxh3_64", 16, what)
+    base_step = None
+    if kind == "delta":
+        base_step = get_int(ref, "base_step", what, 0, step - 1)
+        get_hex(ref, "base_digest", 32, what)
+    # a keyframe reference's base_step / base_digest are ignored (S4), whatever they hold (P13)
+    if OBJECT_NAME_RE.fullmatch(name) is None:
+        fail("corrupt", f"{what}: name {name[:120]!r} is not a data object name (S3)")
+    want = derived_name(step, shard, num_shards, kind, h)
+    if name != want:
+        fail("corrupt", f"{what}: name {name!r} is not the derived name {want!r} (S3)")
+    return base_step
+
+
+# ---- S5 descriptor
+
+def check_tensor_name(v, what):
+    """S5: 'a string valid as §7 says' (length `limit` first, as §7 orders it; then `corrupt`).
+
+    ASSUMPTION P7."""
+    if not isinstance(v, str):
+        fail("corrupt", f"{what}: tensor name is not a string")
+    raw = v.encode("utf-8", errors="surrogatepass")
+    if len(raw) > MAX_NAME_BYTES:
+        fail("limit", f"{what}: tensor name is {len(raw)} bytes, more than MAX_NAME_BYTES ({MAX_NAME_BYTES})")
+    try:
+        raw = v.encode("utf-8")  # a lone surrogate (\\udXXX escape) is not valid UTF-8
+    except UnicodeEncodeError:
+        fail("corrupt", f"{what}: tensor name {v!r} holds a lone surrogate (not valid UTF-8)")
+    check_name_bytes(raw, what)
+    return raw
+
+
+def check_descriptor(obj):
+    what = "descriptor"
+    check_format_and_version(obj, "descriptor", what)
+    step = get_int(obj, "step", what, 0, MAX_STEP)
+    num_shards = get_int(obj, "num_shards", what, 1, MAX_SHARDS)
+    shard = get_int(obj, "shard", what, 0, num_shards - 1)
+    check_file_name(get(obj, "file", what), f"{what}: field 'file'")
+    get_hex(obj, "target_digest", 32, what)
+    check_writer(get(obj, "writer", what), what)
+    tensors = get_list(obj, "tensors", what)
+    if len(tensors) > MAX_DESCRIPTOR_TENSORS:  # ASSUMPTION P8: checked here, before the entries
+        fail("limit", f"{what}: {len(tensors)} tensors, more than {MAX_DESCRIPTOR_TENSORS}")
+    seen = set()
+    for k, t in enumerate(tensors):
+        tw = f"{what}: tensors[{k}]"
+        if not (isinstance(t, list) and len(t) == 4):
+            fail("corrupt", f"{tw} is not an array [name, dtype, shape, hash]")
+        name, dtype, shape, th = t
+        raw = check_tensor_name(name, tw)
+        if not isinstance(dtype, str) or dtype not in DTYPE_BY_NAME:
+            fail("corrupt", f"{tw}: dtype {dtype!r} is not a dtype name of SPEC 2")
+        if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+            fail("corrupt", f"{tw}: shape is not an array of at most {MAX_DIMS} integers")
+        for d in shape:
+            if not is_int(d) or not 0 <= d < 2 ** 63:
+                fail("corrupt", f"{tw}: shape holds {d if not is_int(d) or abs(d) < 10 ** 30 else '(huge)'!r}, "
+                                f"not an integer 0 <= d < 2^63")
+        check_hex(th, 16, f"{tw}: tensor hash")
+        if raw in seen:
+            fail("corrupt", f"{tw}: tensor name {name!r} given twice")
+        seen.add(raw)
+    delta = get_obj(obj, "delta", what, nullable=True)
+    keyframe = get_obj(obj, "keyframe", what, nullable=True)
+    if delta is None and keyframe is None:
+        fail("corrupt", f"{what}: neither 'delta' nor 'keyframe' is given")
+    if delta is not None:
+        check_object_ref(delta, "delta", step, shard, num_shards, f"{what}: delta")
+    if keyframe is not None:
+        check_object_ref(keyframe, "keyframe", step, shard, num_shards, f"{what}: keyframe")
+
+
+# ---- S6 manifest
+
+def check_manifest(obj):
+    what = "manifest"
+    check_format_and_version(obj, "manifest", what)
+    step = get_int(obj, "step", what, 0, MAX_STEP)
+    base_step = get_int(obj, "base_step", what, 0, MAX_STEP, nullable=True)  # range: P12
+    base_manifest = get_hex(obj, "base_manifest", 32, what, nullable=True)
+    keyframe = get_bool(obj, "keyframe", what)
+    keyframe_step = get_int(obj, "keyframe_step", what, 0, MAX_STEP)
+    get_hex(obj, "model_digest", 32, what)
+    total = get_int(obj, "tensors", what, 0, MAX_MANIFEST_TENSORS)
+    check_writer(get(obj, "writer", what), what)
+    shards = get_list(obj, "shards", what)
+    if not 1 <= len(shards) <= MAX_SHARDS:
+        fail("corrupt", f"{what}: {len(shards)} shards, not 1 .. {MAX_SHARDS}")
+
+    if base_step is not None and not base_step < step:
+        fail("corrupt", f"{what}: base_step {base_step} is not before step {step}")
+    if (base_manifest is None) != (base_step is None):
+        fail("corrupt", f"{what}: base_manifest is {'null' if base_manifest is None else 'given'} "
+                        f"but base_step is {'null' if base_step is None else 'given'}")
+    if keyframe != (keyframe_step == step):
+        fail("corrupt", f"{what}: keyframe is {str(keyframe).lower()} but keyframe_step "
+                        f"{keyframe_step} {'=' if keyframe_step == step else '!='} step {step}")
+    if base_step is None and not keyframe:
+        fail("corrupt", f"{what}: the step has neither deltas (base_step null) nor keyframes")
+    if not keyframe and not keyframe_step <= base_step:
+        fail("corrupt", f"{what}: keyframe_step {keyframe_step} is after base_step {base_step}")
+
+    n = len(shards)
+    files = {}
+    sum_tensors = 0
+    for j, e in enumerate(shards):
+        sw = f"{what}: shards[{j}]"
+        if not isinstance(e, dict):
+            fail("corrupt", f"{sw} is not an object")
+        get_int(e, "shard", sw)
+        if e["shard"] != j:
+            fail("corrupt", f"{sw}: field 'shard' is {e['shard']}, not its position {j}")
+        f = check_file_name(get(e, "file", sw), f"{sw}: field 'file'")
+        get_hex(e, "descriptor", 32, sw)
+        get_hex(e, "target_digest", 32, sw)
+        sum_tensors += get_int(e, "tensors", sw, 0, MAX_DESCRIPTOR_TENSORS)
+        delta = get_obj(e, "delta", sw, nullable=True)
+        kf = get_obj(e, "keyframe", sw, nullable=True)
+        if (delta is not None) != (base_step is not None):
+            fail("corrupt", f"{sw}: delta is {'null' if delta is None else 'given'} but the manifest's "
+                            f"base_step is {'null' if base_step is None else 'given'}")
+        if (kf is not None) != keyframe:
+            fail("corrupt", f"{sw}: keyframe is {'null' if kf is None else 'given'} but the manifest's "
+                            f"keyframe is {str(keyframe).lower()}")
+        if delta is not None:
+            bs = check_object_ref(delta, "delta", step, j, n, f"{sw}: delta")
+            if bs != base_step:
+                fail("corrupt", f"{sw}: delta: base_step {bs} is not the manifest's base_step {base_step}")
+        if kf is not None:
+            check_object_ref(kf, "keyframe", step, j, n, f"{sw}: keyframe")
+        folded = f.lower()  # ASCII: file names are ASCII (checked above)
+        if folded in files:
+            fail("corrupt", f"{sw}: file name {f!r} equals that of shards[{files[folded]}] "
+                            f"(compared case-insensitively)")
+        files[folded] = j
+    if sum_tensors != total:
+        fail("corrupt", f"{what}: the shards' tensors add up to {sum_tensors}, not tensors = {total}")
+
+
+# ---- S7 head
+
+def check_head(obj):
+    what = "head"
+    check_format_and_version(obj, "head", what)
+    step = get_int(obj, "step", what, 0, MAX_STEP)
+    get_hex(obj, "manifest", 32, what)
+    get_int(obj, "keyframe_step", what, 0, step)
+    get_int(obj, "time_ms", what)  # ASSUMPTION P6: no stated range (informative): any integer
+
+
+def check_stream_object(kind, path):
+    limit = STREAM_LIMITS[kind]
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)  # S12: read limit + 1 bytes; more than the limit is refused
+    if len(data) > limit:
+        fail("limit", f"{kind}: larger than its limit of {limit} bytes (S12)")
+    obj = parse_json(data, kind)
+    {"head": check_head, "manifest": check_manifest, "descriptor": check_descriptor}[kind](obj)
+
+
+def main_object(args):
+    if len(args) != 2 or args[0] not in STREAM_LIMITS:
+        print("usage: independent_decoder.py object {head|manifest|descriptor} PATH", file=sys.stderr)
+        return 2
+    try:
+        check_stream_object(args[0], args[1])
+    except ArcError as exc:
+        msg = " ".join(str(exc.message).split()).encode("ascii", "backslashreplace").decode("ascii")
+        print(f"error: {exc.category}: {msg}")
+        return 1
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 
 def main(argv):
     args = list(argv[1:])
+    if args and args[0] == "object":  # Part II: object KIND PATH
+        return main_object(args[1:])
     stream = False
     if "--stream" in args:
         args.remove("--stream")
