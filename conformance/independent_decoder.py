@@ -73,9 +73,8 @@ Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P9 S2: an integer literal of 4000+ digits is out of every stated range; it is mapped to
      +/-10^4000 instead of being converted (Python's int() refuses > 4300 digits).
   P10 S2: `-0` is an integer (0); only fraction / exponent / NaN / Infinity are refused.
-  P11 S2/S12 state no nesting-depth limit: any depth is valid (deeper than Python's json
-     module goes, an iterative parser takes over); lone-surrogate escapes (\ud800) are valid
-     JSON and refused only where a field's own rule refuses them.
+  P11 (settled by S2: nesting deeper than 64 levels is `corrupt`; lone-surrogate escapes are
+     valid JSON, refused only where a field's own rule refuses them).
   P12 S6: `keyframe_step` and a non-null `base_step` are steps (0 .. 2^64-2) besides the stated
      relations; a shard entry's `tensors` beyond 2^20 is `corrupt` (S6 range), not S12's `limit`.
   P13 S4: a keyframe reference's `base_step` / `base_digest` are ignored whatever they hold
@@ -1400,12 +1399,20 @@ def parse_json(data, what):
                              parse_int=parse_json_int, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:  # including a byte order mark (ASSUMPTION P1)
             raise _JsonReject(f"not JSON ({exc})")
-        except RecursionError:  # ASSUMPTION P11: nested deeper than Python's json module goes: valid all the same
+        except RecursionError:  # deeper than Python's json module goes: certainly beyond S2's 64 levels
             obj = _parse_json_iterative(text)
     except _JsonReject as exc:
         fail("corrupt", f"{what}: {exc}")
     if not isinstance(obj, dict):
         fail("corrupt", f"{what}: not a JSON object")
+    # S2: arrays and objects nest at most 64 levels deep (the object itself is level 1)
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > 64:
+            fail("corrupt", f"{what}: nests deeper than 64 levels")
+        kids = node.values() if isinstance(node, dict) else node
+        stack.extend((k, depth + 1) for k in kids if isinstance(k, (dict, list)))
     return obj
 
 

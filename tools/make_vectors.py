@@ -968,11 +968,19 @@ def object_vectors():
        o["head"].replace(b'"step":1', b'"step":1.0'), "corrupt")
     nv("n_stream_head_duplicate_key", "a key given twice", ["S2"], "head",
        o["head"].replace(b'"step":1', b'"step":1,"step":2'), "corrupt")
-    nv("n_stream_head_too_large", "a head of 5000 bytes", ["S12"], "head",
+    nv("n_stream_head_too_large", "a head over its 4096-byte limit", ["S12"], "head",
        o["head"][:-2] + b',"x":"' + b"a" * 5000 + b'"}\n', "limit")
     nv("n_stream_head_keyframe_after_step", "keyframe_step after step", ["S7"], "head",
        edit("head", "head", lambda m: m.__setitem__("keyframe_step", 9)), "corrupt")
     nv("n_stream_head_not_json", "not JSON", ["S2"], "head", b"\x8aARC\r\n\x1a\n", "corrupt")
+    nv("n_stream_head_deep_nesting", "an unknown key nesting 70 levels deep", ["S2"], "head",
+       o["head"][:-2] + b',"zz":' + b"[" * 70 + b"]" * 70 + b"}\n", "corrupt")
+    nv("n_stream_head_bom", "a UTF-8 byte order mark before the object", ["S2"], "head", b"\xef\xbb\xbf" + o["head"],
+       "corrupt")
+    nv("n_stream_head_version_shape", "version [1] instead of [major, minor]", ["S11"], "head",
+       edit("head", "head", lambda m: m.__setitem__("version", [1])), "corrupt")
+    V.append(ObjectVector("y_stream_head_unknown_key", "a key this version does not define is ignored", ["S2", "S11"],
+                          "head", edit("head", "head", lambda m: m.__setitem__("zz_future", {"a": [1, 2]}))))
     nv("n_stream_descriptor_bad_hex", "a target digest that is not 32 hex digits", ["S5"], "descriptor",
        edit("descriptor", "descriptor", lambda m: m.__setitem__("target_digest", "xyz")), "corrupt")
     nv("n_stream_descriptor_control_char_name", "a tensor name with a newline", ["S5", "S13"], "descriptor",
@@ -1039,6 +1047,8 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_stream_manifest_other_step_name", ["R-S-NAMES"]), ("n_stream_manifest_file_traversal", ["R-S-NAMES"]),
     ("n_stream_*future_major", ["R-S-VERSION"]), ("n_stream_head_float", ["R-S-JSON"]),
     ("n_stream_head_duplicate_key", ["R-S-JSON"]), ("n_stream_head_not_json", ["R-S-JSON"]),
+    ("n_stream_head_deep_nesting", ["R-S-JSON"]), ("n_stream_head_bom", ["R-S-JSON"]),
+    ("n_stream_head_version_shape", ["R-S-VERSION"]),
     ("n_stream_head_too_large", ["R-S-LIMITS"]), ("n_stream_head_keyframe_after_step", ["R-S-OBJECTS"]),
     ("n_stream_manifest_base_after_step", ["R-S-OBJECTS"]), ("n_stream_descriptor_*", ["R-S-OBJECTS"]),
 ]

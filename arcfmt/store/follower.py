@@ -25,7 +25,7 @@ import xxhash
 
 from .. import layout as FL, records, transforms
 from ..checkpoint import OLD_TAG, TMP_TAG, _exchange_dirs, _fsync_dir, recover
-from ..errors import ArcError, ChecksumError, CorruptError, InputError, LimitError, VerificationError
+from ..errors import ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError
 from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, build_header, layout_specs, open_checkpoint
@@ -294,6 +294,15 @@ class Follower:
 
     # ------------------------------------------------------------------------------ one step
     def _apply(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
+        try:
+            return self._apply_step(m, kind, head, cur)
+        except (FormatError, VerificationError):
+            # Bytes that failed a check may sit in the spool (a damaged object, a byte flipped in
+            # transit): drop this step's chunks, or every later attempt would reuse them and fail again.
+            self.fetcher.forget(keep=lambda key: _step_of_key(key) != m.step)
+            raise
+
+    def _apply_step(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
         t0 = time.perf_counter()
         s0 = FetchStats(**self.stats.as_dict())
         plans = self._tails(m, kind)

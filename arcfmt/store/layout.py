@@ -72,7 +72,26 @@ def parse_json(data, what: str, limit: int) -> dict:
         raise CorruptError(f"{what} is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise CorruptError(f"{what} is not a JSON object")
+    if _depth(obj) > MAX_JSON_DEPTH:
+        raise CorruptError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return obj
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _depth(obj) -> int:
+    """Nesting depth of decoded JSON, computed without recursion."""
+    deepest = 0
+    stack = [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 class _Fields:
