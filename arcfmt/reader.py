@@ -224,16 +224,8 @@ class DeltaReader:
 
     def decode_block_into(self, name: str, b: int, base_u, out: np.ndarray) -> None:
         """Decode block ``b`` of a tensor into the matching slice of the flat ``out``."""
-        th = self.header(name)
-        lb = self.load_block(name, b)
-        s, e = th.block_range(b)
-        where = f"tensor {name!r} block {b}"
-        streams = records.decode_block_streams(lb.payload, lb.info, where)
-        try:
-            transforms.decode_block(th.dtype, lb.info.encoding, lb.info.params, streams, e - s,
-                                    None if base_u is None else base_u[s:e], out[s:e])
-        except ArcError as exc:
-            raise type(exc)(f"{where}: {exc}") from None
+        s, e = self.header(name).block_range(b)
+        self.decode_block_into_buffer(name, b, None if base_u is None else base_u[s:e], out[s:e])
 
     def decode_block_into_buffer(self, name: str, b: int, base_block, out_block: np.ndarray) -> None:
         """Decode block ``b`` given only that block of the base, into a block-sized buffer."""
