@@ -387,7 +387,7 @@ class Zygote:
             self.proc.stdin.flush()
             return self._reply()
 
-    def spawn(self, job: str, **kw) -> "Job":
+    def spawn(self, job: str, **kw) -> Job:
         """Fork a grandchild running ``JOBS[job](**kw)``; returns at once with its pid."""
         self._n += 1
         out = os.path.join(self.workdir, f"job-{self._n}.json")
@@ -447,19 +447,24 @@ class Job:
 
 class KillPoints:
     """Counts "points" — just before and just after each call of the watched functions — and
-    SIGKILLs this process at point ``kill_at`` (None: never; then ``count`` tells how many there were)."""
+    SIGKILLs this process at point ``kill_at``: its number (1-based), or ``[label, n]``, the n-th time
+    the point ``label`` (e.g. ``"os.fsync:after"``) is reached. None: never; then ``count`` and
+    ``names`` tell which points there were."""
 
     def __init__(self, kill_at):
         self.kill_at = kill_at
         self.count = 0
         self.names = []
+        self._seen: dict = {}
         self._lock = threading.Lock()
 
     def hit(self, what: str) -> None:
         with self._lock:
             self.count += 1
             self.names.append(what)
-            if self.kill_at is not None and self.count == self.kill_at:
+            self._seen[what] = n = self._seen.get(what, 0) + 1
+            k = self.kill_at
+            if k is not None and (k == self.count if isinstance(k, int) else (k[0] == what and k[1] == n)):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def watch(self, obj, attr: str) -> None:
@@ -507,7 +512,7 @@ def job_publish(url, so, shard, num_shards, step, path, state_dir, writer=None, 
     pub = Publisher(url, shard=shard, num_shards=num_shards, storage_options=so or None, fs=fs, state_dir=state_dir,
                     writer=writer, effort="fast", keyframe_every=keyframe_every, tmp_dir=tmp_dir, workers=1)
     res = pub.publish(step, path)
-    return dict(res.as_dict(), points=kp.count)
+    return dict(res.as_dict(), points=kp.count, names=kp.names)
 
 
 def job_follow(url, so, into, chunk_size=1 << 20, concurrency=16, until=None, kill_at=None, tensors=None,
@@ -519,7 +524,7 @@ def job_follow(url, so, into, chunk_size=1 << 20, concurrency=16, until=None, ki
     fol = Follower(url, into, storage_options=so or None, fs=fs, chunk_size=chunk_size, concurrency=concurrency,
                    tensors=tensors, workers=1, backoff=0.05)
     ups = [u.as_dict() for u in fol.sync(until=until)]
-    return dict(updates=ups, points=kp.count, stats=fol.stats.as_dict())
+    return {"updates": ups, "points": kp.count, "names": kp.names, "stats": fol.stats.as_dict()}
 
 
 JOBS = {"publish": job_publish, "follow": job_follow}

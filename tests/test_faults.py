@@ -1,8 +1,9 @@
 """Faults against the real local servers (SeaweedFS, moto) and a local folder (issue 6, "Faults").
 
 - publishers SIGKILLed at every request of a step (before it reaches the server, or after the server
-  acted on it) and at spread-out local points: no follower ever sees half a step, and a restarted
-  publisher completes the step or cleanly replaces it;
+  acted on it) and before/after every fsync, link, rename and read (local folder): no follower ever
+  sees half a step, and a restarted publisher completes the step or cleanly replaces it; killed while
+  saving its ``--state``, it can go on with the next step;
 - followers SIGKILLed while fetching, writing and swapping: the folder is always one whole, verified
   step, and a restarted follower does not fetch again what it had finished;
 - corrupted, truncated, missing objects, manifests, heads, descriptors, bytes corrupted on the wire and
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,16 +31,22 @@ import pytest
 
 pytest.register_assert_rewrite("conftest_store", "conftest_faults")
 
+from conftest_faults import FaultProxy, act, s3_fs, s3_options
+from conftest_store import Remote, _unique, assert_folder, split, trajectory
+
 from arcfmt.errors import ChecksumError, CorruptError, TruncatedError
 from arcfmt.reader import DeltaReader
 from arcfmt.safetensors_io import write_file
-from arcfmt.store import ConflictError, Follower, MissingError, Publisher, TransportError
+from arcfmt.store import (
+    ConflictError,
+    Follower,
+    MissingError,
+    Publisher,
+    TransportError,
+)
 from arcfmt.store import names as N
 from arcfmt.store.follower import STATE_NAME
 from arcfmt.store.layout import Head, canonical
-
-from conftest_faults import FaultProxy, act, s3_fs, s3_options
-from conftest_store import Remote, _unique, assert_folder, next_step, split, trajectory
 
 pytest_plugins = ["conftest_store", "conftest_faults"]
 
@@ -50,13 +56,13 @@ CHUNK = 512            # small range requests: a step of the test model takes a 
 
 @pytest.fixture(scope="module")
 def traj():
-    return trajectory(steps=40, seed=21)
+    return trajectory(steps=64, seed=21)
 
 
 @pytest.fixture(scope="module")
 def other():
     """Another trainer's weights for the same model (a restarted trainer that computed other values)."""
-    return trajectory(steps=40, seed=99)
+    return trajectory(steps=64, seed=99)
 
 
 class Stream:
@@ -173,13 +179,14 @@ class Victim:
 # ================================================================================= killed publishers
 
 @pytest.mark.parametrize("kind", ["seaweedfs", "moto", "local"])
-def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zygote, traj, other):
+def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zygote, make_proxy, traj, other):
     """Shard 1 has published step s; shard 0 (the last, so the committer) is SIGKILLed at one point of
-    its publish — at each of its requests, before the server sees it or after the server acted on it
-    (S3), or at spread-out calls of fsync/link/rename/read (local folder). A follower then sees step
-    s-1, or all of step s, bit for bit. A restarted shard 0 completes the step; every third time it
-    tries to publish *other* weights instead: it wins if the killed run had not claimed the shard,
-    else it gets ``conflict`` and the step is what the killed run published — never a mix."""
+    its publish: at each of its requests, before the server sees it or after the server acted on it
+    (S3), or before and after each of its fsync/link/rename/replace/unlink calls and reads (local
+    folder). A follower then sees step s-1, or all of step s, bit for bit. A restarted shard 0
+    completes the step; every third time (and at the first kill points) it tries to publish *other*
+    weights instead: it wins if the killed run had not claimed the shard, else it gets ``conflict``
+    and the step is what the killed run published — never a mix."""
     st = Stream(kind, request, tmp_path)
     ck, alt = Checkpoints(tmp_path / "ckpt", traj), Checkpoints(tmp_path / "alt", other)
     state = [str(tmp_path / f"state{i}") for i in range(SHARDS)]
@@ -188,7 +195,7 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
         return Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, state_dir=state[i],
                          writer="job-1", effort="fast", keyframe_every=0, workers=1)
 
-    proxy = FaultProxy(st.server.endpoint) if st.remote else None
+    proxy = make_proxy(st.server) if st.remote else None
     child_so = s3_options(proxy.endpoint) if st.remote else {}
     fol = Follower(st.url, tmp_path / "f", storage_options=st.so)
     want = {0: traj[0]}
@@ -215,7 +222,7 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
         plan = [(k, mode) for k in range(1, n_req + 1)
                 for mode in (("before", "after") if kind == "seaweedfs" else ("after",))]
     else:
-        plan = [(p, "point") for p in spread(1, res["result"]["points"], 14)]
+        plan = [(p, "point") for p in range(1, res["result"]["points"] + 1)]
 
     outcomes = {"before-head": 0, "after-head": 0, "replaced": 0, "conflict": 0}
     for j, (k, mode) in enumerate(plan):
@@ -247,9 +254,9 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
         assert_folder(fol.into, want[head])
         outcomes["after-head" if head == s else "before-head"] += 1
 
-        # the restarted rank: the same weights, or (every third time) other ones
+        # the restarted rank: the same weights, or other ones
         claimed = st.exists(N.descriptor_name(s, 0, SHARDS))
-        if j % 3 == 2:
+        if j % 3 == 2 or k <= 3:
             mine = {**split(other[s], SHARDS)[0], **parts[1]}
             try:
                 r = publisher(0).publish(s, alt.path(s, 0))
@@ -268,9 +275,7 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
         fol.sync()
         assert fol.step == s
         assert_folder(fol.into, want[s])
-    assert outcomes["before-head"] and outcomes["replaced"] and outcomes["conflict"], outcomes
-    if proxy:
-        proxy.close()
+    assert all(outcomes.values()), outcomes
     # a new follower walks the whole chain from the only keyframe and ends bit-exact
     late = Follower(st.url, tmp_path / "late", storage_options=st.so)
     late.sync()
@@ -278,15 +283,89 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
     assert_folder(late.into, want[late.step])
 
 
+@pytest.mark.parametrize("kind", ["seaweedfs", "local"])
+def test_publisher_killed_while_saving_its_state_can_move_on(kind, request, tmp_path, zygote, traj):
+    """``--state`` is saved after the commit. A one-shard publisher SIGKILLed anywhere in that save
+    (its step is already committed) and restarted with the *next* step — a trainer that saw its step
+    go out and moved on — publishes a delta that applies: followers reach the new step bit-exact. (A
+    state whose step and tensors disagreed once made every follower fail with ``wrong_base``. With
+    several shards such a rank gets ``conflict`` instead — deltas from different bases — and
+    republishing its step, as the other tests do, is the way on.)"""
+    st = Stream(kind, request, tmp_path)
+    state = str(tmp_path / "state")
+    files = {}
+
+    def path(s):
+        if s not in files:
+            files[s] = str(tmp_path / f"step{s:04d}" / "model.safetensors")
+            os.makedirs(os.path.dirname(files[s]))
+            write_file(files[s], traj[s], {"format": "pt"})
+        return files[s]
+
+    def publisher():
+        return Publisher(st.url, storage_options=st.so, state_dir=state, effort="fast", keyframe_every=0, workers=1)
+
+    def child(s, kill_at=None):
+        return zygote.spawn("publish", url=st.url, so=st.so, shard=0, num_shards=1, step=s, path=path(s),
+                            state_dir=state, kill_at=kill_at, keyframe_every=0, tmp_dir=str(tmp_path))
+
+    fol = Follower(st.url, tmp_path / "f", storage_options=st.so)
+    publisher().publish(0, path(0))
+    fol.sync()
+    job = child(1)
+    res = job.result()
+    assert job.rc == 0 and res["ok"], (res, job.log_text())
+    names = res["result"]["names"]
+    replaces = [i for i, n in enumerate(names) if n == "os.replace:before"]
+    points = range(replaces[-2] + 1, len(names) + 1)      # from the save of the state's tensors on
+    assert len(points) >= 4, names
+    s = 1
+    for k in points:
+        s += 1
+        job = child(s, kill_at=k)
+        assert job.wait() == -signal.SIGKILL, (k, job.result(), job.log_text())
+        assert fol.head().step == s                        # killed after its commit
+        s += 1                                             # the trainer moves on
+        r = publisher().publish(s, path(s))
+        assert r.commit.committed and r.commit.head == s
+        fol.sync()
+        assert fol.step == s, k
+        assert_folder(fol.into, traj[s])
+
+
 # ================================================================================= killed followers
 
+EXCHANGE = "arcfmt.store.follower._exchange_dirs"
+
+
+def follower_points(names, local) -> list:
+    """Kill points of a follower's step, as ``[label, occurrence]`` (their numbers vary with the number of
+    chunks, their labels do not): spool writes while fetching, the fsyncs of the new files, state and
+    staging folder, the folder exchange, the removal of the old folder, the parent's fsync, the spool
+    clean-up; for a local store also its reads."""
+    fsyncs = [i for i, n in enumerate(names) if n == "os.fsync:after"]
+    forget = names[fsyncs[-1]:].index("os.unlink:before") + fsyncs[-1]
+    pts = [["os.replace:after", 1], ["os.replace:before", 3], ["os.replace:after", 5],
+           ["os.fsync:before", 1], ["os.fsync:after", 2], ["os.fsync:after", 4], ["os.fsync:after", 5],
+           [EXCHANGE + ":before", 1], [EXCHANGE + ":after", 1], ["shutil.rmtree:before", 1],
+           ["shutil.rmtree:after", 1], ["os.fsync:after", 6],
+           ["os.unlink:before", names[:forget + 1].count("os.unlink:before")]]
+    if local:
+        pts += [["LocalFileSystem.cat_file:after", 1], ["LocalFileSystem.cat_ranges:before", 1],
+                ["LocalFileSystem.cat_ranges:after", 2], ["LocalFileSystem.cat_ranges:before", 4]]
+    for label, n in pts:
+        assert names.count(label) >= n, (label, n, names)
+    return pts
+
+
 @pytest.mark.parametrize("kind", ["seaweedfs", "local"])
-def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path, zygote, traj):
-    """A follower applying step s is SIGKILLed at one point — at one of its range requests (S3, through
-    the proxy) or before/after one of its fsyncs, renames, spool writes, the folder exchange, the
-    clean-up, a local read. Its folder is then step s-1 or step s, whole and bit-exact. Restarted, it
-    takes every chunk it had finished from its spool: it sends exactly the requests a fresh follower
-    sends minus the spooled chunks, and downloads exactly the bytes minus the spooled bytes."""
+def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path, zygote, make_proxy, traj):
+    """A follower applying step s is SIGKILLed at one point: at one of its range requests (S3, through
+    the proxy), or before/after one of its spool writes, fsyncs, the folder exchange, the removal of
+    the old folder, the spool clean-up, a local read (see ``follower_points``). Its folder is then
+    step s-1 or step s, whole and bit-exact. Restarted, it takes every chunk it had finished from its
+    spool: it sends exactly the requests a fresh follower sends minus the spooled chunks, and
+    downloads exactly the bytes minus the spooled bytes."""
     st = Stream(kind, request, tmp_path)
     ck = Checkpoints(tmp_path / "ckpt", traj)
     pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast", keyframe_every=4)
@@ -296,7 +375,7 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
         for i, p in enumerate(pubs):
             p.publish(s, ck.path(s, i))
 
-    proxy = FaultProxy(st.server.endpoint) if st.remote else None
+    proxy = make_proxy(st.server) if st.remote else None
     child_so = s3_options(proxy.endpoint) if st.remote else {}
     into = tmp_path / "f"
 
@@ -312,25 +391,25 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
         return zygote.spawn("follow", url=st.url, so=child_so, into=str(into), chunk_size=CHUNK, concurrency=2,
                             kill_at=kill_at)
 
-    # step 1 without a fault: the requests and kill points of one step
-    publish(1)
-    (c1,) = control.sync()
+    # steps 1 and 2 without a fault (step 1, from the demo pair, is bigger than the later ones): the
+    # requests and kill points of one step; the forked follower fetches what the control does
+    for s in (1, 2):
+        publish(s)
+        (c1,) = control.sync()
+        if proxy:
+            proxy.reset_log()
+        job = child()
+        res = job.result()
+        assert job.rc == 0 and res["ok"], (res, job.log_text())
+        (u1,) = res["result"]["updates"]
+        assert u1["requests"] == c1.requests >= 6 and u1["bytes_downloaded"] == c1.bytes_downloaded
+    plan = [("point", p) for p in follower_points(res["result"]["names"], local=not proxy)]
     if proxy:
-        proxy.reset_log()
-    job = child()
-    res = job.result()
-    assert job.rc == 0 and res["ok"], (res, job.log_text())
-    (u1,) = res["result"]["updates"]
-    assert u1["requests"] == c1.requests >= 6 and u1["bytes_downloaded"] == c1.bytes_downloaded
-    points = res["result"]["points"]
-    plan = [("point", p) for p in spread(1, points, 12 if proxy else 16)]
-    if proxy:
-        n_req = proxy.count()
-        plan += [("request", k) for k in spread(1, n_req, 8)]
+        plan += [("request", k) for k in spread(1, proxy.count() - 3, 6)]   # a step may have a few fewer
 
     seen = {"old": 0, "new": 0, "resumed": 0}
     for j, (how, k) in enumerate(plan):
-        s = j + 2
+        s = j + 3
         publish(s)
         (ctl,) = control.sync()
         victim = Victim()
@@ -366,8 +445,6 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
         assert_folder(into, traj[s])
         assert not leftovers(into), leftovers(into)
     assert seen["old"] and seen["new"] and seen["resumed"], seen
-    if proxy:
-        proxy.close()
 
 
 # ================================================================================= damaged stream
@@ -462,7 +539,7 @@ def test_damaged_objects_are_detected_never_applied(kind, request, tmp_path, tra
     chunks, nbytes = spooled(fol.into, step[0])
     assert chunks >= 1
     spool = tmp_path / ".arcfmt-spool-f"
-    victim = sorted(p for p in spool.iterdir() if p.name.startswith(f"{N.STEPS}__{step[0]:020d}__"))[0]
+    victim = min(p for p in spool.iterdir() if p.name.startswith(f"{N.STEPS}__{step[0]:020d}__"))
     vsize = victim.stat().st_size
     victim.write_bytes(_flip(victim.read_bytes(), 3))
     st.write(obj, orig)
@@ -525,7 +602,8 @@ def test_bytes_corrupted_on_the_wire_are_refused_then_refetched(request, tmp_pat
     the next attempt fetches clean bytes and applies it (the bad chunk is not reused from the spool)."""
     st = Stream("seaweedfs", request, tmp_path)
     ck = Checkpoints(tmp_path / "ckpt", traj)
-    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast") for i in range(SHARDS)]
+    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast")
+            for i in range(SHARDS)]
     for s in range(2):
         for i, p in enumerate(pubs):
             p.publish(s, ck.path(s, i))
@@ -586,7 +664,6 @@ def test_racing_cli_publishers_one_wins(kind, request, tmp_path, traj, other):
                         held.append(r)
                 if hold:
                     barrier[0].wait()
-            return None
 
         proxy = FaultProxy(st.server.endpoint, rule)
         env = dict(servers.client_env(st.server), AWS_ENDPOINT_URL_S3=proxy.endpoint)
@@ -617,7 +694,8 @@ def test_racing_cli_publishers_one_wins(kind, request, tmp_path, traj, other):
             held.clear()
             barrier[0] = threading.Barrier(2, timeout=60)
             url = st.url + "-same"
-            ps = [_cli(["publish", url, files["a"], "--step", 0, "--json", "--effort", "fast"], env) for _ in range(2)]
+            ps = [_cli(["publish", url, files["a"], "--step", 0, "--json", "--effort", "fast"], env)
+                  for _ in range(2)]
             outs = [(p.wait(timeout=120), *p.communicate()) for p in ps]
             assert [rc for rc, _, _ in outs] == [0, 0], outs
             made = [json.loads(o)["made_manifest"] for _, o, _ in outs]
@@ -686,7 +764,8 @@ def test_slow_answers_time_out_and_are_retried(request, tmp_path, traj):
     slow are waited for."""
     st = Stream("seaweedfs", request, tmp_path)
     ck = Checkpoints(tmp_path / "ckpt", traj)
-    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast") for i in range(SHARDS)]
+    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast")
+            for i in range(SHARDS)]
     for s in range(2):
         for i, p in enumerate(pubs):
             p.publish(s, ck.path(s, i))
@@ -713,7 +792,8 @@ def test_persistent_and_permanent_errors_end_after_bounded_backoff(request, tmp_
     gives up too and the head does not move. The follower's folder is untouched."""
     st = Stream("seaweedfs", request, tmp_path)
     ck = Checkpoints(tmp_path / "ckpt", traj)
-    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast") for i in range(SHARDS)]
+    pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast")
+            for i in range(SHARDS)]
     for s in range(2):
         for i, p in enumerate(pubs):
             p.publish(s, ck.path(s, i))

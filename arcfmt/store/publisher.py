@@ -155,22 +155,39 @@ class Publisher:
         if not isinstance(st, dict) or st.get("url") != self.url or not isinstance(st.get("step"), int):
             raise InputError(f"{jpath} belongs to another stream ({st.get('url') if isinstance(st, dict) else '?'}); "
                              f"use another --state folder")
-        return st["step"], open_checkpoint(cpath).tensors()
+        name = st.get("tensors", os.path.basename(cpath))   # state folders written before "tensors" existed
+        if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(".safetensors"):
+            raise InputError(f"{jpath}: unreadable publisher state (tensors {name!r}); remove it to start over")
+        return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
 
     def _save_state(self, step, tensors, source_path):
         if not self.state_dir:
             return
         os.makedirs(self.state_dir, exist_ok=True)
         jpath, cpath = self._state_paths()
-        tmp = cpath + f".tmp-{os.getpid()}"
+        # The tensors go to a file named by their step, and the JSON switches to it with one rename: a
+        # kill at any moment leaves a state whose step and tensors agree (else the next step's delta
+        # would be made from one step's tensors but labelled with another base step).
+        stem = os.path.basename(cpath)[: -len(".safetensors")]
+        name = f"{stem}-step{step}.safetensors"
+        path = os.path.join(self.state_dir, name)
+        tmp = path + f".tmp-{os.getpid()}"
         if source_path is not None and os.path.isfile(source_path):
             shutil.copyfile(source_path, tmp)
         else:
             write_file(tmp, dict(tensors))
-        os.replace(tmp, cpath)
+        os.replace(tmp, path)
         with open(jpath + ".tmp", "w") as f:
-            json.dump({"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards}, f)
+            json.dump({"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
+                       "tensors": name}, f)
         os.replace(jpath + ".tmp", jpath)
+        for n in os.listdir(self.state_dir):     # earlier steps' tensors
+            if n != name and (n == os.path.basename(cpath) or (n.startswith(stem + "-step")
+                                                                and n.endswith(".safetensors"))):
+                try:
+                    os.unlink(os.path.join(self.state_dir, n))
+                except FileNotFoundError:
+                    pass
 
     # ------------------------------------------------------------------------------ publish
     def publish(self, step: int, tensors, *, base=None, base_step: int | None = None, keyframe: bool | None = None,
