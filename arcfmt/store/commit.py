@@ -25,6 +25,7 @@ import warnings
 
 import fsspec
 
+from ..checkpoint import _fsync_dir
 from ..errors import InputError, LimitError
 from . import names as N, retry
 from .errors import MissingError, TransportError
@@ -342,19 +343,6 @@ def _write_tmp(p: str, data) -> str:
         f.flush()
         os.fsync(f.fileno())
     return tmp
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _local_write(p: str, data) -> None:
