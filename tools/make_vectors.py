@@ -979,6 +979,31 @@ def object_vectors():
        "corrupt")
     nv("n_stream_head_version_shape", "version [1] instead of [major, minor]", ["S11"], "head",
        edit("head", "head", lambda m: m.__setitem__("version", [1])), "corrupt")
+    nv("n_stream_manifest_upper_hex", "an object hash in upper-case hex", ["S2"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__(
+           "xxh3_128", m["shards"][0]["delta"]["xxh3_128"].upper())), "corrupt")
+
+    def dup_files(m):
+        m["shards"][1]["file"] = m["shards"][0]["file"].upper().replace(".SAFETENSORS", ".safetensors")
+    nv("n_stream_manifest_duplicate_files", "two shard file names equal but for case", ["S3"], "manifest",
+       edit("manifest", "manifest_delta", dup_files), "corrupt")
+    nv("n_stream_manifest_tensor_sum", "shard tensor counts that do not add up", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("tensors", m["tensors"] + 1)), "corrupt")
+    nv("n_stream_manifest_keyframe_step", "a keyframe manifest whose keyframe_step is not its step", ["S6"],
+       "manifest", edit("manifest", "manifest_keyframe", lambda m: m.__setitem__("keyframe_step", 0) or
+                        m.__setitem__("step", 3)), "corrupt")
+    nv("n_stream_manifest_small_object", "a data object reference of 100 bytes (below 108)", ["S4"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__("size", 100)), "corrupt")
+    nv("n_stream_manifest_index_offset", "an index offset past the end of its object", ["S4"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__(
+           "index_offset", m["shards"][0]["delta"]["size"])), "corrupt")
+    nv("n_stream_descriptor_no_objects", "a descriptor with neither a delta nor a keyframe", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: (m.__setitem__("delta", None), m.__setitem__("keyframe", None))),
+       "corrupt")
+    nv("n_stream_descriptor_bad_writer", "a writer id with a space", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m.__setitem__("writer", "job 42")), "corrupt")
+    nv("n_stream_descriptor_unknown_dtype", "a tensor of dtype F128", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(1, "F128")), "corrupt")
     V.append(ObjectVector("y_stream_head_unknown_key", "a key this version does not define is ignored", ["S2", "S11"],
                           "head", edit("head", "head", lambda m: m.__setitem__("zz_future", {"a": [1, 2]}))))
     nv("n_stream_descriptor_bad_hex", "a target digest that is not 32 hex digits", ["S5"], "descriptor",
@@ -1051,6 +1076,9 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_stream_head_version_shape", ["R-S-VERSION"]),
     ("n_stream_head_too_large", ["R-S-LIMITS"]), ("n_stream_head_keyframe_after_step", ["R-S-OBJECTS"]),
     ("n_stream_manifest_base_after_step", ["R-S-OBJECTS"]), ("n_stream_descriptor_*", ["R-S-OBJECTS"]),
+    ("n_stream_manifest_upper_hex", ["R-S-JSON"]), ("n_stream_manifest_duplicate_files", ["R-S-NAMES"]),
+    ("n_stream_manifest_tensor_sum", ["R-S-OBJECTS"]), ("n_stream_manifest_keyframe_step", ["R-S-OBJECTS"]),
+    ("n_stream_manifest_small_object", ["R-S-OBJECTS"]), ("n_stream_manifest_index_offset", ["R-S-OBJECTS"]),
 ]
 
 
