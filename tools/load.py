@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))   # tests/servers.py starts the servers
 
@@ -261,19 +262,6 @@ def expected_digests(files, path, log):
     return out
 
 
-def shard_groups(names, sizes, n):
-    total = sum(sizes)
-    groups, cur, acc = [], [], 0
-    for k, s in zip(names, sizes):
-        cur.append(k)
-        acc += s
-        if acc >= total * (len(groups) + 1) / n and len(groups) < n - 1:
-            groups.append(cur)
-            cur = []
-    groups.append(cur)
-    return [g for g in groups if g]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trajectory", nargs="?", help="folder with step0000.safetensors, step0001.safetensors, ...")
@@ -326,7 +314,9 @@ def main(argv=None) -> int:
         sizes = {k: int(a.nbytes) for k, a in t0.items()}
         model_bytes = sum(sizes.values())
         full_file_bytes = os.path.getsize(files[0])
-        groups = shard_groups(names, [t0[k].nbytes for k in names], args.shards)
+        from stream_bench import shard_names  # same split as the stream benchmark
+
+        groups = shard_names(t0, args.shards)
         del t0
         filters = {}
         for spec in args.filter or []:

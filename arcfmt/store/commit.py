@@ -214,19 +214,11 @@ class Store:
 
     def _read_versioned_memory(self, p, limit):
         with _MEMORY_LOCK:
-            data = self.fs.cat_file(p)
-        return data[: limit + 1], digest128(data)
+            return self._read_versioned_generic(p, limit)
 
     def _replace_memory(self, p, data, token):
-        with _MEMORY_LOCK:
-            try:
-                current = digest128(self.fs.cat_file(p))
-            except FileNotFoundError:
-                current = None
-            if current != token:
-                return False
-            self.fs.pipe_file(p, bytes(data))
-            return True
+        with _MEMORY_LOCK:  # in one process, the lock makes the generic compare-and-swap atomic
+            return self._replace_generic(p, data, token)
 
     # S3 (s3fs) --------------------------------------------------------------------------------
     def _create_s3(self, p, data):
