@@ -102,6 +102,7 @@ RUN = ("import json, resource, sys, time; from arcfmt.cli import main; t=time.pe
 
 
 def phase(args):
+    os.sync()  # the previous phase's writeback must not be billed to this one
     p = subprocess.run([sys.executable, "-c", RUN, *args, "--no-progress"], capture_output=True, text=True, cwd=ROOT)
     last = [line for line in p.stderr.splitlines() if line.startswith("{")]
     if p.returncode != 0 or not last:
