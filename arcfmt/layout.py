@@ -18,7 +18,7 @@ from .errors import CorruptError, LimitError
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
-MINOR = 0
+MINOR = 1
 HEADER_SIZE = 16
 TRAILER_SIZE = 40
 RECORD_HEADER_SIZE = 16
@@ -104,6 +104,25 @@ class VarIntArray(Construct):
         return obj
 
 
+class BlockParams(Construct):
+    """A block's params: the encoding says how many, possibly only after reading the first of them."""
+
+    def __init__(self, count):
+        super().__init__()
+        self.count = count  # (context, params read so far) -> total number of params
+
+    def _parse(self, stream, context, path):
+        out = []
+        while len(out) < self.count(context, out):
+            out.append(_read_varint(stream, path))
+        return out
+
+    def _build(self, obj, stream, context, path):
+        for v in obj:
+            VarInt._build(v, stream, context, path)
+        return obj
+
+
 class Name(Construct):
     """A tensor name: varint byte length (checked against MAX_NAME_BYTES before reading), then the bytes."""
 
@@ -172,13 +191,13 @@ TensorPayload = Struct(
 )
 
 # A block's params and streams are counted by its encoding and dtype (SPEC.md §8): the caller passes
-# ``param_count(encoding)`` and ``stream_count(encoding)`` as parse keywords; both reject unknown ids
+# ``param_count(encoding, head)`` and ``stream_count(encoding, params)`` as parse keywords; both reject unknown ids
 # before any field that depends on them is read.
 BlockPayload = Struct(
     "tensor" / VarInt,
     "block" / VarInt,
     "encoding" / Int8ul,
-    "params" / VarIntArray(lambda ctx: ctx._params.param_count(ctx.encoding)),
+    "params" / BlockParams(lambda ctx, head: ctx._params.param_count(ctx.encoding, head)),
     "streams" / StreamTable(lambda ctx: ctx._params.stream_count(ctx.encoding, ctx.params)),
     "_end" / Tell,
 )

@@ -232,6 +232,8 @@ class BlockInfo:
             return 0
         if self.encoding in (transforms.BF16_DELTA, transforms.FLOAT_DELTA):
             return self.params[0]
+        if self.encoding == transforms.CTX_DELTA:
+            return transforms.ctx.Params.unpack(self.params).changed
         return None
 
 
@@ -240,7 +242,7 @@ def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: li
     head = L.BlockPayload.build(
         dict(tensor=tensor, block=block, encoding=enc.encoding, params=list(enc.params),
              streams=[(c, len(s)) for c, s in coded]),
-        param_count=lambda e: len(enc.params), stream_count=lambda e, p: len(coded))
+        param_count=lambda e, head: len(enc.params), stream_count=lambda e, p: len(coded))
     return b"".join([head] + [bytes(s) for _, s in coded])
 
 
@@ -250,9 +252,10 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
     start, stop = th.block_range(block)
     lengths = []
 
-    def param_count(encoding):
-        transforms.check_encoding(th.dtype, encoding)
-        return transforms.param_count(encoding)
+    def param_count(encoding, head):
+        if not head:
+            transforms.check_encoding(th.dtype, encoding)
+        return transforms.param_count(encoding, head)
 
     def stream_count(encoding, params):
         lengths[:] = transforms.stream_lengths(th.dtype, encoding, params, stop - start)

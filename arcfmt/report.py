@@ -31,13 +31,15 @@ DELTA_ROLES = ["positions", "steps", "exceptions", "values"]           # §8.3 /
 XOR_ROLES = [f"xor plane {k}" for k in range(8)]                       # §8.2, byte k of base XOR target
 KEYFRAME_FLOAT_ROLES = ["exponent", "sign+mantissa"]                   # §8.5, float dtypes
 KEYFRAME_OTHER_ROLES = ["elements"]                                    # §8.5, other dtypes
+CTX_ROLES = ["quotients", "remainders", "signs", "magnitudes"]         # §8.6
 HEADERS = "headers"          # TENS records and BLCK headers + stream tables of a tensor
 FILE_OVERHEAD = "file overhead"  # file header, META, INDX, trailer, ancillary records
-ROLE_ORDER = DELTA_ROLES + XOR_ROLES + KEYFRAME_FLOAT_ROLES + KEYFRAME_OTHER_ROLES + [HEADERS, FILE_OVERHEAD]
+ROLE_ORDER = CTX_ROLES + DELTA_ROLES + XOR_ROLES + KEYFRAME_FLOAT_ROLES + KEYFRAME_OTHER_ROLES + [HEADERS, FILE_OVERHEAD]
 
 ROLE_COLORS = {
     "positions": "#4e79a7", "steps": "#59a14f", "exceptions": "#f28e2b", "values": "#e15759",
     "exponent": "#76b7b2", "sign+mantissa": "#edc948", "elements": "#9c755f",
+    "quotients": "#2f5d8a", "remainders": "#8cb3d9", "signs": "#b07aa1", "magnitudes": "#59a14f",
     HEADERS: "#bab0ac", FILE_OVERHEAD: "#7f7f7f",
 }
 _XOR_SHADES = ["#4b2a6b", "#6a3d8f", "#8751ad", "#a06cc4", "#b78ad5", "#cba8e2", "#dcc5ec", "#ebdef4"]
@@ -45,7 +47,7 @@ ROLE_COLORS.update(zip(XOR_ROLES, _XOR_SHADES))
 
 CODEC_COLORS = {"raw": "#c7c7c7", "zstd": "#3f6fa8", "xz": "#d9822b", "bz2": "#3f9a5a", "mixed": "#a05fa8"}
 ENCODING_COLORS = {"unchanged": "#d5d5d5", "xor": "#8751ad", "bf16-delta": "#4e79a7",
-                   "float-delta": "#76b7b2", "keyframe": "#e15759"}
+                   "float-delta": "#76b7b2", "keyframe": "#e15759", "ctx-delta": "#2f5d8a"}
 _FALLBACK = "#999999"
 
 
@@ -53,6 +55,8 @@ def stream_roles(dtype_name: str, encoding: str, count: int) -> list[str]:
     """The SPEC.md §8 name of each stream of a block of ``encoding`` for this dtype."""
     if encoding in ("bf16-delta", "float-delta"):
         names = DELTA_ROLES
+    elif encoding == "ctx-delta":
+        names = CTX_ROLES
     elif encoding == "xor":
         names = XOR_ROLES
     elif encoding == "keyframe":

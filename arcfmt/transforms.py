@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import ctx_delta as ctx
 from .dtypes import BF16, DType
 from .errors import CorruptError, UnsupportedError
+from .planes import _gaps, _ungap, _value_dtype, bytes_for, from_planes, to_planes  # noqa: F401
 
-UNCHANGED, XOR, BF16_DELTA, FLOAT_DELTA, KEYFRAME = 0, 1, 2, 3, 4
+UNCHANGED, XOR, BF16_DELTA, FLOAT_DELTA, KEYFRAME, CTX_DELTA = 0, 1, 2, 3, 4, 5
 NAMES = {UNCHANGED: "unchanged", XOR: "xor", BF16_DELTA: "bf16-delta", FLOAT_DELTA: "float-delta",
-         KEYFRAME: "keyframe"}
-NEEDS_BASE = {UNCHANGED: True, XOR: True, BF16_DELTA: True, FLOAT_DELTA: True, KEYFRAME: False}
+         KEYFRAME: "keyframe", CTX_DELTA: "ctx-delta"}
+NEEDS_BASE = {UNCHANGED: True, XOR: True, BF16_DELTA: True, FLOAT_DELTA: True, KEYFRAME: False, CTX_DELTA: True}
 _PARAMS = {UNCHANGED: 0, XOR: 0, BF16_DELTA: 2, FLOAT_DELTA: 2, KEYFRAME: 0}
 
 
@@ -24,54 +26,7 @@ class EncodedBlock:
     params: list
     streams: list  # uncompressed bytes-like, one per stream
     changed: int   # changed elements (informational; equals params[0] for the delta encodings)
-
-
-def bytes_for(x: int) -> int:
-    return max(1, (int(x).bit_length() + 7) // 8)
-
-
-def _value_dtype(w: int) -> np.dtype:
-    return np.dtype("<u4") if w <= 4 else np.dtype("<u8")
-
-
-def to_planes(values: np.ndarray, w: int) -> bytes:
-    """Plane-major bytes of ``values`` at width ``w`` (SPEC.md §1); values must fit in ``w`` bytes."""
-    n = values.size
-    if n == 0:
-        return b""
-    if values.dtype.itemsize == w and w in (1, 2, 4, 8):
-        src = np.ascontiguousarray(values).view(np.uint8).reshape(n, w)
-    else:
-        wide = values.astype("<u8" if w > 4 else "<u4", copy=False)
-        src = np.ascontiguousarray(wide).view(np.uint8).reshape(n, wide.dtype.itemsize)[:, :w]
-    if w == 1:
-        return src.tobytes()
-    return np.ascontiguousarray(src.T).tobytes()
-
-
-def from_planes(buf, n: int, w: int, dtype=None) -> np.ndarray:
-    """Inverse of :func:`to_planes`: ``n`` values of width ``w`` as unsigned integers."""
-    dtype = np.dtype(dtype) if dtype is not None else _value_dtype(w)
-    planes = np.frombuffer(buf, np.uint8, count=n * w).reshape(w, n)
-    if w == dtype.itemsize:
-        return np.ascontiguousarray(planes.T).view(dtype).reshape(n)
-    out = planes[0].astype(dtype)
-    for k in range(1, w):
-        out |= planes[k].astype(dtype) << dtype.type(8 * k)
-    return out
-
-
-def _gaps(positions: np.ndarray) -> np.ndarray:
-    g = np.empty(positions.size, np.int64)
-    if positions.size:
-        g[0] = positions[0]
-        np.subtract(positions[1:], positions[:-1], out=g[1:])
-        g[1:] -= 1
-    return g
-
-
-def _ungap(gaps: np.ndarray) -> np.ndarray:
-    return np.cumsum(gaps.astype(np.int64) + 1) - 1
+    dense: tuple = ()  # indices of streams that are already entropy-coded: fast codec trials only
 
 
 # ----------------------------------------------------------------------------------------- lengths
@@ -83,9 +38,14 @@ def check_encoding(dt: DType, encoding: int) -> None:
         raise UnsupportedError(f"encoding bf16-delta used for dtype {dt.name}")
     if encoding == FLOAT_DELTA and (not dt.is_float or dt is BF16):
         raise UnsupportedError(f"encoding float-delta used for dtype {dt.name}")
+    if encoding == CTX_DELTA and not ctx.defined_for(dt):
+        raise UnsupportedError(f"encoding ctx-delta used for dtype {dt.name}")
 
 
-def param_count(encoding: int) -> int:
+def param_count(encoding: int, head=()) -> int:
+    """How many params the block has, given the ones read so far (``head``); SPEC.md §8."""
+    if encoding == CTX_DELTA:
+        return ctx.param_count(head)
     return _PARAMS[encoding]
 
 
@@ -115,6 +75,8 @@ def stream_lengths(dt: DType, encoding: int, params, m: int) -> list[int]:
             ew, sw = _keyframe_widths(dt)
             return [m * ew, m * sw]
         return [m * dt.itemsize]
+    if encoding == CTX_DELTA:
+        return ctx.stream_lengths(dt, ctx.Params.unpack(params), m)
     raise UnsupportedError(f"unknown encoding id {encoding}")
 
 
@@ -181,18 +143,34 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
         if positions.size:
             raise ValueError("block changed: it cannot be coded as unchanged")
         return EncodedBlock(UNCHANGED, [], [], 0)
+    if encoding == CTX_DELTA:
+        return _ctx_block(dt, base, target, positions)
     return encode_float_delta(dt, base, target, positions)
 
 
-def encode_candidates(dt: DType, base: np.ndarray | None, target: np.ndarray) -> list[EncodedBlock]:
-    """Every encoding worth trying for this block, cheapest-to-decode first."""
+def _ctx_block(dt, base, target, positions, max_classes=4) -> EncodedBlock:
+    enc = ctx.encode(dt, base, target, positions, max_classes=max_classes)
+    return EncodedBlock(CTX_DELTA, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
+
+
+def encode_candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
+                      effort="default") -> list[EncodedBlock]:
+    """Every encoding worth trying for this block.
+
+    ``ctx-delta`` nearly always beats ``bf16-delta``/``float-delta`` where both are defined, so the
+    latter is only tried on blocks with few changes, where fixed overheads decide.
+    """
     if base is None:
         return [encode_keyframe(dt, target)]
     positions = np.flatnonzero(base != target)
     if positions.size == 0:
         return [EncodedBlock(UNCHANGED, [], [], 0)]
     out = []
-    if dt.is_float:
+    has_ctx = ctx.defined_for(dt)
+    if has_ctx:
+        out.append(_ctx_block(dt, base, target, positions, ctx.CLASS_LIMITS.get(effort, 4)
+                              if isinstance(effort, str) else 4))
+    if dt.is_float and (not has_ctx or positions.size < 256):
         out.append(encode_float_delta(dt, base, target, positions))
     if not dt.is_float or positions.size * 4 > base.size:
         out.append(encode_xor(dt, base, target))
@@ -237,6 +215,9 @@ def decode_block(dt: DType, encoding: int, params, streams, m: int, base: np.nda
         return
     if encoding in (BF16_DELTA, FLOAT_DELTA):
         _decode_float_delta(dt, params, streams, m, base, out)
+        return
+    if encoding == CTX_DELTA:
+        ctx.decode(dt, ctx.Params.unpack(params), streams, m, base, out)
         return
     raise UnsupportedError(f"unknown encoding id {encoding}")
 

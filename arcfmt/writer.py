@@ -41,12 +41,13 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
     if force_encoding is not None:
         cands = [transforms.encode_forced(dt, base, target, force_encoding)]
     else:
-        cands = transforms.encode_candidates(dt, base, target)
+        cands = transforms.encode_candidates(dt, base, target, effort)
     for cand in cands:
         if force_codec is not None:
             coded = [codecs.encode_with(force_codec, s) for s in cand.streams]
         else:
-            coded = [codecs.encode_smallest(s, effort) for s in cand.streams]
+            coded = [codecs.encode_smallest(s, "fast" if i in cand.dense and effort != "max" else effort)
+                     for i, s in enumerate(cand.streams)]
         total = sum(len(s) for _, s in coded)
         if best is None or total < best[2]:
             best = (cand, coded, total)

@@ -928,7 +928,7 @@ def test_block_crafting_helper_is_sound(small_file, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_unsupported_encodings(small_file, reader):
-    for enc in (5, 9, 255):
+    for enc in (6, 9, 255):
         f, base = _w_block_file(small_file, blck_payload(0, 0, enc, [], []))
         expect(UnsupportedError, reader, f, base)
     # float-delta (3) is not defined for BF16.
@@ -941,6 +941,9 @@ def test_unsupported_encodings(small_file, reader):
     for enc in (2, 3):
         f = reassemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, enc, [1, 0], _raw([0], [1], b"", b""))))
         expect(UnsupportedError, reader, f, small_file[0])
+    # ctx-delta (5) on an integer tensor: rejected at the encoding byte, before its params.
+    f = reassemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
+    expect(UnsupportedError, reader, f, small_file[0])
     ui = [r.name for r in p.recs if r.type == L.TENS].index("u")
     ub = blocks_of(p, "u")[0]
     f = reassemble(p, replace(p, lambda r: r is ub, blck_payload(ui, 0, 2, [1, 0], _raw([0], [1, 0, 0], b"", b""))))

@@ -23,11 +23,24 @@ from conftest import (
 )
 
 EFFORTS = ["fast", "default"]
-ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe"}
+ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta"}
+CTX_DTYPES = [d for d in FLOAT_DTYPES if d.name != "F64"]
 
 
 def delta_name(dt) -> str:
     return "bf16-delta" if dt.name == "BF16" else "float-delta"
+
+
+def delta_names(dt) -> set:
+    """The sparse-delta encodings the writer may pick for a float dtype (SPEC.md §8.3, §8.4, §8.6)."""
+    return {delta_name(dt)} | ({"ctx-delta"} if dt.name != "F64" else set())
+
+
+def encode_forced(base, target, encoding, **kw) -> bytes:
+    buf = io.BytesIO()
+    with arcfmt.DeltaWriter(buf, force_encoding=encoding, **kw) as w:
+        w.write_tensors((n, None if base is None else base.get(n), t) for n, t in target.items())
+    return buf.getvalue()
 
 
 def describe(delta) -> dict:
@@ -156,7 +169,12 @@ def test_float_specials_sparse_delta(dt):
     base = {"x": bbits.view(dt.np)}
     target = {"x": tbits.view(dt.np)}
     d = roundtrip(base, target, effort="fast")
-    assert delta_name(dt) in encodings_of(d)
+    assert encodings_of(d) & delta_names(dt)
+    for enc in delta_names(dt):  # each sparse-delta encoding carries every transition
+        d = encode_forced(base, target, enc)
+        assert encodings_of(d) == {enc}
+        assert_bit_exact(arcfmt.decode(base, d), target)
+        assert_bit_exact(stream_decode(d, base), target)
 
 
 @pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=repr)
@@ -183,8 +201,12 @@ def test_extreme_mantissa_steps(dt):
     for effort in EFFORTS:
         d = roundtrip(base, target, effort=effort)
         blocks = describe(d)["x"]["blocks"]
-        assert [b["encoding"] for b in blocks] == [delta_name(dt)]
+        assert len(blocks) == 1 and blocks[0]["encoding"] in delta_names(dt)
         assert blocks[0]["changed"] == len(pairs)
+    for enc in delta_names(dt):
+        d = encode_forced(base, target, enc)
+        assert encodings_of(d) == {enc}
+        assert_bit_exact(arcfmt.decode(base, d), target)
 
 
 @pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=repr)
@@ -342,7 +364,8 @@ def test_position_and_index_widths(m):
         t = u.copy()
         t[pos[::2]] ^= np.uint16(0x8000)
         t[pos[1::2]] ^= np.uint16(1)
-        d = roundtrip({"x": b}, {"x": t.view(dt.np)}, effort="fast", block_elems=m)
+        d = encode_forced({"x": b}, {"x": t.view(dt.np)}, "bf16-delta", effort="fast", block_elems=m)
+        assert_bit_exact(arcfmt.decode({"x": b}, d), {"x": t.view(dt.np)})
         blk = describe(d)["x"]["blocks"][0]
         assert blk["encoding"] == "bf16-delta" and blk["changed"] == 300
 
@@ -407,13 +430,24 @@ def _encoding_case(enc):
         return {"x": b}, {"x": t.view(np.float32)}
     if enc == "keyframe":
         return None, {"x": random_values(rng, BY_NAME["BF16"], (100,))}
+    if enc == "ctx-delta":
+        base, target = make_pair(9, "BF16", [(20000,)], 0.02)
+        return base, target
     raise AssertionError(enc)
+
+
+_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta"}  # chosen unforced on their cases
 
 
 @pytest.mark.parametrize("enc", sorted(ALL_ENCODINGS))
 def test_each_block_encoding_occurs(enc):
     base, target = _encoding_case(enc)
-    d = roundtrip(base, target, effort="fast")
+    if enc in _WRITER_PICKS:
+        d = roundtrip(base, target, effort="fast")
+    else:  # bf16-delta / float-delta: ctx-delta is usually smaller, so ask for them by name
+        d = encode_forced(base, target, enc)
+        assert_bit_exact(arcfmt.decode(base, d), target)
+        assert_bit_exact(stream_decode(d, base), target)
     assert enc in encodings_of(d)
 
 
@@ -421,7 +455,8 @@ def test_all_block_encodings_covered():
     seen = set()
     for enc in ALL_ENCODINGS:
         base, target = _encoding_case(enc)
-        seen |= encodings_of(arcfmt.encode(base, target, effort="fast"))
+        seen |= encodings_of(arcfmt.encode(base, target, effort="fast") if enc in _WRITER_PICKS
+                             else encode_forced(base, target, enc))
     # Dense float changes choose xor or keyframe over the delta: also a valid, decodable file.
     base, target = make_pair(8, "BF16", [(400,)], 1.0)
     seen |= encodings_of(roundtrip(base, target, effort="fast"))
@@ -436,7 +471,10 @@ def test_float_delta_for_every_float_dtype(dt):
     t[::40] ^= t.dtype.type(1)
     t[5] ^= t.dtype.type(1 << (dt.bits - 1))  # plus one exception
     d = roundtrip({"x": b}, {"x": t.view(dt.np)}, effort="fast")
+    assert encodings_of(d) <= delta_names(dt) and encodings_of(d)
+    d = encode_forced({"x": b}, {"x": t.view(dt.np)}, "float-delta")
     assert encodings_of(d) == {"float-delta"}
+    assert_bit_exact(arcfmt.decode({"x": b}, d), {"x": t.view(dt.np)})
 
 
 # ------------------------------------------------------------------------------ inputs and readers
@@ -488,7 +526,7 @@ def test_steps_and_digests_recorded():
     d = arcfmt.encode(base, target, base_step=3, target_step=1 << 40)
     r = arcfmt.DeltaReader(d)
     assert (r.base_step, r.target_step) == (3, 1 << 40)
-    assert r.version == (1, 0)
+    assert r.version == (1, 1)
     d2 = arcfmt.encode(base, target)
     r2 = arcfmt.DeltaReader(d2)
     assert (r2.base_step, r2.target_step) == (None, None)

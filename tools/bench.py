@@ -37,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = ("arc_v3", "arc_v2", "z4ai")
 ROLES = {"bf16-delta": ("positions", "steps", "exceptions", "values"),
          "float-delta": ("positions", "steps", "exceptions", "values"),
-         "keyframe": ("exponents", "sign+mantissa"), "xor": ("xor-planes",) * 8}
+         "keyframe": ("exponents", "sign+mantissa"), "xor": ("xor-planes",) * 8,
+         "ctx-delta": ("positions:quotients", "positions:remainders", "steps:signs") + ("steps:magnitudes",)}
 
 
 def load(path: str) -> dict:

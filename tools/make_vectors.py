@@ -72,7 +72,7 @@ def split(data: bytes) -> Parts:
         if head.type == L.TENS:
             rec.name = records.parse_tensor(payload, "").name
         elif head.type == L.BLCK:
-            rec.encoding = L.BlockPayload.parse(payload, param_count=lambda e: 0, stream_count=lambda e, p: 0).encoding
+            rec.encoding = L.BlockPayload.parse(payload, param_count=lambda e, h: 0, stream_count=lambda e, p: 0).encoding
         recs.append(rec)
         pos += 16 + head.length
 
@@ -185,12 +185,12 @@ def valid_vectors():
 
     b, t = rl_step(1, (64, 48))
     y("y_bf16_delta_basic", "BF16 ±1-ulp changes and sign flips: bf16-delta with kept steps and exceptions",
-      ["8.3"], {"w": b}, {"w": t})
+      ["8.3"], {"w": b}, {"w": t}, force_encoding="bf16-delta")
     r = rng(2)
     sp = bits(BF16, [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0001, 0x807F, 0x3F80, 0x0080, 0x7F7F])
     tg = bits(BF16, [0x8000, 0x0000, 0xFF80, 0x7F80, 0x7FC1, 0x7FC0, 0x7FFF, 0x0002, 0x8001, 0x3F81, 0x007F, 0x7F80])
     y("y_bf16_special_values", "±0, ±inf, NaN payloads, subnormals, exponent and sign changes", ["2", "8.3"],
-      {"s": sp}, {"s": tg})
+      {"s": sp}, {"s": tg}, force_encoding="bf16-delta")
     bb = (r.standard_normal(300) * 0.1).astype(BF16)
     tt = (r.standard_normal(300) * 0.1).astype(BF16)
     y("y_bf16_all_changed", "every value changed", ["8.3"], {"a": bb}, {"a": tt}, force_encoding="bf16-delta")
@@ -257,6 +257,98 @@ def valid_vectors():
     p.recs.insert(2, Rec(b"zzzz", b"future ancillary data"))
     V.append(Vector("y_unknown_ancillary", "an unknown ancillary record type is skipped", ["5", "10", "16"],
                     {"w": b}, assemble(p), expect_tensors={"w": t}))
+    V += ctx_valid_vectors()
+    return V
+
+
+# ------------------------------------------------------------------------------------ ctx-delta (§8.6)
+
+CTX_TYPES = (("bf16", BF16), ("f16", np.float16), ("f32", np.float32), ("f8_e4m3", ml_dtypes.float8_e4m3fn),
+             ("f8_e5m2", ml_dtypes.float8_e5m2))
+
+
+def ctx_case(seed, dt, m=4096, specials=True):
+    """RL-like data: small weights change often and by several steps, large ones rarely by one; plus
+    sign flips, zero crossings and special values, which ctx-delta carries as ordinary steps."""
+    from arcfmt.ctx_delta import ordered, unordered
+    from arcfmt.dtypes import from_numpy
+    r = rng(seed)
+    adt = from_numpy(np.dtype(dt))
+    vals = (r.standard_normal(m) * np.exp2(r.uniform(-12, 0, m))).astype(dt)
+    u = vals.view(f"<u{np.dtype(dt).itemsize}").copy()
+    small = np.abs(vals.astype(np.float32)) < 2.0 ** -6
+    ch = r.random(m) < np.where(small, 0.3, 0.03)
+    steps = np.where(small, r.integers(1, 6, m), 1) * r.choice([-1, 1], m)
+    half = 1 << (8 * np.dtype(dt).itemsize - 1)
+    v = np.clip(ordered(adt, u) + np.where(ch, steps, 0), -half, half - 1)
+    t = unordered(adt, v)
+    if specials:
+        w = np.dtype(dt).itemsize * 8
+        sign = 1 << (w - 1)
+        sp = [0, sign, 1, sign | 1, (1 << (w - 1)) - 1, (1 << w) - 1, (adt.exp_bits and ((1 << adt.exp_bits) - 1) << adt.mant_bits)]
+        k = len(sp)
+        u[:k * k] = np.repeat(np.array(sp, np.uint64), k).astype(u.dtype)
+        t[:k * k] = np.tile(np.array(sp, np.uint64), k).astype(u.dtype)
+    return u.view(dt), t.view(dt)
+
+
+def ctx_custom(base, target, thresholds, codec="raw", block_elems=None) -> bytes:
+    """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds."""
+    from arcfmt import ctx_delta as ctx, transforms
+    from arcfmt.dtypes import from_numpy
+    d = write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta", force_codec=codec,
+                    block_elems=block_elems or max(1, base.size))
+    p = split(d)
+    adt = from_numpy(base.dtype)
+    bu = base.view(adt.uint).reshape(-1)
+    tu = target.view(adt.uint).reshape(-1)
+    be = block_elems or max(1, base.size)
+    k = 0
+    for rec in p.recs:
+        if rec.type != L.BLCK:
+            continue
+        b, t = bu[k * be:(k + 1) * be], tu[k * be:(k + 1) * be]
+        pos = np.flatnonzero(b != t)
+        enc = ctx.encode(adt, b, t, pos, thresholds=thresholds)
+        blk = transforms.EncodedBlock(transforms.CTX_DELTA, enc.params, enc.streams, pos.size)
+        rec.payload = records.build_block(0, k, blk, [(0, bytes(x)) for x in enc.streams])
+        k += 1
+    return assemble(p)
+
+
+def ctx_valid_vectors():
+    V = []
+
+    def y(name, desc, base, target, data=None, **kw):
+        data = data if data is not None else write_delta(base, target, **kw)
+        V.append(Vector(name, desc, ["8.6"], base, data, expect_tensors=target))
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctx_case(40 + i, dt)
+        y(f"y_ctx_{nm}", f"ctx-delta on {nm.upper()}: several classes, multi-step changes, specials",
+          {"x": b}, {"x": t}, force_encoding="ctx-delta", effort="max")
+    b, t = ctx_case(50, BF16, m=3000)
+    y("y_ctx_bf16_blocks_zstd", "ctx-delta in blocks of 700 elements, streams zstd-coded", {"x": b}, {"x": t},
+      force_encoding="ctx-delta", force_codec="zstd", block_elems=700)
+    y("y_ctx_bf16_blocks_xz", "ctx-delta in blocks of 1000 elements, streams xz-coded", {"x": b}, {"x": t},
+      force_encoding="ctx-delta", force_codec="xz", block_elems=1000)
+    y("y_ctx_one_class", "K = 1: positions are ranks among all elements", {"x": b}, {"x": t},
+      data=ctx_custom(b, t, []))
+    y("y_ctx_sixteen_classes", "K = 16, some classes empty of changes and of members", {"x": b}, {"x": t},
+      data=ctx_custom(b, t, list(range(100, 250, 10))))
+    y("y_ctx_empty_middle_class", "a middle class with members but no changes", {"x": b}, {"x": t},
+      data=ctx_custom(b, t, [110, 111, 118]))
+    r = rng(51)
+    sb = (r.standard_normal(60000) * 0.02).astype(BF16)
+    su = sb.view(np.uint16).copy()
+    idx = np.sort(r.choice(60000, 12, replace=False))
+    su[idx] += 1
+    y("y_ctx_sparse_large_rice", "12 changes in 60000 elements: large Rice parameters", {"x": sb},
+      {"x": su.view(BF16)}, data=ctx_custom(sb, su.view(BF16), [120]))
+    b, t = ctx_case(52, BF16, m=64, specials=False)
+    t = (b.view(np.uint16) ^ 0x8000).view(BF16)
+    y("y_ctx_all_changed_sign_flips", "every element changes sign: steps cross zero", {"x": b}, {"x": t},
+      force_encoding="ctx-delta")
     return V
 
 
@@ -264,7 +356,7 @@ def reject_vectors():
     V = []
     b, t = rl_step(20, (24, 16))
     base = {"w": b}
-    good = write_delta(base, {"w": t}, block_elems=200)
+    good = write_delta(base, {"w": t}, block_elems=200, force_encoding="bf16-delta")
     P = split(good)
 
     def n(name, desc, covers, data, error, modes=None, base_=None):
@@ -402,7 +494,7 @@ def reject_vectors():
       assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit")
     # -- zstd frame rules, bombs
     bz, tz = rl_step(21, (40, 40), density=0.3)
-    zfile = write_delta({"w": bz}, {"w": tz}, force_codec="zstd")
+    zfile = write_delta({"w": bz}, {"w": tz}, force_codec="zstd", force_encoding="bf16-delta")
 
     def restream(fn, src=zfile):
         p = split(src)
@@ -419,7 +511,7 @@ def reject_vectors():
         payload = L.BlockPayload.build(
             dict(tensor=0, block=0, encoding=info.encoding, params=params,
                  streams=[(c, len(d)) for c, d, _ in streams]),
-            param_count=lambda e: len(params), stream_count=lambda e, q: len(streams))
+            param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
         p.recs[i].payload = payload + b"".join(d for _, d, _ in streams)
         return assemble(p)
 
@@ -480,10 +572,11 @@ def reject_vectors():
     # the exceptions stream (2) is empty when e = 0; use a file with no exceptions
     bn, tn = rl_step(22, (40, 40), density=0.3, exc=0.0)
     n("n_empty_stream_not_raw", "an empty stream marked zstd", ["9"],
-      restream(empty_zstd, write_delta({"w": bn}, {"w": tn}, force_codec="zstd")), "corrupt", base_={"w": bn})
+      restream(empty_zstd, write_delta({"w": bn}, {"w": tn}, force_codec="zstd", force_encoding="bf16-delta")),
+      "corrupt", base_={"w": bn})
 
     # -- block contents (raw streams so the bytes are easy to change)
-    rawfile = write_delta(base, {"w": t}, force_codec="raw")
+    rawfile = write_delta(base, {"w": t}, force_codec="raw", force_encoding="bf16-delta")
 
     def rs(fn):
         return restream(fn, rawfile)
@@ -918,6 +1011,147 @@ def stream_objects():
     return objs
 
 
+def ctx_reject_vectors():
+    V = []
+    from arcfmt import ctx_delta as ctx
+    b, t = ctx_case(60, BF16, m=2000, specials=False)
+    base = {"x": b}
+    cfile = ctx_custom(b, t, [112, 116, 119])
+    m = b.size
+
+    def n(name, desc, fn, error="corrupt", src=None, base_=None):
+        V.append(Vector(name, desc, ["8.6"], base_ or base, restream(fn, src or cfile), error=error))
+
+    def restream(fn, src):
+        p = split(src)
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        th = records.parse_tensor(p.recs[i - 1].payload, "")
+        info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
+        streams, pos = [], info.data_offset
+        for st in info.streams:
+            streams.append([st.codec, p.recs[i].payload[pos:pos + st.stored]])
+            pos += st.stored
+        params = list(info.params)
+        fn(streams, params)
+        payload = L.BlockPayload.build(
+            dict(tensor=0, block=0, encoding=info.encoding, params=params,
+                 streams=[(c, len(d)) for c, d in streams]),
+            param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
+        p.recs[i].payload = payload + b"".join(d for _, d in streams)
+        return assemble(p)
+
+    P = ctx.Params.unpack
+
+    def at(params):  # offsets into the flat params: thresholds, counts, rice, qbits, mw
+        k = params[0]
+        return 1, k, 2 * k, 3 * k, 3 * k + 1
+
+    def setp(fn):
+        def edit(streams, params):
+            fn(params, *at(params))
+        return edit
+
+    n("n_ctx_classes_zero", "K = 0", lambda s, p: (p.clear(), p.append(0), s.clear()))
+    n("n_ctx_classes_too_many", "K = 17: rejected as soon as K is read",
+      lambda s, p: (p.clear(), p.extend([17] + [1] * 52), s.clear()))
+    n("n_ctx_threshold_zero", "a threshold of 0", setp(lambda p, t, c, r, q, mw: p.__setitem__(t, 0)))
+    n("n_ctx_threshold_too_big", "a threshold above 2^E - 1", setp(lambda p, t, c, r, q, mw: p.__setitem__(c - 1, 256)))
+    n("n_ctx_thresholds_not_increasing", "two equal thresholds",
+      setp(lambda p, t, c, r, q, mw: p.__setitem__(t + 1, p[t])))
+
+    def no_changes(p, t, c, r, q, mw):
+        for k in range(c, r):
+            p[k] = 0
+    n("n_ctx_changed_zero", "every class count is 0", setp(no_changes))
+    n("n_ctx_changed_beyond_block", "the counts add up to more than m",
+      setp(lambda p, t, c, r, q, mw: p.__setitem__(c, p[c] + m)))
+    n("n_ctx_rice_too_big", "a Rice parameter of 25", setp(lambda p, t, c, r, q, mw: p.__setitem__(r, 25)))
+    n("n_ctx_qbits_below_changed", "qbits < c",
+      setp(lambda p, t, c, r, q, mw: p.__setitem__(q, sum(p[c:r]) - 1)))
+    n("n_ctx_qbits_beyond_block", "qbits > m", setp(lambda p, t, c, r, q, mw: p.__setitem__(q, m + 1)))
+    n("n_ctx_mag_width_zero", "magnitude width 0", setp(lambda p, t, c, r, q, mw: p.__setitem__(mw, 0)))
+    n("n_ctx_mag_width_too_big", "magnitude width 3 on BF16", setp(lambda p, t, c, r, q, mw: p.__setitem__(mw, 3)))
+
+    info = P(records.parse_block(next(r for r in split(cfile).recs if r.type == L.BLCK).payload,
+                                 records.parse_tensor(split(cfile).recs[1].payload, ""), 0, 0, "").params)
+    assert info.qbits % 8 and info.changed % 8 and sum(a * b for a, b in zip(info.counts, info.rice)) % 8
+
+    def set_pad(i):
+        def edit(streams, params):
+            d = bytearray(streams[i][1])
+            d[-1] |= 0x80
+            streams[i][1] = bytes(d)
+        return edit
+    n("n_ctx_quotient_padding", "a padding bit set after the quotient codes", set_pad(0))
+    n("n_ctx_remainder_padding", "a padding bit set after the remainder fields", set_pad(1))
+    n("n_ctx_sign_padding", "a padding bit set after the sign bits", set_pad(2))
+
+    def extra_code(streams, params):
+        d = bytearray(streams[0][1])
+        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(len(d) * 8)]
+        i = bits.index(0)
+        d[i // 8] |= 1 << (i % 8)
+        streams[0][1] = bytes(d)
+    n("n_ctx_quotient_extra_code", "one more 1 bit than c among the quotient bits", extra_code)
+
+    def unterminated(streams, params):
+        _, _, _, q, _ = at(params)
+        params[q] += 1  # the new last bit is a (zero) padding bit: the last code is not terminated there
+    n("n_ctx_quotient_unterminated", "bit qbits - 1 is not a terminating 1", unterminated)
+
+    def rank_beyond(streams, params):
+        t, c, r, q, mw = at(params)
+        k = params[0]
+        last = max(i for i in range(k) if params[c + i])
+        extra = (m >> params[r + last]) + 1  # zeros before the last code's 1: its gap exceeds the class
+        d = bytearray(streams[0][1])
+        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(params[q])]
+        bits = bits[:-1] + [0] * extra + [1]
+        params[q] = len(bits)
+        out = bytearray((len(bits) + 7) // 8)
+        for i, v in enumerate(bits):
+            out[i // 8] |= v << (i % 8)
+        streams[0][1] = bytes(out)
+    n("n_ctx_rank_beyond_class", "the last class's last rank is not below its member count", rank_beyond)
+    one = ctx_custom(b, t, [])
+
+    n("n_ctx_position_beyond_block", "K = 1: the last position is past the end of the block", rank_beyond, src=one)
+
+    def step_out(streams, params):
+        t_, c, r, q, mw = at(params)
+        cnt = sum(params[c:r])
+        old = streams[3][1]
+        params[mw] = 2
+        mags = list(old[:cnt])
+        mags[0] = 0xFFFF
+        streams[3][1] = bytes([v & 0xFF for v in mags]) + bytes([v >> 8 for v in mags])
+    n("n_ctx_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
+
+    def wrong_sign(streams, params):
+        d = bytearray(streams[2][1])
+        d[0] ^= 1
+        streams[2][1] = bytes(d)
+    n("n_ctx_verification", "a well-formed ctx-delta block that rebuilds a different tensor (one sign bit)",
+      wrong_sign, error="verification")
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    ffile = write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw")
+
+    def as_ctx(p):
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        pl = bytearray(p.recs[i].payload)
+        pl[2] = 5
+        p.recs[i].payload = bytes(pl)
+        p.recs[i].encoding = 5
+    pf = split(ffile)
+    as_ctx(pf)
+    V.append(Vector("n_ctx_on_f64", "ctx-delta is not defined for F64", ["8", "8.6"], {"x": f64}, assemble(pf),
+                    error="unsupported"))
+    return V
+
+
 def object_vectors():
     o = stream_objects()
     V = [ObjectVector("y_stream_head", "a head pointer", ["S7"], "head", o["head"]),
@@ -1016,6 +1250,13 @@ def object_vectors():
 # ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
 
 RULES = [  # (vector name glob, rules it exercises)
+    ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]), ("n_ctx_threshold*", ["R-CTX-PARAMS"]),
+    ("n_ctx_changed_*", ["R-CTX-PARAMS"]), ("n_ctx_rice_*", ["R-CTX-PARAMS"]), ("n_ctx_qbits_*", ["R-CTX-PARAMS"]),
+    ("n_ctx_mag_width_*", ["R-CTX-PARAMS"]), ("n_ctx_*_padding", ["R-BIT-PADDING"]),
+    ("n_ctx_quotient_extra_code", ["R-CTX-QUOTIENTS"]), ("n_ctx_quotient_unterminated", ["R-CTX-QUOTIENTS"]),
+    ("n_ctx_rank_beyond_class", ["R-CTX-RANK"]), ("n_ctx_position_beyond_block", ["R-CTX-RANK"]),
+    ("n_ctx_step_out_of_range", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH"]),
+    ("n_ctx_on_f64", ["R-ENCODING"]),
     ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
     ("y_keyframe_*", ["R-KEYFRAME", "R-DTYPE"]), ("y_unchanged", ["R-UNCHANGED"]),
     ("y_codec_raw", ["R-RAW"]), ("y_codec_zstd", ["R-ZSTD"]), ("y_codec_xz", ["R-XZ"]), ("y_codec_bz2", ["R-BZ2"]),
@@ -1109,7 +1350,7 @@ def generate(out_dir: str) -> None:
     os.makedirs(vec_dir, exist_ok=True)
     manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.0",
                 "contract": "see conformance/README.md", "vectors": []}
-    for v in valid_vectors() + reject_vectors():
+    for v in valid_vectors() + reject_vectors() + ctx_reject_vectors():
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc"
         write_file(os.path.join(vec_dir, base_file), v.base)

@@ -1,0 +1,361 @@
+"""The ``ctx-delta`` block transform (SPEC.md §8.6): change positions coded per context class of the base.
+
+Why: in RL fine-tuning a weight changes with probability of roughly ``lr / ulp(weight)``, so the exponent
+of the base value, which the receiver already holds, predicts where the changes are. Positions are
+Rice-coded gaps within each exponent class; steps are differences of order-preserving integers (so
+crossing a binade or zero is an ordinary step, never an exception), stored as a sign bit and a
+magnitude. Pure: arrays in, byte streams out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import DType
+from .errors import CorruptError
+from .planes import bytes_for, from_planes, gaps, to_planes
+
+MAX_CLASSES = 16      # K
+MAX_RICE = 24         # Rice parameter of a class
+DTYPES = frozenset({"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})
+# Encoder tuning (not part of the format).
+CLASS_LIMITS = {"fast": 2, "default": 4, "max": 8}  # classes the encoder may use, per effort level
+_CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
+_MIN_CHANGES_FOR_CLASSES = 64
+
+
+def defined_for(dt: DType) -> bool:
+    return dt.name in DTYPES
+
+
+@dataclass
+class Params:
+    thresholds: list   # K-1 exponent-field thresholds, strictly increasing
+    counts: list       # K changed counts, one per class
+    rice: list         # K Rice parameters
+    qbits: int         # bits in the quotient stream
+    mag_width: int     # bytes per magnitude
+
+    @property
+    def classes(self) -> int:
+        return len(self.counts)
+
+    @property
+    def changed(self) -> int:
+        return sum(self.counts)
+
+    def pack(self) -> list:
+        return [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
+
+    @classmethod
+    def unpack(cls, p) -> "Params":
+        k = p[0]
+        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1])
+
+
+def param_count(head) -> int:
+    """Params are ``K``, then ``3K + 1`` more; ``K`` is checked as soon as it is read."""
+    if not head:
+        return 1
+    k = head[0]
+    if not 1 <= k <= MAX_CLASSES:
+        raise CorruptError(f"ctx-delta class count {k} outside 1..{MAX_CLASSES}")
+    return 3 * k + 2
+
+
+def stream_lengths(dt: DType, p: Params, m: int) -> list:
+    """Check the params (SPEC.md §8.6) and return the decoded length of each of the 4 streams."""
+    top = (1 << dt.exp_bits) - 1
+    prev = 0
+    for t in p.thresholds:
+        if not prev < t <= top:
+            raise CorruptError(f"ctx-delta thresholds {p.thresholds} not strictly increasing within 1..{top}")
+        prev = t
+    c = p.changed
+    if not 1 <= c <= m:
+        raise CorruptError(f"ctx-delta changed count {c} outside 1..{m}")
+    if any(r > MAX_RICE for r in p.rice):
+        raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
+    if not c <= p.qbits <= m:
+        raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
+    if not 1 <= p.mag_width <= dt.itemsize:
+        raise CorruptError(f"ctx-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
+    rbits = sum(ck * r for ck, r in zip(p.counts, p.rice))
+    return [(p.qbits + 7) // 8, (rbits + 7) // 8, (c + 7) // 8, c * p.mag_width]
+
+
+# ----------------------------------------------------------------------------------------- shared
+
+def _bits(dt: DType) -> int:
+    return 8 * dt.itemsize
+
+
+def ordered(dt: DType, u: np.ndarray) -> np.ndarray:
+    """Order-preserving integer of each bit pattern: ``u`` if the sign is clear, else ``2^(B-1)-1-u``."""
+    half = 1 << (_bits(dt) - 1)
+    v = u.astype(np.int64)
+    return np.where(v >= half, (half - 1) - v, v)
+
+
+def unordered(dt: DType, v: np.ndarray) -> np.ndarray:
+    half = 1 << (_bits(dt) - 1)
+    return np.where(v >= 0, v, (half - 1) - v).astype(dt.uint)
+
+
+def class_bounds(dt: DType, thresholds) -> list:
+    """``(lo, hi)`` bounds on the magnitude bits ``u AND (2^(B-1)-1)`` of each class (hi None: no bound)."""
+    edges = [t << dt.mant_bits for t in thresholds]
+    return list(zip([0] + edges, edges + [None]))
+
+
+def magnitude_bits(dt: DType, base: np.ndarray) -> np.ndarray:
+    return base & dt.uint.type((1 << (_bits(dt) - 1)) - 1)
+
+
+def _pack_words(mask: np.ndarray) -> np.ndarray:
+    packed = np.packbits(mask, bitorder="little")
+    if packed.size % 8:
+        packed = np.concatenate([packed, np.zeros(8 - packed.size % 8, np.uint8)])
+    return packed.view("<u8")
+
+
+def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
+    """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs.
+
+    Class ``k`` is ``{a >= lo_k} AND NOT {a >= hi_k}`` on the magnitude bits ``a``, so the bitmaps of
+    ``a >= T·2^M`` are computed once and combined word by word.
+    """
+    a = magnitude_bits(dt, base)
+    m = a.size
+    edges = [t << dt.mant_bits for t in thresholds]
+    ge = {}
+
+    def at_least(i):  # packed bitmap of a >= edges[i]
+        if i not in ge:
+            ge[i] = _pack_words(a >= dt.uint.type(edges[i]))
+        return ge[i]
+
+    out = {}
+    for k in wanted:
+        if k == 0:
+            words = _pack_words(np.ones(m, bool)) if not edges else ~at_least(0) & _pack_words(np.ones(m, bool))
+        else:
+            words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
+        out[k] = ClassIndex(words, m)
+    return out
+
+
+_SELECT8 = np.zeros((256, 8), np.uint8)  # [byte, r]: bit position of the r-th set bit of the byte
+for _v in range(256):
+    _b = [i for i in range(8) if _v >> i & 1]
+    _SELECT8[_v, :len(_b)] = _b
+
+
+class ClassIndex:
+    """Rank and select over one class's members, from its membership bitmap packed 64 per word.
+
+    Why: a class's k-th member is found in O(log m) after one cheap O(m / 64) pass, instead of listing
+    every member (``flatnonzero`` on a random bitmap is branch-bound and several times slower).
+    """
+
+    def __init__(self, words: np.ndarray, m: int):
+        self.m = m
+        self.words = words
+        self.pop = np.bitwise_count(self.words).astype(np.int64)
+        self.cum = np.cumsum(self.pop)  # members in words 0..w
+        self.size = int(self.cum[-1]) if self.cum.size else 0
+
+    def select(self, j: np.ndarray) -> np.ndarray:
+        """Element index of each member rank in ``j`` (all ``< size``)."""
+        if 32 * j.size > self.m:  # dense: listing every member is cheaper
+            bits = np.unpackbits(self.words.view(np.uint8), count=self.m, bitorder="little")
+            return np.flatnonzero(bits)[j]
+        w = np.searchsorted(self.cum, j, side="right")
+        r = (j - (self.cum[w] - self.pop[w])).astype(np.uint64)  # rank within the word
+        x = self.words[w]
+        at = w * 64
+        for half in (32, 16, 8):  # binary search for the byte that holds the member
+            low = x & np.uint64((1 << half) - 1)
+            p = np.bitwise_count(low).astype(np.uint64)
+            up = r >= p
+            r = np.where(up, r - p, r)
+            x = np.where(up, x >> np.uint64(half), low)
+            at = at + np.where(up, half, 0)
+        return at + _SELECT8[x.astype(np.intp), r.astype(np.intp)]
+
+    def rank(self, pos: np.ndarray) -> np.ndarray:
+        """Members before each element index in ``pos``."""
+        w, bit = pos >> 6, (pos & 63).astype(np.uint64)
+        below = self.words[w] & ((np.uint64(1) << bit) - np.uint64(1))
+        return self.cum[w] - self.pop[w] + np.bitwise_count(below).astype(np.int64)
+
+
+def _rice_cost(n, c):
+    """Estimated Rice bits for ``c`` changes spread over ``n`` elements (arrays)."""
+    c = np.maximum(c, 1e-9)
+    mu = np.maximum(n - c, 0) / c
+    r0 = np.floor(np.log2(np.maximum(mu * np.log(2), 1.0)))
+    best = None
+    for r in (r0, r0 + 1):
+        cost = c * (1 + r + mu / np.exp2(r))
+        best = cost if best is None else np.minimum(best, cost)
+    return best
+
+
+def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int = 4) -> list:
+    """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges."""
+    if positions.size < _MIN_CHANGES_FOR_CLASSES:
+        return []
+    x = (base >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+    size = 1 << dt.exp_bits
+    ne = np.bincount(x, minlength=size)
+    ce = np.bincount(x[positions], minlength=size)
+    idx = np.flatnonzero(ne)
+    L = idx.size
+    if L < 2:
+        return []
+    N = np.concatenate([[0], np.cumsum(ne[idx])]).astype(np.float64)
+    C = np.concatenate([[0], np.cumsum(ce[idx])]).astype(np.float64)
+    n = N[None, :] - N[:, None]
+    c = C[None, :] - C[:, None]
+    cost = np.where(c > 0, _rice_cost(n, c), 0.0)
+    cost[np.tril_indices(L + 1)] = np.inf       # a class covers at least one exponent: i < j
+    dp = cost[0].copy()                          # one class covering bins [0, j)
+    best_k, best_total, back = 1, dp[L], []
+    for k in range(2, min(max_classes, L) + 1):
+        tot = dp[:, None] + cost
+        arg = np.argmin(tot, axis=0)
+        dp = tot[arg, np.arange(L + 1)]
+        back.append(arg)
+        if dp[L] + (k - 1) * _CLASS_OVERHEAD_BITS < best_total:
+            best_k, best_total = k, dp[L] + (k - 1) * _CLASS_OVERHEAD_BITS
+    cuts, j = [], L
+    for k in range(best_k, 1, -1):
+        j = int(back[k - 2][j])
+        cuts.append(j)
+    return [int(idx[i]) for i in sorted(cuts)]
+
+
+def _best_rice(g: np.ndarray) -> int:
+    top = min(MAX_RICE, int(g.max()).bit_length())
+    costs = [int((g >> r).sum()) + g.size * r for r in range(top + 1)]
+    return int(np.argmin(costs))
+
+
+def _pack(bits_list) -> bytes:
+    if not bits_list:
+        return b""
+    bits = np.concatenate(bits_list) if len(bits_list) > 1 else bits_list[0]
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def _unpack(buf, nbits: int, what: str) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
+    if bits[nbits:].any():
+        raise CorruptError(f"ctx-delta {what} stream: padding bits are not zero")
+    return bits[:nbits]
+
+
+# ----------------------------------------------------------------------------------------- encode
+
+@dataclass
+class Encoded:
+    params: list
+    streams: list
+
+
+def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
+           thresholds=None, max_classes: int = 4) -> Encoded:
+    """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing)."""
+    if thresholds is None:
+        thresholds = choose_thresholds(dt, base, positions, max_classes)
+    k_count = len(thresholds) + 1
+    counts, rice, quots, rems, signs, mags = [], [], [], [], [], []
+    if k_count == 1:
+        groups = [(positions, positions)]
+    else:
+        a = magnitude_bits(dt, base[positions])
+        groups = []
+        for k, (lo, hi) in enumerate(class_bounds(dt, thresholds)):
+            sel = (a >= lo) if hi is None else ((a >= lo) & (a < hi))
+            pos = positions[sel]
+            # index of each changed element within its class's subsequence
+            j = class_indexes(dt, base, thresholds, [k])[k].rank(pos) if pos.size else pos
+            groups.append((pos, j))
+    for pos, j in groups:
+        counts.append(int(pos.size))
+        if not pos.size:
+            rice.append(0)
+            mags.append(np.zeros(0, np.int64))
+            continue
+        g = gaps(j)
+        r = _best_rice(g)
+        rice.append(r)
+        quots.append(g >> r)
+        if r:
+            rems.append(((g[:, None] >> np.arange(r)) & 1).astype(np.uint8).ravel())
+        d = ordered(dt, target[pos]) - ordered(dt, base[pos])
+        signs.append((d < 0).astype(np.uint8))
+        mags.append(np.abs(d) - 1)
+    quot = np.concatenate(quots)
+    term = np.cumsum(quot + 1) - 1
+    qbits = int(term[-1]) + 1
+    qb = np.zeros(qbits, np.uint8)
+    qb[term] = 1
+    top = max(int(mg.max()) for mg in mags if mg.size)
+    mw = bytes_for(top)
+    params = Params(list(thresholds), counts, rice, qbits, mw)
+    streams = [_pack([qb]), _pack(rems), _pack(signs), to_planes(np.concatenate(mags), mw)]
+    return Encoded(params.pack(), streams)
+
+
+# ----------------------------------------------------------------------------------------- decode
+
+def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
+    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
+    c = p.changed
+    qb = _unpack(streams[0], p.qbits, "quotient")
+    term = np.flatnonzero(qb)
+    if term.size != c or term[-1] != p.qbits - 1:
+        raise CorruptError(f"ctx-delta quotient stream holds {term.size} codes ending at bit "
+                           f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
+    quot = np.diff(term, prepend=-1) - 1
+    rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(p.counts, p.rice)), "remainder")
+    sbits = _unpack(streams[2], c, "sign")
+    mags = from_planes(streams[3], c, p.mag_width, np.uint64).astype(np.int64) + 1
+    half = 1 << (_bits(dt) - 1)
+    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck]) \
+        if p.classes > 1 else None
+    all_pos, all_val = [], []
+    off = roff = 0
+    for k, (lo, hi) in enumerate(class_bounds(dt, p.thresholds)):
+        ck, r = p.counts[k], p.rice[k]
+        if not ck:
+            continue
+        g = quot[off:off + ck].astype(np.int64) << r
+        if r:
+            g |= rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64) @ (np.int64(1) << np.arange(r, dtype=np.int64))
+        j = np.cumsum(g + 1) - 1
+        if p.classes == 1:
+            if j[-1] >= m:
+                raise CorruptError(f"ctx-delta position {int(j[-1])} beyond block of {m} elements")
+            pos = j
+        else:
+            members = index[k]
+            if j[-1] >= members.size:
+                raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {members.size} elements")
+            pos = members.select(j)
+        mag = mags[off:off + ck]
+        s = sbits[off:off + ck].astype(bool)
+        v = ordered(dt, base[pos]) + np.where(s, -mag, mag)
+        if v.min() < -half or v.max() >= half:
+            raise CorruptError(f"ctx-delta class {k}: a step leaves the range of {dt.name} bit patterns")
+        all_pos.append(pos)
+        all_val.append(unordered(dt, v))
+        off += ck
+        roff += ck * r
+    if out is not base:
+        out[:] = base
+    for pos, val in zip(all_pos, all_val):
+        out[pos] = val

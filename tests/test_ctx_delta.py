@@ -1,0 +1,240 @@
+"""The ctx-delta encoding (SPEC.md §8.6): round trips over every dtype it covers, its rank/select index,
+the encoder's class choice, and every decoder check, through whole files and both read modes."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import arcfmt
+from arcfmt import ctx_delta as ctx
+from arcfmt.dtypes import BF16
+from arcfmt.errors import CorruptError
+from conftest import BY_NAME, assert_bit_exact, bits_of, from_bits, make_pair, random_values, stream_decode
+from test_bad_input import READERS, _w_base_bits, _w_block_file, blck_payload, expect
+
+CTX_NAMES = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"]
+
+
+def forced(base, target, **kw) -> bytes:
+    buf = io.BytesIO()
+    with arcfmt.DeltaWriter(buf, force_encoding="ctx-delta", **kw) as w:
+        w.write_tensors((n, base[n], t) for n, t in target.items())
+    return buf.getvalue()
+
+
+def check_file(base, target, delta):
+    assert_bit_exact(arcfmt.decode(base, delta), target)
+    assert_bit_exact(stream_decode(delta, base), target)
+    live = {k: v.copy() for k, v in base.items()}
+    for _ in arcfmt.apply_in_place(live, delta):
+        pass
+    assert_bit_exact(live, target)
+
+
+# ------------------------------------------------------------------------------ order-preserving map
+
+@pytest.mark.parametrize("name", CTX_NAMES)
+def test_ordered_is_a_monotone_bijection(name):
+    dt = _dtype(name)
+    w = 8 * dt.itemsize
+    if w <= 16:
+        u = np.arange(1 << w, dtype=np.uint64).astype(dt.uint)
+    else:
+        u = np.random.default_rng(1).integers(0, 1 << w, 1 << 16, dtype=np.uint64).astype(dt.uint)
+        u[:4] = [0, 0x80000000, 0x7FFFFFFF, 0xFFFFFFFF]
+    v = ctx.ordered(dt, u)
+    assert np.array_equal(ctx.unordered(dt, v), u)
+    assert v.min() >= -(1 << (w - 1)) and v.max() < 1 << (w - 1)
+    assert np.unique(v).size == np.unique(u).size
+    # the order of the (non-NaN) float values follows the integers; -0 sits just below +0
+    with np.errstate(invalid="ignore"):
+        f = from_bits(u, BY_NAME[name]).astype(np.float64)
+    ok = ~np.isnan(f)
+    order = np.argsort(v[ok], kind="stable")
+    assert np.all(np.diff(f[ok][order]) >= 0)
+
+
+def _dtype(name):
+    from arcfmt.dtypes import from_name
+    return from_name(name)
+
+
+# ------------------------------------------------------------------------------ rank / select
+
+@given(st.integers(1, 5000), st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_class_index_matches_flatnonzero(m, density, seed):
+    rng = np.random.default_rng(seed)
+    mask = rng.random(m) < density
+    members = np.flatnonzero(mask)
+    ix = ctx.ClassIndex(ctx._pack_words(mask), m)
+    assert ix.size == members.size
+    if members.size:
+        j = np.sort(rng.choice(members.size, size=min(members.size, 1 + members.size // 3), replace=False))
+        assert np.array_equal(ix.select(j), members[j])
+        assert np.array_equal(ix.rank(members[j]), j)
+
+
+# ------------------------------------------------------------------------------ round trips
+
+@pytest.mark.parametrize("name", CTX_NAMES)
+@pytest.mark.parametrize("density", [0.001, 0.02, 0.3, 1.0])
+def test_roundtrip_every_dtype(name, density):
+    base, target = make_pair(hash((name, density)) % 1000, name, [(3000,), (40, 50)], density)
+    for effort in ("fast", "default", "max"):
+        d = forced(base, target, effort=effort, block_elems=1000)
+        check_file(base, target, d)
+
+
+@given(st.sampled_from(CTX_NAMES), st.integers(1, 3000), st.integers(1, 200), st.integers(0, 2**32 - 1),
+       st.integers(1, 16))
+@settings(max_examples=120, deadline=None)
+def test_any_classes_roundtrip(name, m, changes, seed, k):
+    """Any thresholds a writer may choose decode to the same target, including specials and wraps."""
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    top = (1 << dt.exp_bits) - 1
+    w = 8 * dt.itemsize
+    base = rng.integers(0, 1 << w, m, dtype=np.uint64).astype(dt.uint)
+    if seed % 3 == 0:  # realistic values instead of random bit patterns
+        base = bits_of(random_values(rng, BY_NAME[name], (m,))).astype(dt.uint)
+    target = base.copy()
+    pos = np.unique(rng.integers(0, m, changes))
+    target[pos] = rng.integers(0, 1 << w, pos.size, dtype=np.uint64).astype(dt.uint)
+    target[pos[::2]] = base[pos[::2]] + dt.uint.type(1)  # ±1 steps, wrapping at the ends of the range
+    pos = np.flatnonzero(base != target)
+    if not pos.size:
+        return
+    thresholds = sorted(set(rng.integers(1, top + 1, min(k, top + 1) - 1).tolist()))
+    enc = ctx.encode(dt, base, target, pos, thresholds=thresholds)
+    p = ctx.Params.unpack(enc.params)
+    lengths = ctx.stream_lengths(dt, p, m)
+    assert [len(s) for s in enc.streams] == lengths
+    out = np.empty_like(base)
+    ctx.decode(dt, p, enc.streams, m, base, out)
+    assert np.array_equal(out, target)
+    inplace = base.copy()
+    ctx.decode(dt, p, enc.streams, m, inplace, inplace)
+    assert np.array_equal(inplace, target)
+
+
+def test_special_values_and_zero_crossings():
+    """±0, ±inf, NaN payloads and steps through zero are ordinary changes: no exceptions exist."""
+    specials = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0001, 0x8001, 0x3F80, 0xBF80,
+                         0x7F7F, 0xFF7F], np.uint16)
+    base = np.repeat(specials, specials.size)
+    target = np.tile(specials, specials.size)
+    b = {"x": base.view(BY_NAME["BF16"].np)}
+    t = {"x": target.view(BY_NAME["BF16"].np)}
+    check_file(b, t, forced(b, t))
+
+
+def test_writer_prefers_ctx_delta_on_rl_like_data():
+    base, target = make_pair(3, "BF16", [(200_000,)], 0.01)
+    d = arcfmt.encode(base, target)
+    blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in blocks} == {"ctx-delta"}
+
+
+# ------------------------------------------------------------------------------ encoder's class choice
+
+def test_choose_thresholds_separates_hot_and_cold_exponents():
+    """Small weights change often, large ones rarely: the DP puts a boundary between them."""
+    rng = np.random.default_rng(0)
+    m = 1 << 18
+    small = (rng.standard_normal(m // 2) * 1e-4).astype(np.float32)
+    large = (rng.standard_normal(m // 2) * 1.0).astype(np.float32)
+    vals = np.concatenate([small, large])
+    rng.shuffle(vals)
+    base = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    exp = (base >> 7) & 0xFF
+    p = np.where(exp < 110, 0.3, 0.001)
+    pos = np.flatnonzero(rng.random(m) < p)
+    for k in (2, 4, 8):
+        th = ctx.choose_thresholds(BF16, base, pos, max_classes=k)
+        assert 1 <= len(th) <= k - 1 and th == sorted(set(th)) and all(1 <= t <= 255 for t in th)
+    flat = ctx.encode(BF16, base, base ^ np.isin(np.arange(m), pos).astype(np.uint16), pos, thresholds=[])
+    split = ctx.encode(BF16, base, base ^ np.isin(np.arange(m), pos).astype(np.uint16), pos)
+    assert sum(map(len, split.streams)) < 0.8 * sum(map(len, flat.streams))
+
+
+def test_few_changes_use_one_class():
+    base = np.arange(1000, dtype=np.uint16)
+    assert ctx.choose_thresholds(BF16, base, np.array([3, 500])) == []
+
+
+# ------------------------------------------------------------------------------ decoder checks (§8.6)
+
+def _valid_payload(bb):
+    """One change at index 1 of a 4-element BF16 block: +1 order-preserving step, K = 1, r = 0."""
+    return blck_payload(0, 0, 5, [1, 1, 0, 2, 1], [(0, b"\x02"), (0, b""), (0, b"\x00"), (0, b"\x00")])
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_hand_built_block_decodes(small_file, reader):
+    base, target, _ = small_file
+    bb = _w_base_bits(small_file)
+    f, base = _w_block_file(small_file, _valid_payload(bb))
+    r = arcfmt.DeltaReader(f)
+    info = r.describe()["tensors"][0]
+    assert info["blocks"][0]["encoding"] == "ctx-delta" and info["blocks"][0]["changed"] == 1
+
+
+def _raw(*streams):
+    return [(0, bytes(s)) for s in streams]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_corrupt_ctx_blocks(small_file, reader):
+    bb = _w_base_bits(small_file)
+    q1 = b"\x02"  # one code: Q = 1 (gap 1 -> index 1), qbits = 2
+    cases = {
+        "K=0": blck_payload(0, 0, 5, [0], []),
+        "K=17": blck_payload(0, 0, 5, [17] + [0] * 53, []),
+        "threshold 0": blck_payload(0, 0, 5, [2, 0, 1, 0, 0, 0, 2, 1], _raw(q1, b"", b"\x00", b"\x00")),
+        "threshold > 2^E-1": blck_payload(0, 0, 5, [2, 256, 1, 0, 0, 0, 2, 1], _raw(q1, b"", b"\x00", b"\x00")),
+        "thresholds not increasing": blck_payload(0, 0, 5, [3, 120, 120, 1, 0, 0, 0, 0, 0, 2, 1],
+                                                  _raw(q1, b"", b"\x00", b"\x00")),
+        "c=0": blck_payload(0, 0, 5, [1, 0, 0, 0, 1], _raw(b"", b"", b"", b"")),
+        "c>m": blck_payload(0, 0, 5, [1, 5, 0, 5, 1], _raw(b"\x1f", b"", b"\x00", b"\x00" * 5)),
+        "r>24": blck_payload(0, 0, 5, [1, 1, 25, 1, 1], _raw(b"\x01", b"\x00" * 4, b"\x00", b"\x00")),
+        "qbits<c": blck_payload(0, 0, 5, [1, 2, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00\x00")),
+        "qbits>m": blck_payload(0, 0, 5, [1, 1, 0, 5, 1], _raw(b"\x10", b"", b"\x00", b"\x00")),
+        "mw=0": blck_payload(0, 0, 5, [1, 1, 0, 2, 0], _raw(q1, b"", b"\x00", b"")),
+        "mw>W": blck_payload(0, 0, 5, [1, 1, 0, 2, 3], _raw(q1, b"", b"\x00", b"\x00\x00\x00")),
+        "quotient padding": blck_payload(0, 0, 5, [1, 1, 0, 2, 1], _raw(b"\x06", b"", b"\x00", b"\x00")),
+        "too many codes": blck_payload(0, 0, 5, [1, 1, 0, 2, 1], _raw(b"\x03", b"", b"\x00", b"\x00")),
+        "last bit not a terminator": blck_payload(0, 0, 5, [1, 1, 0, 3, 1], _raw(b"\x02", b"", b"\x00", b"\x00")),
+        "remainder padding": blck_payload(0, 0, 5, [1, 1, 1, 1, 1], _raw(b"\x01", b"\x03", b"\x00", b"\x00")),
+        "sign padding": blck_payload(0, 0, 5, [1, 1, 0, 2, 1], _raw(q1, b"", b"\x02", b"\x00")),
+        "index beyond block": blck_payload(0, 0, 5, [1, 1, 0, 5, 1], _raw(b"\x10", b"", b"\x00", b"\x00")),
+        "rank beyond class": blck_payload(0, 0, 5, [2, 255, 0, 1, 0, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00")),
+        "step out of range": blck_payload(0, 0, 5, [1, 1, 0, 2, 2], _raw(q1, b"", b"\x00", b"\xff\xff")),
+        "stream table short": _valid_payload(bb)[:-1],
+    }
+    for what, payload in cases.items():
+        f, base = _w_block_file(small_file, payload)
+        got = expect(CorruptError, reader, f, base)
+        assert str(got), what
+
+
+def test_decode_checks_before_writing():
+    """A failed check leaves an in-place output untouched (every check precedes the first write)."""
+    dt = BF16
+    base = np.arange(64, dtype=np.uint16) + np.uint16(0x3F00)
+    target = base.copy()
+    target[[3, 40]] += np.uint16(1)
+    pos = np.flatnonzero(base != target)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[])
+    p = ctx.Params.unpack(enc.params)
+    streams = list(enc.streams)
+    mags = bytearray(streams[3])
+    p.mag_width = 2
+    streams[3] = bytes([mags[0], mags[1], 0xFF, 0xFF])  # second step far out of range
+    live = base.copy()
+    with pytest.raises(CorruptError):
+        ctx.decode(dt, p, streams, base.size, live, live)
+    assert np.array_equal(live, base)
