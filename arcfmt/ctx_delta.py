@@ -120,6 +120,14 @@ def _pack_words(mask: np.ndarray) -> np.ndarray:
     return packed.view("<u8")
 
 
+def _all_words(m: int) -> np.ndarray:
+    """Packed bitmap with bits ``0 … m−1`` set."""
+    words = np.full((m + 63) // 64, np.uint64(0xFFFFFFFFFFFFFFFF))
+    if m % 64:
+        words[-1] = np.uint64((1 << (m % 64)) - 1)
+    return words
+
+
 def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
     """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs.
 
@@ -139,7 +147,7 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
     out = {}
     for k in wanted:
         if k == 0:
-            words = _pack_words(np.ones(m, bool)) if not edges else ~at_least(0) & _pack_words(np.ones(m, bool))
+            words = ~at_least(0) & _all_words(m)
         else:
             words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
         out[k] = ClassIndex(words, m)
@@ -237,6 +245,16 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     return [int(idx[i]) for i in sorted(cuts)]
 
 
+def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
+    """Where each change's magnitude is stored: changes sorted by their base's exponent field, stably.
+
+    Why: the size of a step in ulps scales with 1/ulp, so grouping by exponent hands the codec runs of
+    like-sized magnitudes.
+    """
+    x = (b >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+    return np.argsort(x, kind="stable")
+
+
 def _best_rice(g: np.ndarray) -> int:
     top = min(MAX_RICE, int(g.max()).bit_length())
     costs = [int((g >> r).sum()) + g.size * r for r in range(top + 1)]
@@ -271,7 +289,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     if thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
     k_count = len(thresholds) + 1
-    counts, rice, quots, rems, signs, mags = [], [], [], [], [], []
+    counts, rice, quots, rems, pos_all = [], [], [], [], []
     if k_count == 1:
         groups = [(positions, positions)]
     else:
@@ -287,7 +305,6 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         counts.append(int(pos.size))
         if not pos.size:
             rice.append(0)
-            mags.append(np.zeros(0, np.int64))
             continue
         g = gaps(j)
         r = _best_rice(g)
@@ -295,18 +312,18 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         quots.append(g >> r)
         if r:
             rems.append(((g[:, None] >> np.arange(r)) & 1).astype(np.uint8).ravel())
-        d = ordered(dt, target[pos]) - ordered(dt, base[pos])
-        signs.append((d < 0).astype(np.uint8))
-        mags.append(np.abs(d) - 1)
+        pos_all.append(pos)
+    pos = np.concatenate(pos_all)  # class order
+    d = ordered(dt, target[pos]) - ordered(dt, base[pos])
+    mag = (np.abs(d) - 1)[magnitude_order(dt, base[pos])]
     quot = np.concatenate(quots)
     term = np.cumsum(quot + 1) - 1
     qbits = int(term[-1]) + 1
     qb = np.zeros(qbits, np.uint8)
     qb[term] = 1
-    top = max(int(mg.max()) for mg in mags if mg.size)
-    mw = bytes_for(top)
+    mw = bytes_for(int(mag.max()))
     params = Params(list(thresholds), counts, rice, qbits, mw)
-    streams = [_pack([qb]), _pack(rems), _pack(signs), to_planes(np.concatenate(mags), mw)]
+    streams = [_pack([qb]), _pack(rems), _pack([(d < 0).astype(np.uint8)]), to_planes(mag, mw)]
     return Encoded(params.pack(), streams)
 
 
@@ -323,11 +340,9 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
     quot = np.diff(term, prepend=-1) - 1
     rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(p.counts, p.rice)), "remainder")
     sbits = _unpack(streams[2], c, "sign")
-    mags = from_planes(streams[3], c, p.mag_width, np.uint64).astype(np.int64) + 1
-    half = 1 << (_bits(dt) - 1)
     index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck]) \
         if p.classes > 1 else None
-    all_pos, all_val = [], []
+    all_pos = []
     off = roff = 0
     for k, (lo, hi) in enumerate(class_bounds(dt, p.thresholds)):
         ck, r = p.counts[k], p.rice[k]
@@ -346,16 +361,17 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
             if j[-1] >= members.size:
                 raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {members.size} elements")
             pos = members.select(j)
-        mag = mags[off:off + ck]
-        s = sbits[off:off + ck].astype(bool)
-        v = ordered(dt, base[pos]) + np.where(s, -mag, mag)
-        if v.min() < -half or v.max() >= half:
-            raise CorruptError(f"ctx-delta class {k}: a step leaves the range of {dt.name} bit patterns")
         all_pos.append(pos)
-        all_val.append(unordered(dt, v))
         off += ck
         roff += ck * r
+    pos = np.concatenate(all_pos) if len(all_pos) > 1 else all_pos[0]  # class order
+    b = base[pos]
+    mag = np.empty(c, np.int64)
+    mag[magnitude_order(dt, b)] = from_planes(streams[3], c, p.mag_width, np.uint64).astype(np.int64) + 1
+    v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)
+    half = 1 << (_bits(dt) - 1)
+    if v.min() < -half or v.max() >= half:
+        raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
     if out is not base:
         out[:] = base
-    for pos, val in zip(all_pos, all_val):
-        out[pos] = val
+    out[pos] = unordered(dt, v)

@@ -284,3 +284,57 @@ def parse(struct: Construct, data, what: str, **params):
     except ConstructError as exc:
         raise CorruptError(f"{what}: {exc}") from exc
 
+
+# ------------------------------------------------------------------------------------ hot path
+
+class _BlockHead:
+    __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")
+
+    def __init__(self, tensor, block, encoding, params, streams, end):
+        self.tensor, self.block, self.encoding, self.params, self.streams, self._end = \
+            tensor, block, encoding, params, streams, end
+
+
+def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
+    value = 0
+    for i in range(10):
+        if pos >= len(buf):
+            raise CorruptError(f"{what}: structure runs past the end of its bytes")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            if i > 0 and byte == 0:
+                raise CorruptError("non-minimal varint")
+            if value >= 1 << 64:
+                raise CorruptError("varint value beyond 2**64-1")
+            return value, pos
+    raise CorruptError("varint longer than 10 bytes")
+
+
+def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHead:
+    """``BlockPayload`` parsed by hand: the hot path of every block read.
+
+    Same fields, same checks in the same order, same keyword callbacks as ``parse(BlockPayload, ...)``
+    (construct costs ~150 µs per block, this ~10 µs); the tests check that both agree on every input.
+    """
+    buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
+    tensor, pos = _varint_at(buf, 0, what)
+    block, pos = _varint_at(buf, pos, what)
+    if pos >= len(buf):
+        raise CorruptError(f"{what}: structure runs past the end of its bytes")
+    encoding = buf[pos]
+    pos += 1
+    params = []
+    while len(params) < param_count(encoding, params):
+        v, pos = _varint_at(buf, pos, what)
+        params.append(v)
+    streams = []
+    for _ in range(stream_count(encoding, params)):
+        if pos >= len(buf):
+            raise CorruptError(f"{what}: structure runs past the end of its bytes")
+        codec = buf[pos]
+        length, pos = _varint_at(buf, pos + 1, what)
+        streams.append((codec, length))
+    return _BlockHead(tensor, block, encoding, params, streams, pos)
+

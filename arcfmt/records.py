@@ -262,8 +262,7 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
         return len(lengths)
 
     try:
-        head = L.parse(L.BlockPayload, payload, f"{where}: BLCK", param_count=param_count,
-                       stream_count=stream_count)
+        head = L.parse_block_head(payload, "BLCK", param_count, stream_count)
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
     if head.tensor != tensor or head.block != block:
