@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.0 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.1 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -51,6 +51,20 @@ says META is "checked as in §6"; A8 the block-count comparison is R-INDEX-BLOCK
      LZMA2 alone); the `limit` threshold is liblzma's own memory accounting.
   A10 §9 zstd: the end of the frame (trailing bytes, second frame) is found by walking the
      block headers before decompressing; every failure there is `corrupt` either way.
+
+Version 1.1 ASSUMPTIONs (ctx-delta, §8.6, and bit strings, §1):
+  A12 §8.6 params: `K` is checked as soon as it is read; the other param checks are made after
+     the last param (`mw`) is read (§8 check 1: "after the params"), in the order §8.6 lists
+     them.  All are `corrupt`, so only the message depends on it.
+  A13 §8 checks 1 and 7 still cite "§8.1–8.5" for the params' validity and the encoding's own
+     checks; §8.6's checks are taken to apply at the same two places.
+  A14 §8.6 classes, members and ranks are those of the block's own elements (indices 0 .. m-1
+     of §8 "Notation for one block"), not of the whole tensor.
+  A15 §8.6 decoding step 1 checks, in order: padding bits, exactly c one bits, bit qbits - 1 set.
+  A16 §4's header table still says minor "0 for this version" while the document is 1.1; as
+     before, any minor is accepted (§4 text, §16) and only the header/trailer agreement is checked.
+  A17 §8.6 decoding step 4 ("For each change `p`") no longer names an order; the range check is
+     made change by change in class order (every failure is `corrupt` either way).
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -163,8 +177,13 @@ DTYPE_BY_NAME = {v[0]: k for k, v in DTYPES.items()}
 
 # SPEC §8: encoding ids
 ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME = 0, 1, 2, 3, 4
+ENC_CTX_DELTA = 5  # added in version 1.1 (§8.6)
+KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
+CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
+CTX_MAX_CLASSES = 16
+CTX_MAX_RICE = 24
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -533,6 +552,7 @@ def check_header(f):
     if data[0:8] != MAGIC:
         fail("bad_magic", "not an arcfmt file (bad header magic)")
     major, minor, flags = struct.unpack("<HHI", data[8:16])
+    # Any minor is accepted (§4, §16); ASSUMPTION A16: §4's table still says "0 for this version".
     if major != 1:
         fail("unsupported_version", f"major version {major}")
     if flags != 0:
@@ -671,8 +691,10 @@ def block_elems_of(ti, b):
 # --------------------------------------------------------------------------------------------
 # BLCK (SPEC §8)
 
-def stream_lengths(ti, enc, m, c=None, e=None):
+def stream_lengths(ti, enc, m, c=None, e=None, ctx=None):
     W = ti.W
+    if enc == ENC_CTX_DELTA:  # §8.6
+        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
     if enc == ENC_UNCHANGED:
         return []
     if enc == ENC_XOR:
@@ -689,6 +711,157 @@ def stream_lengths(ti, enc, m, c=None, e=None):
     raise AssertionError(enc)
 
 
+class CtxParams:
+    pass
+
+
+def read_ctx_params(cur, ti, m, what):
+    """§8.6 params, read in order (all varints): K; T_1 .. T_{K-1}; c_0 .. c_{K-1};
+    r_0 .. r_{K-1}; qbits; mw.  `K` is checked as soon as it is read (R-CTX-CLASSES), the rest
+    after the last param (§8 check 1 "after the params"), in the order §8.6 lists them; all
+    `corrupt`."""
+    p = CtxParams()
+    K = cur.varint("K")
+    # ASSUMPTION A12: K at once (R-CTX-CLASSES); the rest after the last param, in §8.6's order.
+    if not 1 <= K <= CTX_MAX_CLASSES:
+        fail("corrupt", f"{what}: ctx-delta K = {K} not in [1, {CTX_MAX_CLASSES}]")
+    p.K = K
+    p.thresholds = [cur.varint(f"T_{j + 1}") for j in range(K - 1)]
+    p.counts = [cur.varint(f"c_{k}") for k in range(K)]
+    p.rice = [cur.varint(f"r_{k}") for k in range(K)]
+    p.qbits = cur.varint("qbits")
+    p.mw = cur.varint("mw")
+    T = p.thresholds
+    emax = 2 ** ti.E - 1
+    if K > 1:
+        if not 1 <= T[0]:
+            fail("corrupt", f"{what}: ctx-delta T_1 = {T[0]} < 1")
+        for j in range(K - 2):
+            if not T[j] < T[j + 1]:
+                fail("corrupt", f"{what}: ctx-delta thresholds not increasing: "
+                                f"T_{j + 1} = {T[j]}, T_{j + 2} = {T[j + 1]}")
+        if not T[-1] <= emax:
+            fail("corrupt", f"{what}: ctx-delta T_{K - 1} = {T[-1]} > 2^E - 1 = {emax}")
+    p.c = sum(p.counts)
+    if not 1 <= p.c <= m:
+        fail("corrupt", f"{what}: ctx-delta c = {p.c} not in [1, m = {m}]")
+    for k, r in enumerate(p.rice):
+        if r > CTX_MAX_RICE:
+            fail("corrupt", f"{what}: ctx-delta r_{k} = {r} > {CTX_MAX_RICE}")
+    if not p.c <= p.qbits <= m:
+        fail("corrupt", f"{what}: ctx-delta qbits = {p.qbits} not in [c = {p.c}, m = {m}]")
+    if not 1 <= p.mw <= ti.W:
+        fail("corrupt", f"{what}: ctx-delta mw = {p.mw} not in [1, W = {ti.W}]")
+    p.R = sum(ck * rk for ck, rk in zip(p.counts, p.rice))
+    return p
+
+
+def check_bit_padding(data, nbits, what):
+    """§1 bit strings: the 8*ceil(n/8) - n padding bits after bit n-1 are zero (`corrupt`).
+    The stream was decoded to exactly ceil(n/8) bytes (§9)."""
+    assert len(data) == ceil_div(nbits, 8)
+    rem = nbits % 8
+    if rem and data[-1] >> rem:
+        fail("corrupt", f"{what}: padding bits of the bit string are not zero")
+
+
+def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
+    """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`."""
+    W, E, M = ti.W, ti.E, ti.M
+    B = 8 * W
+    H = 2 ** (B - 1)
+    fmt = {1: "B", 2: "H", 4: "I"}[W]
+    base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
+    c, K, qbits = p.c, p.K, p.qbits
+    s0, s1, s2, s3 = streams
+
+    # Step 1: stream 0 (quotients).  ASSUMPTION A15: padding, then the count of 1 bits, then
+    # bit qbits - 1.
+    check_bit_padding(s0, qbits, f"{what} stream 0 (quotients)")
+    z0 = int.from_bytes(s0, "little")
+    ones = bin(z0).count("1")  # padding is zero, so these are the ones among the first qbits bits
+    if ones != c:
+        fail("corrupt", f"{what}: quotient bits hold {ones} one bits, expected c = {c}")
+    if not (s0[(qbits - 1) >> 3] >> ((qbits - 1) & 7)) & 1:
+        fail("corrupt", f"{what}: bit qbits - 1 = {qbits - 1} of the quotient bits is not 1")
+    # bit i of the string is character i of this text (least significant bit first)
+    bits = bin(z0)[2:].zfill(qbits)[::-1]
+    runs = bits.split("1")  # c + 1 pieces; the last is empty since bit qbits - 1 is 1
+    assert len(runs) == c + 1 and runs[-1] == ""
+    quotients = [len(run) for run in runs[:c]]
+
+    # Step 2: streams 1 and 2 (remainders, signs).
+    check_bit_padding(s1, p.R, f"{what} stream 1 (remainders)")
+    check_bit_padding(s2, c, f"{what} stream 2 (signs)")
+
+    # Step 3: ranks, class by class; then the members they name.  ASSUMPTION A14: classes and
+    # ranks are over this block's elements 0 .. m-1.
+    if K > 1:
+        emask = 2 ** E - 1
+        lut = [0] * (emask + 1)  # class of each exponent field value
+        for x in range(emask + 1):
+            lut[x] = sum(1 for T in p.thresholds if T <= x)
+        wanted = [ck > 0 for ck in p.counts]  # "no members to compute" for c_k = 0
+        members = [[] for _ in range(K)]
+        for i, u in enumerate(base):
+            k = lut[(u >> M) & emask]
+            if wanted[k]:
+                members[k].append(i)
+        n_of = [len(mem) for mem in members]
+    positions = []  # element index of each change, in class order
+    t0 = 0  # first code of the current class
+    bitpos = 0  # next remainder field in stream 1
+    for k in range(K):
+        ck, rk = p.counts[k], p.rice[k]
+        if ck == 0:
+            continue
+        fmask = (1 << rk) - 1
+        q = -1
+        ranks = []
+        for t in range(t0, t0 + ck):
+            if rk:
+                o = bitpos >> 3
+                field = (int.from_bytes(s1[o:o + 4], "little") >> (bitpos & 7)) & fmask
+                bitpos += rk
+            else:
+                field = 0
+            g = (quotients[t] << rk) + field
+            q = q + g + 1  # §1 gap decoding
+            ranks.append(q)
+        n_k = n_of[k] if K > 1 else m
+        if not q < n_k:
+            fail("corrupt", f"{what}: class {k}: rank {q} >= member count {n_k}")
+        if K > 1:
+            mem = members[k]
+            positions.extend(mem[r] for r in ranks)
+        else:
+            positions.extend(ranks)  # K = 1: rank = index
+        t0 += ck
+    assert t0 == c and bitpos == p.R
+
+    # Step 4: order-preserving steps.  Signs (stream 2) are in class order; magnitudes (stream 3)
+    # in magnitude order: the class order stably sorted by the exponent field x(p) of each
+    # change's base.
+    emask = 2 ** E - 1
+    xs = [(base[i] >> M) & emask for i in positions]
+    mag_order = sorted(range(c), key=xs.__getitem__)  # list.sort is stable
+    stored = plane_major_decode(s3, c, p.mw)
+    mags = [0] * c  # magnitude of each change, in class order
+    for j, t in enumerate(mag_order):
+        mags[t] = stored[j]
+    target = base[:]  # step 5: every other element keeps its base value
+    for t, i in enumerate(positions):  # ASSUMPTION A17: checked in class order
+        sign = (s2[t >> 3] >> (t & 7)) & 1
+        d = -(mags[t] + 1) if sign else mags[t] + 1
+        u = base[i]
+        v = (u if u < H else H - 1 - u) + d
+        if not -H <= v < H:
+            fail("corrupt", f"{what}: step {d} at element {i} takes the order-preserving integer "
+                            f"{v} outside [-2^{B - 1}, 2^{B - 1})")
+        target[i] = v if v >= 0 else H - 1 - v
+    return struct.pack(f"<{m}{fmt}", *target)
+
+
 def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
 
@@ -702,13 +875,15 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     tensor = cur.varint("tensor")
     block = cur.varint("block")
     enc = cur.u8("encoding")
-    if enc not in (ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME):
+    if enc not in KNOWN_ENCODINGS:
         fail("unsupported", f"{what}: unknown encoding id {enc}")
     if enc == ENC_BF16_DELTA and ti.dtype != BF16:
         fail("unsupported", f"{what}: bf16-delta used on {ti.dtype_name}")
     if enc == ENC_FLOAT_DELTA and ti.dtype not in FLOAT_DELTA_DTYPES:
         fail("unsupported", f"{what}: float-delta used on {ti.dtype_name}")
-    c = e = None
+    if enc == ENC_CTX_DELTA and ti.dtype not in CTX_DELTA_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta used on {ti.dtype_name}")
+    c = e = ctx = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
         e = cur.varint("e")
@@ -716,7 +891,9 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
             fail("corrupt", f"{what}: c = {c} not in [1, m = {m}]")
         if not 0 <= e <= c:
             fail("corrupt", f"{what}: e = {e} not in [0, c = {c}]")
-    lengths = stream_lengths(ti, enc, m, c, e)
+    if enc == ENC_CTX_DELTA:  # ASSUMPTION A13: §8 check 1's "§8.1–8.5" includes §8.6
+        ctx = read_ctx_params(cur, ti, m, what)
+    lengths = stream_lengths(ti, enc, m, c, e, ctx)
     table = []
     for k in range(len(lengths)):
         codec = cur.u8(f"stream {k} codec")
@@ -770,6 +947,8 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     assert len(base_bytes) == m * W
     if enc == ENC_UNCHANGED:  # §8.1
         return enc, base_bytes
+    if enc == ENC_CTX_DELTA:  # §8.6
+        return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
     base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
     if enc == ENC_XOR:  # §8.2
         x = plane_major_decode(b"".join(streams), m, W)

@@ -140,22 +140,31 @@ def main(argv=None):
     ap.add_argument("--pairs", type=int, help="only the first N step pairs of each trajectory")
     ap.add_argument("--first", type=int, default=0, help="start at this step pair")
     ap.add_argument("--repeat", type=int, default=2, help="timing runs per pair (best is kept)")
-    ap.add_argument("--effort", default="default", choices=["fast", "default", "max"])
+    ap.add_argument("--effort", default="default",
+                    help="arcfmt effort level(s), comma-separated (fast, default, max): one row each")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to run ('' for none)")
     ap.add_argument("--peers-python", default=os.environ.get("ARCFMT_PEERS_PYTHON", "/work/peers-venv/bin/python"))
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
     args = ap.parse_args(argv)
 
+    efforts = [e for e in args.effort.split(",") if e]
+    if not efforts or any(e not in ("fast", "default", "max") for e in efforts):
+        ap.error("--effort takes fast, default and/or max")
     report = dict(trajectories=[])
     for traj in args.trajectories:
         files = steps_in(traj)[args.first:]
         if args.pairs:
             files = files[: args.pairs + 1]
         t = dict(trajectory=traj, pairs=len(files) - 1, methods={}, notes=[])
-        rows, roles, per_tensor = bench_arcfmt(files, args.repeat, args.effort, args.breakdown)
-        t["methods"]["arcfmt"] = summarize(rows)
-        per_pair = {"arcfmt": rows}
+        per_pair = {}
+        for i, effort in enumerate(efforts):
+            name = "arcfmt" if effort == "default" or len(efforts) == 1 else f"arcfmt-{effort}"
+            erows, eroles, eper = bench_arcfmt(files, args.repeat, effort, args.breakdown)
+            t["methods"][name] = summarize(erows)
+            per_pair[name] = erows
+            if i == 0 or effort == "default":
+                rows, roles, per_tensor, main = erows, eroles, eper, name
         for peer in [p for p in args.peers.split(",") if p]:
             prow, note = bench_peer(peer, files, args.repeat, args.peers_python)
             if note:
@@ -170,11 +179,11 @@ def main(argv=None):
             t["arcfmt_faster_decode_than_arc_v3_pairs"] = sum(
                 1 for r in rows if (r["base"], r["target"]) in v3
                 and r["decode_s"] <= v3[(r["base"], r["target"])]["decode_s"])
-            a, b = t["methods"]["arcfmt"], t["methods"]["arc_v3"]
+            a, b = t["methods"][main], t["methods"]["arc_v3"]
             t["vs_arc_v3"] = dict(size=a["bytes"] / b["bytes"], encode_speed=a["encode_mbs"] / b["encode_mbs"],
                                   decode_speed=a["decode_mbs"] / b["decode_mbs"])
         if args.breakdown:
-            t["breakdown"] = dict(roles=roles, tensors=per_tensor)
+            t["breakdown"] = dict(method=main, roles=roles, tensors=per_tensor)
         t["per_pair"] = per_pair
         report["trajectories"].append(t)
 
@@ -183,22 +192,22 @@ def main(argv=None):
         return
     for t in report["trajectories"]:
         print(f"\n{t['trajectory']}: {t['pairs']} step pairs")
-        print(f"| {'method':8s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} | {'decode MB/s':>11s} | bit-exact |")
-        print(f"|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|-----------|")
+        print(f"| {'method':12s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} | {'decode MB/s':>11s} | bit-exact |")
+        print(f"|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|-----------|")
         for name, s in t["methods"].items():
             if s is None:
                 continue
-            print(f"| {name:8s} | {s['percent']:8.4f}% | {s['bytes_per_changed']:9.3f} | {s['encode_mbs']:11.0f} | "
+            print(f"| {name:12s} | {s['percent']:8.4f}% | {s['bytes_per_changed']:9.3f} | {s['encode_mbs']:11.0f} | "
                   f"{s['decode_mbs']:11.0f} | {'yes' if s['exact'] else 'NO':9s} |")
         for note in t["notes"]:
             print(f"note: {note}")
         if "vs_arc_v3" in t:
             v = t["vs_arc_v3"]
-            print(f"arcfmt / arc_v3: size {v['size']:.3f}x, encode speed {v['encode_speed']:.2f}x, decode speed "
+            print(f"{main} / arc_v3: size {v['size']:.3f}x, encode speed {v['encode_speed']:.2f}x, decode speed "
                   f"{v['decode_speed']:.2f}x; arcfmt smaller on {t['arcfmt_smaller_than_arc_v3_pairs']}/{t['pairs']} "
                   f"pairs, decodes faster on {t['arcfmt_faster_decode_than_arc_v3_pairs']}/{t['pairs']}")
         if args.breakdown:
-            tot = t["methods"]["arcfmt"]["bytes"]
+            tot = t["methods"][t["breakdown"]["method"]]["bytes"]
             print("arcfmt bytes by stream role:")
             for role, r in sorted(t["breakdown"]["roles"].items(), key=lambda kv: -kv[1]["bytes"]):
                 codecs = ", ".join(f"{c}×{n}" for c, n in sorted(r["codecs"].items()))
