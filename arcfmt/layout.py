@@ -286,6 +286,64 @@ def parse(struct: Construct, data, what: str, **params):
 
 
 # ------------------------------------------------------------------------------------ hot path
+# Hand-unrolled parsers for the three structures met once per record or block. Each accepts and
+# rejects exactly what its construct struct above does (same fields, checks, order and messages);
+# tests/test_layout_fast.py checks that on random inputs. The structs stay the definition and build.
+
+_RECORD_HEAD = __import__("struct").Struct("<4sIQ")
+_U64 = __import__("struct").Struct("<Q")
+
+
+class _Fields:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def parse_record_header(data) -> _Fields:
+    """``RecordHeader.parse`` for a 16-byte (or longer) buffer."""
+    if len(data) < 16:
+        return RecordHeader.parse(bytes(data[:16]))
+    rtype, length, checksum = _RECORD_HEAD.unpack_from(data, 0)
+    return _Fields(type=rtype, length=length, checksum=checksum)
+
+
+def parse_tensor_payload(payload, what: str) -> _Fields:
+    """``parse(TensorPayload, payload, what)``."""
+    buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
+    short = f"{what}: structure runs past the end of its bytes"
+    n, pos = _varint_at(buf, 0, what)
+    if n > MAX_NAME_BYTES:
+        raise LimitError(f"tensor name of {n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
+    if pos + n + 2 > len(buf):
+        raise CorruptError(short)
+    name = bytes(buf[pos:pos + n])
+    pos += n
+    dtype, ndim = buf[pos], buf[pos + 1]
+    pos += 2
+    if ndim > MAX_DIMS:
+        raise LimitError(f"ndim {ndim} exceeds its limit {MAX_DIMS}")
+    dims = []
+    for _ in range(ndim):
+        v, pos = _varint_at(buf, pos, what)
+        dims.append(v)
+    block_elems, pos = _varint_at(buf, pos, what)
+    if pos >= len(buf):
+        raise CorruptError(short)
+    flags = buf[pos]
+    pos += 1
+    base_hash = None
+    if flags & NEEDS_BASE:
+        if pos + 8 > len(buf):
+            raise CorruptError(short)
+        base_hash = _U64.unpack_from(buf, pos)[0]
+        pos += 8
+    if pos + 8 > len(buf):
+        raise CorruptError(short)
+    target_hash = _U64.unpack_from(buf, pos)[0]
+    pos += 8
+    return _Fields(name=name, dtype=dtype, ndim=ndim, dims=dims, block_elems=block_elems, flags=flags,
+                   base_hash=base_hash, target_hash=target_hash, _end=pos)
+
 
 class _BlockHead:
     __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")

@@ -87,7 +87,7 @@ class RecordHead:
 
 def parse_record_head(data, offset: int) -> RecordHead:
     """Check a 16-byte record header: type letters and payload limit (SPEC.md §5)."""
-    h = L.RecordHeader.parse(bytes(data[:16]))
+    h = L.parse_record_header(data)
     if not _TYPE_RE.match(h.type):
         raise CorruptError(f"record at offset {offset}: type {h.type!r} is not four ASCII letters")
     if h.length > L.MAX_RECORD_PAYLOAD:
@@ -186,7 +186,7 @@ def build_tensor(h: TensorHeader) -> bytes:
 
 
 def parse_tensor(payload, where: str) -> TensorHeader:
-    t = L.parse(L.TensorPayload, bytes(payload), f"{where}: TENS")
+    t = L.parse_tensor_payload(payload, f"{where}: TENS")
     if t._end != len(payload):
         raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
     name = check_name(t.name, where)

@@ -238,35 +238,3 @@ def test_decode_checks_before_writing():
     with pytest.raises(CorruptError):
         ctx.decode(dt, p, streams, base.size, live, live)
     assert np.array_equal(live, base)
-
-
-# ------------------------------------------------------------------------------ BLCK header fast path
-
-@given(st.binary(max_size=40), st.sampled_from([0, 1, 2, 3, 4, 5]))
-@settings(max_examples=400, deadline=None)
-def test_block_head_fast_path_matches_construct(tail, encoding):
-    """``layout.parse_block_head`` accepts and rejects exactly what the ``BlockPayload`` struct does."""
-    from arcfmt import layout as L, transforms
-    from arcfmt.dtypes import from_name
-    from arcfmt.errors import ArcError
-    dt = from_name("BF16")
-    payload = b"\x00\x00" + bytes([encoding]) + tail
-
-    def pc(e, head=()):
-        if not head:
-            transforms.check_encoding(dt, e)
-        return transforms.param_count(e, head)
-
-    def sc(e, params):
-        return len(transforms.stream_lengths(dt, e, params, 64))
-
-    def run(fn):
-        try:
-            h = fn()
-            return ("ok", h.tensor, h.block, h.encoding, list(h.params), list(h.streams), h._end)
-        except ArcError as exc:
-            return ("error", type(exc).__name__)
-
-    slow = run(lambda: L.parse(L.BlockPayload, payload, "BLCK", param_count=pc, stream_count=sc))
-    fast = run(lambda: L.parse_block_head(payload, "BLCK", pc, sc))
-    assert slow == fast
