@@ -50,7 +50,12 @@ def compress(codec: int, data, setting: int):
     if codec == ZSTD:
         return _zstd_compressor(setting).compress(data)
     if codec == XZ:
-        return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, preset=setting)
+        # The dictionary need not exceed the input: same output size, far cheaper to set up (and to
+        # decode) than the preset's 8-64 MiB for the small streams a block has.
+        dict_size = max(1 << 12, 1 << max(0, len(data) - 1).bit_length())
+        filters = [{"id": lzma.FILTER_LZMA2, "preset": setting,
+                    "dict_size": min(dict_size, 1 << 26)}]
+        return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
     if codec == BZ2:
         return bz2.compress(data, setting)
     raise UnsupportedError(f"unknown codec id {codec}")
