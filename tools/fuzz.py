@@ -41,7 +41,7 @@ from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
 import make_vectors as mv  # noqa: E402  (the record toolkit: split / assemble)
 
 DTYPES = [mv.BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
-ENCODINGS = [None, None, None, "xor", "keyframe"]
+ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta"]
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
 
@@ -77,6 +77,14 @@ def random_file(rng):
             data = mv.write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
             data = mv.write_delta(base, target, force_encoding="xor", **kw)
+        elif enc == "ctx-delta":  # float tensors as ctx-delta (several classes at effort max), others as chosen
+            ctx_ok = {k for k, v in target.items() if v.dtype in (mv.BF16, np.float16, np.float32)
+                      and base[k].dtype == v.dtype and base[k].shape == v.shape}
+            data = mv.write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
+                                  force_encoding="ctx-delta", effort="max", **kw) if ctx_ok else \
+                mv.write_delta(base, target, **kw)
+            if ctx_ok:
+                base, target = {k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok}
         else:
             data = mv.write_delta(base, target, **kw)
     except ArcError:
