@@ -38,7 +38,7 @@ PEERS = ("arc_v3", "arc_v2", "z4ai")
 ROLES = {"bf16-delta": ("positions", "steps", "exceptions", "values"),
          "float-delta": ("positions", "steps", "exceptions", "values"),
          "keyframe": ("exponents", "sign+mantissa"), "xor": ("xor-planes",) * 8,
-         "ctx-delta": ("positions:quotients", "positions:remainders", "steps:signs") + ("steps:magnitudes",)}
+         "ctx-delta": ("positions:quotients", "positions:remainders", "steps:signs", "steps:magnitudes")}
 
 
 def load(path: str) -> dict:
@@ -81,17 +81,23 @@ def bench_arcfmt(files, repeat, effort, breakdown):
         if breakdown:
             headers = len(delta)
             for t in w.stats:
-                pt = per_tensor.setdefault(t.name, dict(bytes=0, changed=0, elements=0))
+                pt = per_tensor.setdefault(t.name, dict(bytes=0, changed=0, elements=0, roles={}))
                 pt["bytes"] += t.size
                 pt["elements"] += int(np.prod(t.shape)) if t.shape else 1
+                in_streams = 0
                 for blk in t.blocks:
                     pt["changed"] += blk.changed or 0
                     for i, (codec, stored, _) in enumerate(blk.streams):
-                        role = ROLES.get(blk.encoding, ("stream",) * 8)[i]
+                        names = ROLES.get(blk.encoding, ("stream",) * 8)
+                        role = names[min(i, len(names) - 1)]
                         r = roles.setdefault(role, dict(bytes=0, codecs={}))
                         r["bytes"] += stored
                         r["codecs"][codec] = r["codecs"].get(codec, 0) + 1
+                        top = role.split(":")[0]
+                        pt["roles"][top] = pt["roles"].get(top, 0) + stored
+                        in_streams += stored
                         headers -= stored
+                pt["roles"]["headers"] = pt["roles"].get("headers", 0) + t.size - in_streams
             roles.setdefault("headers+index", dict(bytes=0, codecs={}))["bytes"] += headers
         prev = cur
     return rows, roles, per_tensor
@@ -146,6 +152,7 @@ def main(argv=None):
     ap.add_argument("--peers-python", default=os.environ.get("ARCFMT_PEERS_PYTHON", "/work/peers-venv/bin/python"))
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
+    ap.add_argument("--top", type=int, default=10, help="tensors listed by --breakdown (largest first)")
     args = ap.parse_args(argv)
 
     efforts = [e for e in args.effort.split(",") if e]
@@ -212,10 +219,13 @@ def main(argv=None):
             for role, r in sorted(t["breakdown"]["roles"].items(), key=lambda kv: -kv[1]["bytes"]):
                 codecs = ", ".join(f"{c}×{n}" for c, n in sorted(r["codecs"].items()))
                 print(f"  {role:14s} {r['bytes']:>10d}  {100 * r['bytes'] / tot:5.1f} %  {codecs}")
-            print("top tensors by bytes:")
-            for name, r in sorted(t["breakdown"]["tensors"].items(), key=lambda kv: -kv[1]["bytes"])[:10]:
-                print(f"  {name[:56]:56s} {r['bytes']:>9d} B  {r['changed']:>8d} changed  "
-                      f"{r['bytes'] / max(r['changed'], 1):.3f} B/changed")
+            print("top tensors by bytes (positions / steps / other streams / headers):")
+            for name, r in sorted(t["breakdown"]["tensors"].items(), key=lambda kv: -kv[1]["bytes"])[:args.top]:
+                ro = r["roles"]
+                other = r["bytes"] - ro.get("positions", 0) - ro.get("steps", 0) - ro.get("headers", 0)
+                print(f"  {name[:48]:48s} {r['bytes']:>9d} B  {r['changed']:>8d} changed  "
+                      f"{r['bytes'] / max(r['changed'], 1):.3f} B/changed  "
+                      f"{ro.get('positions', 0):>8d} / {ro.get('steps', 0):>8d} / {other:>7d} / {ro.get('headers', 0):>6d}")
 
 
 if __name__ == "__main__":
