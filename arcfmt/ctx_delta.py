@@ -23,6 +23,7 @@ DTYPES = frozenset({"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})
 CLASS_LIMITS = {"fast": 1, "default": 4, "max": 8}  # classes the encoder may use, per effort level
 _CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
 _MIN_CHANGES_FOR_CLASSES = 64
+_CHUNK = 1 << 16
 
 
 def defined_for(dt: DType) -> bool:
@@ -215,10 +216,11 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges."""
     if positions.size < _MIN_CHANGES_FOR_CLASSES:
         return []
-    x = (base >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
     size = 1 << dt.exp_bits
-    ne = np.bincount(x, minlength=size)
-    ce = np.bincount(x[positions], minlength=size)
+    ne = np.zeros(size, np.int64)
+    for s in range(0, base.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
+        ne += np.bincount(exponent_field(dt, base[s:s + _CHUNK]), minlength=size)
+    ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
     idx = np.flatnonzero(ne)
     L = idx.size
     if L < 2:
@@ -245,14 +247,17 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     return [int(idx[i]) for i in sorted(cuts)]
 
 
+def exponent_field(dt: DType, u: np.ndarray) -> np.ndarray:
+    return (u >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+
+
 def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
     """Where each change's magnitude is stored: changes sorted by their base's exponent field, stably.
 
     Why: the size of a step in ulps scales with 1/ulp, so grouping by exponent hands the codec runs of
     like-sized magnitudes.
     """
-    x = (b >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
-    return np.argsort(x, kind="stable")
+    return np.argsort(exponent_field(dt, b), kind="stable")
 
 
 def _best_rice(g: np.ndarray) -> int:
@@ -294,13 +299,13 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         groups = [(positions, positions)]
     else:
         a = magnitude_bits(dt, base[positions])
+        sels = [(a >= lo) if hi is None else ((a >= lo) & (a < hi)) for lo, hi in class_bounds(dt, thresholds)]
+        index = class_indexes(dt, base, thresholds, [k for k, sel in enumerate(sels) if sel.any()])
         groups = []
-        for k, (lo, hi) in enumerate(class_bounds(dt, thresholds)):
-            sel = (a >= lo) if hi is None else ((a >= lo) & (a < hi))
+        for k, sel in enumerate(sels):
             pos = positions[sel]
-            # index of each changed element within its class's subsequence
-            j = class_indexes(dt, base, thresholds, [k])[k].rank(pos) if pos.size else pos
-            groups.append((pos, j))
+            # rank of each changed element among its class's members
+            groups.append((pos, index[k].rank(pos) if pos.size else pos))
     for pos, j in groups:
         counts.append(int(pos.size))
         if not pos.size:

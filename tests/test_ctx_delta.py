@@ -238,3 +238,37 @@ def test_decode_checks_before_writing():
     with pytest.raises(CorruptError):
         ctx.decode(dt, p, streams, base.size, live, live)
     assert np.array_equal(live, base)
+
+
+# ------------------------------------------------------------------------------ memory per block
+
+@pytest.mark.parametrize("effort", ["fast", "default", "max"])
+def test_block_memory_within_four_times_its_bytes(effort):
+    """Issue 3: encoding or decoding one block needs at most ~4x its BF16 bytes beyond its inputs."""
+    import tracemalloc
+    from arcfmt import codecs, transforms
+    rng = np.random.default_rng(5)
+    m = 1 << 20
+    vals = (rng.standard_normal(m) * np.exp2(rng.uniform(-10, 0, m))).astype(np.float32)
+    base = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    target = base.copy()
+    small = (base & 0x7FFF) < (118 << 7)
+    changed = rng.random(m) < np.where(small, 0.2, 0.01)
+    target[changed] += np.uint16(1)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        cands = transforms.encode_candidates(BF16, base, target, effort)
+        enc = cands[0]
+        for i, s in enumerate(enc.streams):
+            codecs.encode_smallest(s, "fast" if i in enc.dense else effort)
+        enc_peak = tracemalloc.get_traced_memory()[1]
+        out = np.empty_like(base)
+        tracemalloc.reset_peak()
+        transforms.decode_block(BF16, enc.encoding, enc.params, enc.streams, m, base, out)
+        dec_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert enc.encoding == transforms.CTX_DELTA and np.array_equal(out, target)
+    assert enc_peak <= 4 * base.nbytes, enc_peak / base.nbytes
+    assert dec_peak <= 4 * base.nbytes, dec_peak / base.nbytes
