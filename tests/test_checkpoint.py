@@ -1,6 +1,8 @@
 """Checkpoint files on disk: encode/apply for single files and sharded folders, all-or-nothing output."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 import arcfmt
+from arcfmt import checkpoint
 from arcfmt.checkpoint import apply_delta, encode_checkpoints
 from arcfmt.demo import make_model_pair, save_sharded
 from arcfmt.safetensors_io import open_checkpoint, write_file
@@ -196,3 +199,114 @@ def test_safetensors_header_with_impossible_shape(tmp_path, shape):
     path.write_bytes(len(h).to_bytes(8, "little") + h)
     with pytest.raises(arcfmt.SafetensorsError):
         open_checkpoint(path).tensors()
+
+
+# ----------------------------------------------------------------------- how apply writes its output
+
+def _pair_on_disk(tmp_path, kind, block_elems, seed=7):
+    base, target = make_model_pair(seed=seed, layers=2, d=96, vocab=700)
+    if kind == "file":
+        b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+        write_file(b, base, {"format": "pt"})
+        write_file(t, target, {"format": "pt"})
+    else:
+        b, t = tmp_path / "b", tmp_path / "t"
+        save_sharded(b, base, shards=3)
+        save_sharded(t, target, shards=3)
+    delta = tmp_path / "d.arc"
+    encode_checkpoints(b, t, delta, block_elems=block_elems)
+    return b, t, delta
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("block_elems", [1000, 7000, 1 << 20])  # blocks inside, across, larger than windows
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_apply_through_small_write_windows(tmp_path, monkeypatch, direct, block_elems, kind):
+    """Blocks decoded straight into write windows, straddling two, or bigger than several: bit-exact."""
+    monkeypatch.setattr(checkpoint, "WINDOW_BYTES", 8192)
+    monkeypatch.setattr(checkpoint, "WINDOWS", 2)
+    monkeypatch.setattr(checkpoint, "DIRECT_IO", direct)
+    b, t, delta = _pair_on_disk(tmp_path, kind, block_elems)
+    out = tmp_path / ("o.safetensors" if kind == "file" else "o")
+    apply_delta(b, delta, out, workers=3)
+    assert digest_tree(out) == digest_tree(t)
+    apply_delta(b, delta, in_place=True, workers=2)
+    assert digest_tree(b) == digest_tree(t)
+    assert not [n for n in siblings(b) if ".arcfmt-" in n]
+
+
+def test_o_direct_refused_falls_back_to_buffered_writes(tmp_path, monkeypatch):
+    """A filesystem that refuses O_DIRECT at open, or only at the first write: ordinary writes, same bytes."""
+    if not checkpoint._O_DIRECT:
+        pytest.skip("no O_DIRECT on this platform")
+    b, t, delta = _pair_on_disk(tmp_path, "folder", 5000)
+    real_open, real_pwrite = os.open, os.pwrite
+    refused = {"open": 0, "pwrite": 0}
+
+    def open_no_direct(path, flags, *a, **k):
+        if flags & checkpoint._O_DIRECT:
+            refused["open"] += 1
+            raise OSError(errno.EINVAL, "O_DIRECT not supported")
+        return real_open(path, flags, *a, **k)
+
+    def pwrite_no_direct(fd, data, offset):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & checkpoint._O_DIRECT:
+            refused["pwrite"] += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", open_no_direct)
+    apply_delta(b, delta, tmp_path / "o1")
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "pwrite", pwrite_no_direct)
+    apply_delta(b, delta, tmp_path / "o2")
+    assert refused["open"] > 0 and refused["pwrite"] > 0
+    assert digest_tree(tmp_path / "o1") == digest_tree(tmp_path / "o2") == digest_tree(t)
+
+
+@pytest.mark.parametrize("fail_after", [0, 3])
+def test_write_error_leaves_nothing_behind(tmp_path, monkeypatch, fail_after):
+    """A failing write (disk full) on the writer thread: the error reaches the caller, the base is
+    untouched and no staging file or folder is left."""
+    monkeypatch.setattr(checkpoint, "WINDOW_BYTES", 8192)
+    b, t, delta = _pair_on_disk(tmp_path, "folder", 5000)
+    before = digest_tree(b)
+    listing = set(os.listdir(tmp_path))
+    real_pwrite = os.pwrite
+    calls = [0]
+
+    def pwrite_full(fd, data, offset):
+        calls[0] += 1
+        if calls[0] > fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite_full)
+    for kwargs in (dict(out_path=tmp_path / "o"), dict(in_place=True)):
+        with pytest.raises(OSError) as exc:
+            apply_delta(b, delta, **kwargs)
+        assert exc.value.errno == errno.ENOSPC
+        assert set(os.listdir(tmp_path)) == listing
+        assert digest_tree(b) == before
+
+
+def test_tensor_failing_its_hash_is_never_exposed(tmp_path, monkeypatch):
+    """A block that decodes to wrong bytes (a decoder bug, bad memory): the tensor's target hash
+    catches it before the file is finished; nothing is exposed, the base stays as it was."""
+    b, t, delta = _pair_on_disk(tmp_path, "folder", 5000)
+    before = digest_tree(b)
+    listing = set(os.listdir(tmp_path))
+    real = arcfmt.DeltaReader.decode_block_into_buffer
+    victim = open_checkpoint(t).names[-1]
+
+    def flaky(self, name, block, base_block, out_block):
+        real(self, name, block, base_block, out_block)
+        if name == victim and block == 0:
+            out_block.view(np.uint8)[0] ^= 1
+
+    monkeypatch.setattr(arcfmt.DeltaReader, "decode_block_into_buffer", flaky)
+    for kwargs in (dict(out_path=tmp_path / "o"), dict(in_place=True)):
+        with pytest.raises(arcfmt.VerificationError, match=victim.replace(".", r"\.")):
+            apply_delta(b, delta, **kwargs)
+        assert set(os.listdir(tmp_path)) == listing
+        assert digest_tree(b) == before
