@@ -151,6 +151,7 @@ def main(argv=None):
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to run ('' for none)")
     ap.add_argument("--peers-python", default=os.environ.get("ARCFMT_PEERS_PYTHON", "/work/peers-venv/bin/python"))
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document to FILE")
     ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
     ap.add_argument("--top", type=int, default=10, help="tensors listed by --breakdown (largest first)")
     args = ap.parse_args(argv)
@@ -194,6 +195,9 @@ def main(argv=None):
         t["per_pair"] = per_pair
         report["trajectories"].append(t)
 
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=1)
     if args.json:
         print(json.dumps(report, indent=1))
         return
