@@ -44,21 +44,26 @@ META, TENS, BLCK, INDX, NOTE = b"META", b"TENS", b"BLCK", b"INDX", b"note"
 NEEDS_BASE = 0x01
 
 
+def read_varint(next_byte) -> int:
+    """One canonical varint (SPEC.md §1) from ``next_byte()``; the checks every varint reader shares."""
+    value = 0
+    for i in range(10):
+        byte = next_byte()
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            if i > 0 and byte == 0:
+                raise CorruptError("non-minimal varint")
+            if value >= 1 << 64:
+                raise CorruptError("varint value beyond 2**64-1")
+            return value
+    raise CorruptError("varint longer than 10 bytes")
+
+
 class CanonicalVarInt(Construct):
     """Unsigned LEB128, at most 10 bytes, value < 2**64, minimal encoding (SPEC.md §1)."""
 
     def _parse(self, stream, context, path):
-        value = 0
-        for i in range(10):
-            byte = stream_read(stream, 1, path)[0]
-            value |= (byte & 0x7F) << (7 * i)
-            if not byte & 0x80:
-                if i > 0 and byte == 0:
-                    raise CorruptError("non-minimal varint")
-                if value >= 1 << 64:
-                    raise CorruptError("varint value beyond 2**64-1")
-                return value
-        raise CorruptError("varint longer than 10 bytes")
+        return read_varint(lambda: stream_read(stream, 1, path)[0])
 
     def _build(self, obj, stream, context, path):
         if not 0 <= obj < 1 << 64:
@@ -354,20 +359,16 @@ class _BlockHead:
 
 
 def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
-    value = 0
-    for i in range(10):
-        if pos >= len(buf):
+    if pos < len(buf) and buf[pos] < 0x80:  # one-byte varints: most of them
+        return buf[pos], pos + 1
+    at = [pos]
+
+    def next_byte():
+        if at[0] >= len(buf):
             raise CorruptError(f"{what}: structure runs past the end of its bytes")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << (7 * i)
-        if not byte & 0x80:
-            if i > 0 and byte == 0:
-                raise CorruptError("non-minimal varint")
-            if value >= 1 << 64:
-                raise CorruptError("varint value beyond 2**64-1")
-            return value, pos
-    raise CorruptError("varint longer than 10 bytes")
+        at[0] += 1
+        return buf[at[0] - 1]
+    return read_varint(next_byte), at[0]
 
 
 def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHead:

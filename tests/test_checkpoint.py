@@ -40,10 +40,9 @@ def pair(tmp_path):
     return base, target
 
 
-@pytest.mark.parametrize("layout", ["file", "folder-index", "folder-plain"])
-def test_encode_apply_bit_identical_files(tmp_path, pair, layout):
-    base, target = pair
-    if layout == "file":
+def _save_pair(tmp_path, base, target, kind):
+    """Base and target on disk as one safetensors file each, or as folders of 3 shards with an index."""
+    if kind == "file":
         b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
         write_file(b, base, {"format": "pt"})
         write_file(t, target, {"format": "pt"})
@@ -51,9 +50,16 @@ def test_encode_apply_bit_identical_files(tmp_path, pair, layout):
         b, t = tmp_path / "b", tmp_path / "t"
         save_sharded(b, base, shards=3)
         save_sharded(t, target, shards=3)
-        if layout == "folder-plain":
-            os.unlink(b / "model.safetensors.index.json")
-            os.unlink(t / "model.safetensors.index.json")
+    return b, t
+
+
+@pytest.mark.parametrize("layout", ["file", "folder-index", "folder-plain"])
+def test_encode_apply_bit_identical_files(tmp_path, pair, layout):
+    base, target = pair
+    b, t = _save_pair(tmp_path, base, target, "file" if layout == "file" else "folder")
+    if layout == "folder-plain":
+        os.unlink(b / "model.safetensors.index.json")
+        os.unlink(t / "model.safetensors.index.json")
     delta = tmp_path / "d.arc"
     encode_checkpoints(b, t, delta, base_step=4, target_step=5)
     out = tmp_path / ("o.safetensors" if layout == "file" else "o")
@@ -205,14 +211,7 @@ def test_safetensors_header_with_impossible_shape(tmp_path, shape):
 
 def _pair_on_disk(tmp_path, kind, block_elems, seed=7):
     base, target = make_model_pair(seed=seed, layers=2, d=96, vocab=700)
-    if kind == "file":
-        b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
-        write_file(b, base, {"format": "pt"})
-        write_file(t, target, {"format": "pt"})
-    else:
-        b, t = tmp_path / "b", tmp_path / "t"
-        save_sharded(b, base, shards=3)
-        save_sharded(t, target, shards=3)
+    b, t = _save_pair(tmp_path, base, target, kind)
     delta = tmp_path / "d.arc"
     encode_checkpoints(b, t, delta, block_elems=block_elems)
     return b, t, delta

@@ -77,6 +77,15 @@ def split(data: bytes) -> Parts:
         pos += 16 + head.length
 
 
+def set_first_encoding(p: Parts, encoding: int) -> None:
+    """Overwrite the encoding byte of the first BLCK record (tensor and block ordinals are one byte each)."""
+    i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+    pl = bytearray(p.recs[i].payload)
+    pl[2] = encoding
+    p.recs[i].payload = bytes(pl)
+    p.recs[i].encoding = encoding
+
+
 def raw_record(rtype: bytes, payload: bytes, checksum=None) -> bytes:
     head8 = rtype + len(payload).to_bytes(4, "little")
     ck = record_checksum(head8, payload) if checksum is None else checksum
@@ -647,21 +656,10 @@ def reject_vectors():
     n("n_verification", "a well-formed block that rebuilds a different tensor", ["12.3", "13"], rs(wrong_step),
       "verification")
 
-    def bad_encoding(p):
-        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-        pl = bytearray(p.recs[i].payload)
-        pl[2] = 9
-        p.recs[i].payload = bytes(pl)
-        p.recs[i].encoding = 9
-    n("n_unknown_encoding", "encoding id 9", ["8"], mod(bad_encoding), "unsupported")
+    n("n_unknown_encoding", "encoding id 9", ["8"], mod(lambda p: set_first_encoding(p, 9)), "unsupported")
 
-    def wrong_encoding_dtype(p):
-        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-        pl = bytearray(p.recs[i].payload)
-        pl[2] = 3  # float-delta on BF16
-        p.recs[i].payload = bytes(pl)
-        p.recs[i].encoding = 3
-    n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(wrong_encoding_dtype), "unsupported")
+    n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(lambda p: set_first_encoding(p, 3)),
+      "unsupported")
     n("n_unknown_dtype", "dtype code 16", ["2", "7"], mod(tens_edit(lambda th: tp(th, dtype=16))), "unsupported")
     n("n_name_invalid_utf8", "a name that is not UTF-8", ["7"],
       mod(tens_edit(lambda th: tp(th, name=b"w\xff"))), "corrupt")
@@ -1139,14 +1137,8 @@ def ctx_reject_vectors():
     f64t[3] = 7.5
     ffile = write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw")
 
-    def as_ctx(p):
-        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-        pl = bytearray(p.recs[i].payload)
-        pl[2] = 5
-        p.recs[i].payload = bytes(pl)
-        p.recs[i].encoding = 5
     pf = split(ffile)
-    as_ctx(pf)
+    set_first_encoding(pf, 5)
     V.append(Vector("n_ctx_on_f64", "ctx-delta is not defined for F64", ["8", "8.6"], {"x": f64}, assemble(pf),
                     error="unsupported"))
     return V
