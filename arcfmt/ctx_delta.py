@@ -349,7 +349,7 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
         if p.classes > 1 else None
     all_pos = []
     off = roff = 0
-    for k, (lo, hi) in enumerate(class_bounds(dt, p.thresholds)):
+    for k in range(p.classes):
         ck, r = p.counts[k], p.rice[k]
         if not ck:
             continue

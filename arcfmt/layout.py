@@ -88,6 +88,14 @@ def _read_varint(stream, path) -> int:
     return VarInt._parse(stream, None, path)
 
 
+def _checked_count(con, context) -> int:
+    """The element count of a counted construct (``count``, ``limit``, ``what``), refused past its limit."""
+    count = con.count(context) if callable(con.count) else con.count
+    if con.limit is not None and count > con.limit:
+        raise LimitError(f"{con.what} {count} exceeds its limit {con.limit}")
+    return count
+
+
 class VarIntArray(Construct):
     """``count`` canonical varints in one construct (a block's params, a tensor's dims)."""
 
@@ -98,10 +106,7 @@ class VarIntArray(Construct):
         self.what = what
 
     def _parse(self, stream, context, path):
-        count = self.count(context) if callable(self.count) else self.count
-        if self.limit is not None and count > self.limit:
-            raise LimitError(f"{self.what} {count} exceeds its limit {self.limit}")
-        return [_read_varint(stream, path) for _ in range(count)]
+        return [_read_varint(stream, path) for _ in range(_checked_count(self, context))]
 
     def _build(self, obj, stream, context, path):
         for v in obj:
@@ -109,23 +114,17 @@ class VarIntArray(Construct):
         return obj
 
 
-class BlockParams(Construct):
+class BlockParams(VarIntArray):
     """A block's params: the encoding says how many, possibly only after reading the first of them."""
 
     def __init__(self, count):
-        super().__init__()
-        self.count = count  # (context, params read so far) -> total number of params
+        super().__init__(count)  # count: (context, params read so far) -> total number of params
 
     def _parse(self, stream, context, path):
         out = []
         while len(out) < self.count(context, out):
             out.append(_read_varint(stream, path))
         return out
-
-    def _build(self, obj, stream, context, path):
-        for v in obj:
-            VarInt._build(v, stream, context, path)
-        return obj
 
 
 class Name(Construct):
@@ -229,9 +228,7 @@ class NumpyColumn(Construct):
         self.what = what
 
     def _parse(self, stream, context, path):
-        count = self.count(context) if callable(self.count) else self.count
-        if self.limit is not None and count > self.limit:
-            raise LimitError(f"{self.what} {count} exceeds its limit {self.limit}")
+        count = _checked_count(self, context)
         nbytes = count * self.dtype.itemsize
         here = stream.tell()
         stream.seek(0, 2)

@@ -50,6 +50,3 @@ def gaps(positions: np.ndarray) -> np.ndarray:
 
 def ungap(gaps: np.ndarray) -> np.ndarray:
     return np.cumsum(gaps.astype(np.int64) + 1) - 1
-
-
-_gaps, _ungap = gaps, ungap

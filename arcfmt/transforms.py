@@ -11,7 +11,7 @@ import numpy as np
 from . import ctx_delta as ctx
 from .dtypes import BF16, DType
 from .errors import CorruptError, UnsupportedError
-from .planes import _gaps, _ungap, _value_dtype, bytes_for, from_planes, to_planes  # noqa: F401
+from .planes import _value_dtype, bytes_for, from_planes, gaps, to_planes, ungap
 
 UNCHANGED, XOR, BF16_DELTA, FLOAT_DELTA, KEYFRAME, CTX_DELTA = 0, 1, 2, 3, 4, 5
 NAMES = {UNCHANGED: "unchanged", XOR: "xor", BF16_DELTA: "bf16-delta", FLOAT_DELTA: "float-delta",
@@ -118,9 +118,9 @@ def encode_float_delta(dt: DType, base: np.ndarray, target: np.ndarray, position
     steps = tv[kept].astype(np.int64) - bv[kept].astype(np.int64)
     steps = steps.view(np.uint64) & np.uint64((1 << (8 * sw)) - 1)
     streams = [
-        to_planes(_gaps(positions), bytes_for(m - 1)),
+        to_planes(gaps(positions), bytes_for(m - 1)),
         to_planes(steps, sw),
-        to_planes(_gaps(exc), bytes_for(c - 1)),
+        to_planes(gaps(exc), bytes_for(c - 1)),
         to_planes(tv[exc], dt.itemsize),
     ]
     return EncodedBlock(BF16_DELTA if dt is BF16 else FLOAT_DELTA, [c, e], streams, c)
@@ -225,11 +225,11 @@ def decode_block(dt: DType, encoding: int, params, streams, m: int, base: np.nda
 def _decode_float_delta(dt, params, streams, m, base, out):
     c, e = params
     udt = dt.uint
-    pos = _ungap(from_planes(streams[0], c, bytes_for(m - 1)))
+    pos = ungap(from_planes(streams[0], c, bytes_for(m - 1)))
     if pos[-1] >= m:
         raise CorruptError(f"changed position {int(pos[-1])} beyond block of {m} elements")
     if e:
-        xi = _ungap(from_planes(streams[2], e, bytes_for(c - 1)))
+        xi = ungap(from_planes(streams[2], e, bytes_for(c - 1)))
         if xi[-1] >= c:
             raise CorruptError(f"exception index {int(xi[-1])} beyond {c} changed elements")
         kept = np.ones(c, bool)

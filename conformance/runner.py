@@ -108,19 +108,29 @@ def objects_command(impl: str | None, impl_objects: str | None) -> str | None:
     return None
 
 
-def run_external_object(template, v, timeout):
-    cmd = template.format(kind=v["kind"], object=shlex.quote(os.path.join(HERE, v["object"])))
+def _run_shell(cmd, timeout):
+    """(completed process or None on timeout, seconds)."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
+        return None, timeout
+    return p, time.perf_counter() - t0
+
+
+def _error_category(stdout: str):
+    """The category of a first line ``error: CATEGORY: message``, or None."""
+    parts = (stdout.strip().splitlines() or [""])[0].split(":", 2)
+    return parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
+
+
+def run_external_object(template, v, timeout):
+    cmd = template.format(kind=v["kind"], object=shlex.quote(os.path.join(HERE, v["object"])))
+    p, dt = _run_shell(cmd, timeout)
+    if p is None:
         return "timeout", f"no answer in {timeout} s", timeout
-    dt = time.perf_counter() - t0
     if p.returncode in (0, 1):
-        first = (p.stdout.strip().splitlines() or [""])[0]
-        parts = first.split(":", 2)
-        category = parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
-        return judge_object(v, p.returncode, category) + (dt,)
+        return judge_object(v, p.returncode, _error_category(p.stdout)) + (dt,)
     return "crash", f"exit {p.returncode}: {p.stderr.strip()[-200:]}", dt
 
 
@@ -130,12 +140,9 @@ def run_external(template, v, mode, timeout):
         cmd = template.format(base=shlex.quote(os.path.join(HERE, v["base"])),
                               delta=shlex.quote(os.path.join(HERE, v["delta"])), out=shlex.quote(out_path),
                               mode=mode, mode_flag="--stream" if mode == "stream" else "")
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+        p, dt = _run_shell(cmd, timeout)
+        if p is None:
             return "timeout", f"no answer in {timeout} s", timeout
-        dt = time.perf_counter() - t0
         if p.returncode == 0:
             try:
                 with open(out_path, encoding="utf-8") as f:
@@ -144,10 +151,7 @@ def run_external(template, v, mode, timeout):
                 return "fail", f"exit 0 but no readable {{out}}: {exc}", dt
             return judge(v, 0, out, None, mode) + (dt,)
         if p.returncode == 1:
-            first = (p.stdout.strip().splitlines() or [""])[0]
-            parts = first.split(":", 2)
-            category = parts[1].strip() if len(parts) >= 2 and parts[0].strip() == "error" else None
-            return judge(v, 1, None, category, mode) + (dt,)
+            return judge(v, 1, None, _error_category(p.stdout), mode) + (dt,)
         return "crash", f"exit {p.returncode}: {p.stderr.strip()[-200:]}", dt
 
 

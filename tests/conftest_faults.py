@@ -587,7 +587,6 @@ def _zygote_main() -> None:  # pragma: no cover - runs in the child process
 
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1:] == ["zygote"]:
-        for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
-                       "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}.items():
-            os.environ.setdefault(_k, _v)
+        import servers
+        servers.use_client_env()
         _zygote_main()

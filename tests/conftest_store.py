@@ -15,18 +15,16 @@ import subprocess
 import sys
 import uuid
 
-# Before any client library is imported (SPEC.md Part II / README: S3-compatible servers and emulators).
-for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
-               "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
-               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
-    os.environ.setdefault(_k, _v)
-
-import numpy as np
-import pytest
-
 import servers
-from arcfmt.demo import make_model_pair
-from arcfmt.safetensors_io import open_checkpoint, write_file
+
+# Before any client library is imported (SPEC.md Part II / README: S3-compatible servers and emulators).
+servers.use_client_env()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from arcfmt.demo import make_model_pair  # noqa: E402
+from arcfmt.safetensors_io import open_checkpoint, write_file  # noqa: E402
 
 SERVER_KINDS = ["seaweedfs", "moto", "fake-gcs"]
 S3_KINDS = ["seaweedfs", "moto"]

@@ -37,6 +37,12 @@ CLIENT_ENV = {
 }
 
 
+def use_client_env() -> None:
+    """Put CLIENT_ENV into this process's environment (unless set): call before importing s3fs/gcsfs."""
+    for k, v in CLIENT_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 class ServerUnavailable(Exception):
     """The server's package or binary is not installed here (tests skip with this reason)."""
 

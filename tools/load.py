@@ -45,10 +45,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))   # tests/servers.py starts the servers
 
-for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
-               "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
-               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
-    os.environ.setdefault(_k, _v)
+import servers  # noqa: E402
+
+servers.use_client_env()
 
 DEFAULT_FILTERS = {
     "filter-mlp": ["encoder.layer.*.intermediate.dense.*", "encoder.layer.*.output.dense.*", "*.mlp.*"],
@@ -332,7 +331,6 @@ def main(argv=None) -> int:
         if args.backend == "local":
             url, so = os.path.join(work, "stream"), {}
         else:
-            import servers
             server = servers.STARTERS[args.backend]()
             url = f"{servers.protocol(server)}://{servers.BUCKET}/load-{os.getpid()}"
             so = servers.storage_options(server)

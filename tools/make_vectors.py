@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from arcfmt import DeltaWriter, layout as L, records  # noqa: E402
 from arcfmt.integrity import record_checksum  # noqa: E402
 from arcfmt.safetensors_io import write_file  # noqa: E402
-from arcfmt.transforms import _ungap, bytes_for, from_planes  # noqa: E402
+from arcfmt.planes import bytes_for, from_planes, ungap  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance")
 BF16 = ml_dtypes.bfloat16
@@ -625,8 +625,8 @@ def reject_vectors():
     def layout_of(streams, params):
         """(positions, exception indices, kept positions) of the raw bf16-delta block."""
         c, e = params
-        pos = _ungap(from_planes(streams[0][1], c, bytes_for(24 * 16 - 1)))
-        xi = _ungap(from_planes(streams[2][1], e, bytes_for(c - 1))) if e else np.zeros(0, np.int64)
+        pos = ungap(from_planes(streams[0][1], c, bytes_for(24 * 16 - 1)))
+        xi = ungap(from_planes(streams[2][1], e, bytes_for(c - 1))) if e else np.zeros(0, np.int64)
         kept = np.setdiff1d(np.arange(c), xi)
         return pos, xi, pos[kept]
     bu = b.view(np.uint16).reshape(-1)

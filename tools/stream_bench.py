@@ -26,10 +26,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))   # tests/servers.py starts the servers
 
-for _k, _v in {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
-               "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
-               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
-    os.environ.setdefault(_k, _v)
+import servers  # noqa: E402
+
+servers.use_client_env()
 
 import fsspec  # noqa: E402
 
@@ -97,7 +96,6 @@ def main(argv=None) -> int:
         url, so = os.path.join(work, "stream"), {}
         base_url = os.path.join(work, "full")
     else:
-        import servers
         server = servers.STARTERS[args.backend]()
         url = f"{servers.protocol(server)}://{servers.BUCKET}/bench-{os.getpid()}"
         so = servers.storage_options(server)

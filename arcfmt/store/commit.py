@@ -221,16 +221,25 @@ class Store:
             return self._replace_generic(p, data, token)
 
     # S3 (s3fs) --------------------------------------------------------------------------------
-    def _create_s3(self, p, data):
+    def _conditional_put_s3(self, p, data, **condition):
+        """One conditional PUT: True when it was stored, False when its precondition failed (for
+        If-Match, also when the object is gone)."""
         try:
-            self.fs.pipe_file(p, data, mode="create")
+            self.fs.pipe_file(p, data, **condition)
             return True
+        except FileNotFoundError:
+            if "IfMatch" in condition:
+                return False
+            raise
         except OSError as exc:
             if _precondition_failed(exc):
                 return False
             raise
         finally:
             self.fs.invalidate_cache(p)
+
+    def _create_s3(self, p, data):
+        return self._conditional_put_s3(p, data, mode="create")
 
     def _read_versioned_s3(self, p, limit):
         from fsspec.asyn import sync
@@ -248,17 +257,7 @@ class Store:
         return sync(self.fs.loop, get)
 
     def _replace_s3(self, p, data, token):
-        try:
-            self.fs.pipe_file(p, data, IfMatch=token)
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return False
-            raise
-        finally:
-            self.fs.invalidate_cache(p)
+        return self._conditional_put_s3(p, data, IfMatch=token)
 
     # GCS (gcsfs) ------------------------------------------------------------------------------
     def _create_gcs(self, p, data):
