@@ -87,21 +87,21 @@ def allocate_all(headers: list, budget: list) -> list:
     They are 64-byte aligned views into one allocation: the kernel maps (and zeroes) one region, with
     huge pages where it can, instead of one per tensor — page faults are a large share of decoding.
     """
-    need, offsets, total = [], [], 0
+    need, offsets, total, used = [], [], 0, 0  # used: tensor bytes, counted against the budget
     for th in headers:
         n = th.size * th.dtype.itemsize
-        if n > budget[0] - total:
-            raise LimitError(f"tensor {th.name!r} needs {n} bytes of output, more than the {budget[0] - total} "
+        if n > budget[0] - used:
+            raise LimitError(f"tensor {th.name!r} needs {n} bytes of output, more than the {budget[0] - used} "
                              f"left of this decoder's output budget (max_output_bytes)")
         offsets.append(total)
         need.append(n)
-        total += n
-        total += -total % 64
+        used += n
+        total += n + (-n % 64)  # alignment padding is not output
     try:
         arena = np.empty(max(total, 1), np.uint8)
     except MemoryError:
         raise LimitError(f"cannot allocate {total} bytes of output") from None
-    budget[0] -= sum(need)
+    budget[0] -= used
     return [arena[o:o + n].view(th.dtype.uint) for th, o, n in zip(headers, offsets, need)]
 
 

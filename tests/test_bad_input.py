@@ -1212,3 +1212,24 @@ def test_wrong_base_on_medium_file(medium_file):
         bad = {**base, name: u.view(base[name].dtype).reshape(base[name].shape)}
         expect(WrongBaseError, ra, d, bad)
         expect(WrongBaseError, sr, d, bad)
+
+
+def test_output_budget_is_enforced_before_allocating():
+    """SPEC.md §12.3/§17: decoding refuses (LimitError) output beyond the caller's budget, naming the
+    tensor that crosses it, before any block is decoded; a budget that fits exactly succeeds."""
+    base = {"a": np.arange(1000, dtype=np.float32), "b": np.arange(500, dtype=np.float32)}
+    target = {"a": base["a"] + 1, "b": base["b"] * 2}
+    d = arcfmt.encode(base, target)
+    need = 1000 * 4 + 500 * 4
+    with pytest.raises(LimitError, match="'b'"):
+        arcfmt.DeltaReader(d, max_output_bytes=need - 1).decode_all(base)
+    with pytest.raises(LimitError, match="'a'"):
+        arcfmt.DeltaReader(d, max_output_bytes=3999).decode_all(base)
+    got = arcfmt.DeltaReader(d, max_output_bytes=need).decode_all(base)
+    assert got["a"].tobytes() == target["a"].tobytes() and got["b"].tobytes() == target["b"].tobytes()
+    # a small file that rebuilds a large tensor (unchanged blocks) is refused by a smaller budget
+    z = {"z": np.zeros(1 << 21, np.float32)}
+    small = arcfmt.encode(z, z)
+    assert len(small) < 4096
+    with pytest.raises(LimitError, match="'z'"):
+        arcfmt.DeltaReader(small, max_output_bytes=1 << 20).decode_all(z)
