@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels
 from .dtypes import DType
 from .errors import CorruptError
 from .planes import bytes_for, from_planes, gaps, to_planes
@@ -135,9 +136,12 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
     Class ``k`` is ``{a >= lo_k} AND NOT {a >= hi_k}`` on the magnitude bits ``a``, so the bitmaps of
     ``a >= T·2^M`` are computed once and combined word by word.
     """
-    a = magnitude_bits(dt, base)
-    m = a.size
+    m = base.size
     edges = [t << dt.mant_bits for t in thresholds]
+    if kernels.ENABLED:
+        bounds = list(zip([0] + edges, edges + [-1]))
+        return {k: ClassIndex(*kernels.class_index(base, _MAG_MASK[dt.itemsize], *bounds[k]), m=m) for k in wanted}
+    a = magnitude_bits(dt, base)
     ge = {}
 
     def at_least(i):  # packed bitmap of a >= edges[i]
@@ -151,7 +155,7 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
             words = ~at_least(0) & _all_words(m)
         else:
             words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
-        out[k] = ClassIndex(words, m)
+        out[k] = ClassIndex(words, m=m)
     return out
 
 
@@ -168,15 +172,19 @@ class ClassIndex:
     every member (``flatnonzero`` on a random bitmap is branch-bound and several times slower).
     """
 
-    def __init__(self, words: np.ndarray, m: int):
+    def __init__(self, words: np.ndarray, pop: np.ndarray | None = None, cum: np.ndarray | None = None, *, m: int):
         self.m = m
         self.words = words
-        self.pop = np.bitwise_count(self.words).astype(np.int64)
-        self.cum = np.cumsum(self.pop)  # members in words 0..w
+        self.pop = np.bitwise_count(words).astype(np.int64) if pop is None else pop
+        self.cum = np.cumsum(self.pop) if cum is None else cum  # members in words 0..w
         self.size = int(self.cum[-1]) if self.cum.size else 0
 
     def select(self, j: np.ndarray) -> np.ndarray:
         """Element index of each member rank in ``j`` (all ``< size``)."""
+        if kernels.ENABLED:
+            out = np.empty(j.size, np.int64)
+            kernels.select(self.words, self.cum, self.pop, j, out)
+            return out
         if 32 * j.size > self.m:  # dense: listing every member is cheaper
             bits = np.unpackbits(self.words.view(np.uint8), count=self.m, bitorder="little")
             return np.flatnonzero(bits)[j]
@@ -217,10 +225,13 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     if positions.size < _MIN_CHANGES_FOR_CLASSES:
         return []
     size = 1 << dt.exp_bits
-    ne = np.zeros(size, np.int64)
-    for s in range(0, base.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
-        ne += np.bincount(exponent_field(dt, base[s:s + _CHUNK]), minlength=size)
-    ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
+    if kernels.ENABLED:
+        ne, ce = kernels.exponent_counts(base, positions, dt.mant_bits, size - 1, size)
+    else:
+        ne = np.zeros(size, np.int64)
+        for s in range(0, base.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
+            ne += np.bincount(exponent_field(dt, base[s:s + _CHUNK]), minlength=size)
+        ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
     idx = np.flatnonzero(ne)
     L = idx.size
     if L < 2:
@@ -260,6 +271,29 @@ def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
     return np.argsort(exponent_field(dt, b), kind="stable")
 
 
+_MAG_MASK = {1: 0x7F, 2: 0x7FFF, 4: 0x7FFFFFFF}
+
+
+def _edges(dt: DType, thresholds) -> tuple:
+    return tuple(int(t) << dt.mant_bits for t in thresholds)
+
+
+def _rice_pack(g, counts, rice, qbits: int, rbits: int) -> tuple:
+    """Quotient and remainder bit strings of the gaps ``g`` (class order)."""
+    if kernels.ENABLED:
+        qbuf = np.zeros((qbits + 7) // 8, np.uint8)
+        rbuf = np.zeros((rbits + 7) // 8, np.uint8)
+        kernels.rice_encode(g, counts, rice, qbuf, rbuf)
+        return qbuf.tobytes(), rbuf.tobytes()
+    r_each = np.repeat(rice, counts)
+    term = np.cumsum((g >> r_each) + 1) - 1
+    qb = np.zeros(qbits, np.uint8)
+    qb[term] = 1
+    rems = [((gk[:, None] >> np.arange(r)) & 1).astype(np.uint8).ravel()
+            for gk, r in zip(np.split(g, np.cumsum(counts)[:-1]), rice) if r]
+    return _pack([qb]), _pack(rems)
+
+
 def _best_rice(g: np.ndarray) -> int:
     top = min(MAX_RICE, int(g.max()).bit_length())
     costs = [int((g >> r).sum()) + g.size * r for r in range(top + 1)]
@@ -294,7 +328,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     if thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
     k_count = len(thresholds) + 1
-    counts, rice, quots, rems, pos_all = [], [], [], [], []
+    counts, rice, pos_all = [], [], []
     if k_count == 1:
         groups = [(positions, positions)]
     else:
@@ -306,37 +340,46 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
             pos = positions[sel]
             # rank of each changed element among its class's members
             groups.append((pos, index[k].rank(pos) if pos.size else pos))
+    gaps_all = []
     for pos, j in groups:
         counts.append(int(pos.size))
         if not pos.size:
             rice.append(0)
             continue
         g = gaps(j)
-        r = _best_rice(g)
-        rice.append(r)
-        quots.append(g >> r)
-        if r:
-            rems.append(((g[:, None] >> np.arange(r)) & 1).astype(np.uint8).ravel())
+        rice.append(_best_rice(g))
+        gaps_all.append(g)
         pos_all.append(pos)
     pos = np.concatenate(pos_all)  # class order
     d = ordered(dt, target[pos]) - ordered(dt, base[pos])
     mag = (np.abs(d) - 1)[magnitude_order(dt, base[pos])]
-    quot = np.concatenate(quots)
-    term = np.cumsum(quot + 1) - 1
-    qbits = int(term[-1]) + 1
-    qb = np.zeros(qbits, np.uint8)
-    qb[term] = 1
+    g = np.concatenate(gaps_all)
+    r_each = np.repeat(np.asarray(rice, np.int64), counts)
+    qbits = int((g >> r_each).sum()) + g.size
+    rbits = int(r_each.sum())
+    qstream, rstream = _rice_pack(g, np.asarray(counts, np.int64), np.asarray(rice, np.int64), qbits, rbits)
     mw = bytes_for(int(mag.max()))
     params = Params(list(thresholds), counts, rice, qbits, mw)
-    streams = [_pack([qb]), _pack(rems), _pack([(d < 0).astype(np.uint8)]), to_planes(mag, mw)]
+    streams = [qstream, rstream, _pack([(d < 0).astype(np.uint8)]), to_planes(mag, mw)]
     return Encoded(params.pack(), streams)
 
 
 # ----------------------------------------------------------------------------------------- decode
 
-def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
-    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
+def _ranks(p: Params, streams) -> np.ndarray:
+    """Each class's member ranks (concatenated in class order) from the quotient and remainder bit
+    strings, with their checks in the order of SPEC.md §8.6: quotient padding, codes, remainder padding."""
     c = p.changed
+    if kernels.ENABLED:
+        ranks = np.empty(c, np.int64)
+        status = kernels.rice_decode(np.frombuffer(streams[0], np.uint8), p.qbits,
+                                     np.frombuffer(streams[1], np.uint8), np.asarray(p.counts, np.int64),
+                                     np.asarray(p.rice, np.int64), ranks)
+        if status == kernels.OK:
+            return ranks
+        if status == kernels.R_PADDING:
+            raise CorruptError("ctx-delta remainder stream: padding bits are not zero")
+        # quotient errors: the numpy path below raises them with the same message
     qb = _unpack(streams[0], p.qbits, "quotient")
     term = np.flatnonzero(qb)
     if term.size != c or term[-1] != p.qbits - 1:
@@ -344,32 +387,46 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
                            f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
     quot = np.diff(term, prepend=-1) - 1
     rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(p.counts, p.rice)), "remainder")
-    sbits = _unpack(streams[2], c, "sign")
-    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck]) \
-        if p.classes > 1 else None
-    all_pos = []
+    out = []
     off = roff = 0
-    for k in range(p.classes):
-        ck, r = p.counts[k], p.rice[k]
+    for ck, r in zip(p.counts, p.rice):
         if not ck:
             continue
         g = quot[off:off + ck].astype(np.int64) << r
         if r:
             g |= rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64) @ (np.int64(1) << np.arange(r, dtype=np.int64))
-        j = np.cumsum(g + 1) - 1
-        if p.classes == 1:
-            if j[-1] >= m:
-                raise CorruptError(f"ctx-delta position {int(j[-1])} beyond block of {m} elements")
-            pos = j
-        else:
-            members = index[k]
-            if j[-1] >= members.size:
-                raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {members.size} elements")
-            pos = members.select(j)
-        all_pos.append(pos)
+        out.append(np.cumsum(g + 1) - 1)
         off += ck
         roff += ck * r
-    pos = np.concatenate(all_pos) if len(all_pos) > 1 else all_pos[0]  # class order
+    return np.concatenate(out)
+
+
+def _positions(dt: DType, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np.ndarray:
+    """Changed element indices in class order, from each class's member ranks."""
+    if p.classes == 1:
+        if ranks[-1] >= m:
+            raise CorruptError(f"ctx-delta position {int(ranks[-1])} beyond block of {m} elements")
+        return ranks
+    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck])
+    pos = np.empty(p.changed, np.int64)
+    off = 0
+    for k, ck in enumerate(p.counts):
+        if not ck:
+            continue
+        j = ranks[off:off + ck]
+        if j[-1] >= index[k].size:
+            raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {index[k].size} elements")
+        pos[off:off + ck] = index[k].select(j)
+        off += ck
+    return pos
+
+
+def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
+    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
+    c = p.changed
+    ranks = _ranks(p, streams)
+    sbits = _unpack(streams[2], c, "sign")
+    pos = _positions(dt, p, ranks, m, base)
     b = base[pos]
     mag = np.empty(c, np.int64)
     mag[magnitude_order(dt, b)] = from_planes(streams[3], c, p.mag_width, np.uint64).astype(np.int64) + 1

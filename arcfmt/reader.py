@@ -125,6 +125,8 @@ def allocate(th: records.TensorHeader, budget: list) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------- reader
 
+INLINE_ELEMS = 1 << 14  # tensors smaller than this decode in the calling thread
+
 @dataclass
 class LoadedBlock:
     info: records.BlockInfo
@@ -263,6 +265,12 @@ class DeltaReader:
         except ArcError as exc:
             raise type(exc)(f"{where}: {exc}") from None
 
+    def _decode_verify_block(self, name: str, b: int, base_u, out: np.ndarray) -> None:
+        """Decode a block; a tensor of one block is verified right away, in the same thread."""
+        self.decode_block_into(name, b, base_u, out)
+        if self.header(name).block_count == 1:
+            self.verify_tensor(name, out)
+
     def verify_tensor(self, name: str, out: np.ndarray) -> None:
         if tensor_hash(out) != self.header(name).target_hash:
             raise VerificationError(f"tensor {name!r}: reconstructed bytes do not match the target hash")
@@ -320,12 +328,18 @@ class DeltaReader:
         bases = {n: self.check_base(n, base.get(n) if self.header(n).needs_base else None) for n in wanted}
         budget = [self.max_output_bytes]
         outs = dict(zip(wanted, allocate_all([self.header(n) for n in wanted], budget)))
+        big = [n for n in wanted if self.header(n).size >= INLINE_ELEMS]
         with ThreadPoolExecutor(self.workers, thread_name_prefix="arcfmt-dec") as pool:
-            jobs = [pool.submit(self.decode_block_into, n, b, bases[n], outs[n])
-                    for n in wanted for b in range(self.header(n).block_count)]
+            jobs = [pool.submit(self._decode_verify_block, n, b, bases[n], outs[n])
+                    for n in big for b in range(self.header(n).block_count)]
+            for n in wanted:  # small tensors: a thread hand-off costs more than decoding them
+                if self.header(n).size < INLINE_ELEMS:
+                    for b in range(self.header(n).block_count):
+                        self.decode_block_into(n, b, bases[n], outs[n])
+                    self.verify_tensor(n, outs[n])
             for j in jobs:
                 j.result()
-            for j in [pool.submit(self.verify_tensor, n, outs[n]) for n in wanted]:
+            for j in [pool.submit(self.verify_tensor, n, outs[n]) for n in big if self.header(n).block_count > 1]:
                 j.result()
         result = {n: self.to_array(n, outs[n]) for n in wanted}
         if names is None:

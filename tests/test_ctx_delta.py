@@ -70,7 +70,7 @@ def test_class_index_matches_flatnonzero(m, density, seed):
     rng = np.random.default_rng(seed)
     mask = rng.random(m) < density
     members = np.flatnonzero(mask)
-    ix = ctx.ClassIndex(ctx._pack_words(mask), m)
+    ix = ctx.ClassIndex(ctx._pack_words(mask), m=m)
     assert ix.size == members.size
     if members.size:
         j = np.sort(rng.choice(members.size, size=min(members.size, 1 + members.size // 3), replace=False))

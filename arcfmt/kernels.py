@@ -1,0 +1,180 @@
+"""The per-element loops of ctx-delta (SPEC.md §8.6), compiled with numba when it is installed.
+
+Why: a block's classes come from every element of the base, so encoding and decoding make O(m)
+passes whatever the number of changes. In numpy each pass is several full-size temporaries; compiled,
+it is one read of the base. Each kernel here has a numpy twin in :mod:`arcfmt.ctx_delta` that
+computes exactly the same arrays (tests compare them); ``ARCFMT_JIT=0`` forces the twins.
+Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    if os.environ.get("ARCFMT_JIT", "1") == "0":
+        raise ImportError("disabled by ARCFMT_JIT=0")
+    import numba
+except ImportError:  # pragma: no cover - exercised by the ARCFMT_JIT=0 test run
+    numba = None
+
+ENABLED = numba is not None
+
+# Status codes the kernels return instead of raising (numba cannot raise our exception types).
+OK, Q_PADDING, Q_CODES, R_PADDING, OVERFLOW = 0, 1, 2, 3, 4
+
+
+def _jit(fn):
+    return numba.njit(nogil=True, cache=True, boundscheck=False)(fn) if ENABLED else None
+
+
+if ENABLED:
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _popcount(typingctx, x):
+        """One ``popcnt`` instruction (numba has no np.bitwise_count)."""
+        def codegen(context, builder, signature, args):
+            return builder.ctpop(args[0])
+        return types.uint64(types.uint64), codegen
+
+
+def _exponent_counts(base, positions, shift, emask, size):
+    """Elements and changed elements per exponent field value (four sub-histograms: no store stalls)."""
+    sub = np.zeros((4, size), np.int64)
+    m4 = base.size - base.size % 4
+    for i in range(0, m4, 4):
+        sub[0, (base[i] >> shift) & emask] += 1
+        sub[1, (base[i + 1] >> shift) & emask] += 1
+        sub[2, (base[i + 2] >> shift) & emask] += 1
+        sub[3, (base[i + 3] >> shift) & emask] += 1
+    for i in range(m4, base.size):
+        sub[0, (base[i] >> shift) & emask] += 1
+    ne = sub[0] + sub[1] + sub[2] + sub[3]
+    ce = np.zeros(size, np.int64)
+    for p in positions:
+        ce[(base[p] >> shift) & emask] += 1
+    return ne, ce
+
+
+def _class_index(base, mask, lo, hi):
+    """Members of the class ``lo <= (base & mask) < hi`` (``hi`` < 0: no upper bound) as a bitmap of
+    64 elements per word (bits past the end are zero), each word's member count, and the running
+    count through each word."""
+    m = base.size
+    nw = (m + 63) // 64
+    top = np.int64(hi) if hi >= 0 else np.int64(1) << 62
+    words = np.zeros(nw, np.uint64)
+    pop = np.empty(nw, np.int64)
+    cum = np.empty(nw, np.int64)
+    acc = 0
+    for w in range(nw):
+        s = w * 64
+        x = np.uint64(0)
+        if s + 64 <= m:
+            for i in range(64):
+                a = np.int64(base[s + i] & mask)
+                x |= np.uint64(((np.int64(lo) - 1 - a) & (a - top)) >> 63 & 1) << np.uint64(i)
+        else:
+            for i in range(m - s):
+                a = np.int64(base[s + i] & mask)
+                x |= np.uint64(((np.int64(lo) - 1 - a) & (a - top)) >> 63 & 1) << np.uint64(i)
+        words[w] = x
+        c = np.int64(_popcount(x))
+        pop[w] = c
+        acc += c
+        cum[w] = acc
+    return words, pop, cum
+
+
+def _select(words, cum, pop, ranks, out):
+    """Bit index of each member rank in ``ranks`` (increasing, each below the member count)."""
+    w = 0
+    for idx in range(ranks.size):
+        j = ranks[idx]
+        while cum[w] <= j:
+            w += 1
+        r = np.uint64(j - (cum[w] - pop[w]))
+        x = words[w]
+        at = 0
+        half = 32
+        while half:
+            low = x & np.uint64((np.uint64(1) << np.uint64(half)) - np.uint64(1))
+            p = _popcount(low)
+            if r >= p:
+                r -= p
+                x >>= np.uint64(half)
+                at += half
+            else:
+                x = low
+            half >>= 1
+        out[idx] = w * 64 + at
+
+
+def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
+    """Quotient and remainder bit strings → each class's member ranks (concatenated in class order).
+
+    Checks, in the order SPEC.md §8.6 gives: quotient padding, quotient codes, remainder padding.
+    """
+    for b in range(qbits, 8 * qbuf.size):
+        if qbuf[b >> 3] >> (b & 7) & 1:
+            return Q_PADDING
+    rbits = 0
+    for k in range(counts.size):
+        rbits += counts[k] * rice[k]
+    c = ranks.size
+    qpos = 0
+    rpos = 0
+    idx = 0
+    for k in range(counts.size):
+        r = rice[k]
+        prev = -1
+        for _ in range(counts[k]):
+            q = 0
+            while qpos < qbits and not (qbuf[qpos >> 3] >> (qpos & 7) & 1):
+                q += 1
+                qpos += 1
+            if qpos >= qbits:
+                return Q_CODES
+            qpos += 1
+            g = q << r
+            for s in range(r):
+                g |= np.int64(rbuf[rpos >> 3] >> (rpos & 7) & 1) << s
+                rpos += 1
+            prev += g + 1
+            ranks[idx] = prev
+            idx += 1
+    if idx != c or qpos != qbits:
+        return Q_CODES
+    for b in range(rbits, 8 * rbuf.size):
+        if rbuf[b >> 3] >> (b & 7) & 1:
+            return R_PADDING
+    return OK
+
+
+def _rice_encode(gaps, counts, rice, qbuf, rbuf):
+    """Gaps (class order) → quotient bit string and remainder bit string, into zeroed buffers."""
+    qpos = 0
+    rpos = 0
+    idx = 0
+    for k in range(counts.size):
+        r = rice[k]
+        for _ in range(counts[k]):
+            g = gaps[idx]
+            idx += 1
+            qpos += g >> r
+            qbuf[qpos >> 3] |= np.uint8(1 << (qpos & 7))
+            qpos += 1
+            for s in range(r):
+                if g >> s & 1:
+                    rbuf[rpos >> 3] |= np.uint8(1 << (rpos & 7))
+                rpos += 1
+
+
+exponent_counts = _jit(_exponent_counts)
+class_index = _jit(_class_index)
+select = _jit(_select)
+rice_decode = _jit(_rice_decode)
+rice_encode = _jit(_rice_encode)

@@ -1,0 +1,117 @@
+"""The compiled ctx-delta kernels (arcfmt/kernels.py) against their numpy twins: same streams out of the
+encoder, same elements out of the decoder, same error for every corrupt stream."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from arcfmt import ctx_delta as ctx, kernels
+from arcfmt.errors import CorruptError
+from conftest import BY_NAME, bits_of, random_values
+from test_ctx_delta import CTX_NAMES, _dtype
+
+pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="numba not installed or ARCFMT_JIT=0")
+
+
+def _both(fn):
+    """``fn()`` with the kernels, then with the numpy twins; each result or the error it raised."""
+    out = []
+    try:
+        for enabled in (True, False):
+            kernels.ENABLED = enabled
+            try:
+                out.append(("ok", fn()))
+            except CorruptError as exc:
+                out.append(("error", str(exc)))
+    finally:
+        kernels.ENABLED = True
+    return out
+
+
+def _block(name, m, changes, seed):
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    base = bits_of(random_values(rng, BY_NAME[name], (m,))).astype(dt.uint)
+    target = base.copy()
+    pos = np.unique(rng.integers(0, m, changes))
+    target[pos] = base[pos] + dt.uint.type(1)
+    target[pos[::3]] ^= dt.uint.type(0x5)
+    return dt, base, target, np.flatnonzero(base != target)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 3000), changes=st.integers(1, 400),
+       seed=st.integers(0, 2**32 - 1), k=st.integers(1, 16))
+def test_encode_and_decode_match_the_numpy_twins(name, m, changes, seed, k):
+    dt, base, target, pos = _block(name, m, changes, seed)
+    if not pos.size:
+        return
+    top = (1 << dt.exp_bits) - 1
+    rng = np.random.default_rng(seed + 1)
+    thresholds = sorted(set(rng.integers(1, top + 1, min(k, top + 1) - 1).tolist()))
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, thresholds=thresholds))
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    # the threshold choice (exponent histogram) too
+    (_, ta), (_, tb) = _both(lambda: ctx.choose_thresholds(dt, base, pos, max_classes=k))
+    assert ta == tb
+    p = ctx.Params.unpack(a.params)
+
+    def dec():
+        out = np.empty_like(base)
+        ctx.decode(dt, p, a.streams, m, base, out)
+        return out
+    (sa, da), (sb, db) = _both(dec)
+    assert sa == sb == "ok" and np.array_equal(da, target) and np.array_equal(db, target)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), stream=st.integers(0, 2), flips=st.integers(1, 3))
+def test_corrupt_streams_fail_alike(seed, stream, flips):
+    """A flipped bit in the quotient, remainder or sign stream: same outcome, same message, both ways."""
+    dt, base, target, pos = _block("BF16", 4000, 300, seed)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[118, 121, 124])
+    p = ctx.Params.unpack(enc.params)
+    streams = [bytearray(s) for s in enc.streams]
+    rng = np.random.default_rng(seed)
+    if not streams[stream]:
+        return
+    for _ in range(flips):
+        bit = int(rng.integers(0, 8 * len(streams[stream])))
+        streams[stream][bit >> 3] ^= 1 << (bit & 7)
+    streams = [bytes(s) for s in streams]
+
+    def dec():
+        out = base.copy()
+        ctx.decode(dt, p, streams, base.size, out, out)
+        return out
+    (sa, a), (sb, b) = _both(dec)
+    assert sa == sb
+    if sa == "ok":
+        assert np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(1, 5000), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1))
+def test_select_matches_numpy(m, density, seed):
+    rng = np.random.default_rng(seed)
+    mask = rng.random(m) < density
+    ix = ctx.ClassIndex(ctx._pack_words(mask), m=m)
+    if not ix.size:
+        return
+    j = np.unique(rng.integers(0, ix.size, max(1, ix.size // 3)))
+    (_, a), (_, b) = _both(lambda: ix.select(j))
+    assert np.array_equal(a, b) and np.array_equal(a, np.flatnonzero(mask)[j])
+
+
+@pytest.mark.parametrize("name", CTX_NAMES)
+def test_class_index_kernel_matches_numpy(name):
+    dt, base, _, _ = _block(name, 4099, 1, 7)
+    top = (1 << dt.exp_bits) - 1
+    thresholds = [1, top // 3, top // 2, top]
+    (_, a), (_, b) = _both(lambda: ctx.class_indexes(dt, base, thresholds, range(len(thresholds) + 1)))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k].words, b[k].words) and np.array_equal(a[k].cum, b[k].cum)
