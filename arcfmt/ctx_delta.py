@@ -25,6 +25,7 @@ CLASS_LIMITS = {"fast": 1, "default": 4, "max": 8}  # classes the encoder may us
 _CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
 _MIN_CHANGES_FOR_CLASSES = 64
 _CHUNK = 1 << 16
+_HIST_STRIDE = 8          # blocks of at least _CHUNK elements: the exponent histogram samples every 8th
 
 
 def defined_for(dt: DType) -> bool:
@@ -138,15 +139,13 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
     """
     m = base.size
     edges = [t << dt.mant_bits for t in thresholds]
-    if kernels.ENABLED:
-        bounds = list(zip([0] + edges, edges + [-1]))
-        return {k: ClassIndex(*kernels.class_index(base, _MAG_MASK[dt.itemsize], *bounds[k]), m=m) for k in wanted}
-    a = magnitude_bits(dt, base)
+    a = None if kernels.ENABLED else magnitude_bits(dt, base)
     ge = {}
 
     def at_least(i):  # packed bitmap of a >= edges[i]
         if i not in ge:
-            ge[i] = _pack_words(a >= dt.uint.type(edges[i]))
+            ge[i] = kernels.at_least(base, _MAG_MASK[dt.itemsize], edges[i]) if kernels.ENABLED \
+                else _pack_words(a >= dt.uint.type(edges[i]))
         return ge[i]
 
     out = {}
@@ -155,7 +154,7 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
             words = ~at_least(0) & _all_words(m)
         else:
             words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
-        out[k] = ClassIndex(words, m=m)
+        out[k] = ClassIndex(words, *(kernels.word_counts(words) if kernels.ENABLED else ()), m=m)
     return out
 
 
@@ -225,13 +224,16 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     if positions.size < _MIN_CHANGES_FOR_CLASSES:
         return []
     size = 1 << dt.exp_bits
+    stride = _HIST_STRIDE if base.size >= _CHUNK else 1
+    sample = base[::stride]
     if kernels.ENABLED:
-        ne, ce = kernels.exponent_counts(base, positions, dt.mant_bits, size - 1, size)
+        ne, ce = kernels.exponent_counts(sample, base[positions], dt.mant_bits, size - 1, size)
     else:
         ne = np.zeros(size, np.int64)
-        for s in range(0, base.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
-            ne += np.bincount(exponent_field(dt, base[s:s + _CHUNK]), minlength=size)
+        for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
+            ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
         ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
+    ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
     idx = np.flatnonzero(ne)
     L = idx.size
     if L < 2:
@@ -241,7 +243,8 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     n = N[None, :] - N[:, None]
     c = C[None, :] - C[:, None]
     cost = np.where(c > 0, _rice_cost(n, c), 0.0)
-    cost[np.tril_indices(L + 1)] = np.inf       # a class covers at least one exponent: i < j
+    ends = np.arange(L + 1)
+    cost[ends[:, None] >= ends[None, :]] = np.inf  # a class covers at least one exponent: i < j
     dp = cost[0].copy()                          # one class covering bins [0, j)
     best_k, best_total, back = 1, dp[L], []
     for k in range(2, min(max_classes, L) + 1):
@@ -295,9 +298,21 @@ def _rice_pack(g, counts, rice, qbits: int, rbits: int) -> tuple:
 
 
 def _best_rice(g: np.ndarray) -> int:
+    """The smallest Rice parameter of least total bits. The cost ``sum(g >> r) + n·r`` is convex in r
+    (each gap's ``(g >> r) − (g >> r+1)`` falls as r grows), so a walk from the estimate finds it."""
     top = min(MAX_RICE, int(g.max()).bit_length())
-    costs = [int((g >> r).sum()) + g.size * r for r in range(top + 1)]
-    return int(np.argmin(costs))
+
+    def cost(r):
+        return int((g >> r).sum()) + g.size * r
+
+    mean = float(g.mean())
+    r = min(top, max(0, int(np.log2(mean * np.log(2))) if mean >= 1 else 0))
+    c = cost(r)
+    while r > 0 and (down := cost(r - 1)) <= c:
+        r, c = r - 1, down
+    while r < top and (up := cost(r + 1)) < c:
+        r, c = r + 1, up
+    return r
 
 
 def _pack(bits_list) -> bytes:

@@ -41,8 +41,9 @@ if ENABLED:
         return types.uint64(types.uint64), codegen
 
 
-def _exponent_counts(base, positions, shift, emask, size):
-    """Elements and changed elements per exponent field value (four sub-histograms: no store stalls)."""
+def _exponent_counts(base, changed, shift, emask, size):
+    """Elements of ``base`` and of ``changed`` per exponent field value (four sub-histograms: no
+    store stalls)."""
     sub = np.zeros((4, size), np.int64)
     m4 = base.size - base.size % 4
     for i in range(0, m4, 4):
@@ -54,39 +55,38 @@ def _exponent_counts(base, positions, shift, emask, size):
         sub[0, (base[i] >> shift) & emask] += 1
     ne = sub[0] + sub[1] + sub[2] + sub[3]
     ce = np.zeros(size, np.int64)
-    for p in positions:
-        ce[(base[p] >> shift) & emask] += 1
+    for x in changed:
+        ce[(x >> shift) & emask] += 1
     return ne, ce
 
 
-def _class_index(base, mask, lo, hi):
-    """Members of the class ``lo <= (base & mask) < hi`` (``hi`` < 0: no upper bound) as a bitmap of
-    64 elements per word (bits past the end are zero), each word's member count, and the running
-    count through each word."""
+def _at_least(base, mask, e):
+    """Bitmap of ``(base & mask) >= e``, 64 elements per word (bits past the end are zero)."""
     m = base.size
-    nw = (m + 63) // 64
-    top = np.int64(hi) if hi >= 0 else np.int64(1) << 62
-    words = np.zeros(nw, np.uint64)
-    pop = np.empty(nw, np.int64)
-    cum = np.empty(nw, np.int64)
-    acc = 0
-    for w in range(nw):
-        s = w * 64
+    full = m // 64
+    out = np.zeros((m + 63) // 64, np.uint64)
+    for w in range(full):
         x = np.uint64(0)
-        if s + 64 <= m:
-            for i in range(64):
-                a = np.int64(base[s + i] & mask)
-                x |= np.uint64(((np.int64(lo) - 1 - a) & (a - top)) >> 63 & 1) << np.uint64(i)
-        else:
-            for i in range(m - s):
-                a = np.int64(base[s + i] & mask)
-                x |= np.uint64(((np.int64(lo) - 1 - a) & (a - top)) >> 63 & 1) << np.uint64(i)
-        words[w] = x
-        c = np.int64(_popcount(x))
+        s = w * 64
+        for i in range(64):
+            x |= np.uint64((np.int64(e) - 1 - np.int64(base[s + i] & mask)) >> 63 & 1) << np.uint64(i)
+        out[w] = x
+    for i in range(full * 64, m):
+        out[full] |= np.uint64((np.int64(e) - 1 - np.int64(base[i] & mask)) >> 63 & 1) << np.uint64(i - full * 64)
+    return out
+
+
+def _word_counts(words):
+    """Members in each word, and through each word."""
+    pop = np.empty(words.size, np.int64)
+    cum = np.empty(words.size, np.int64)
+    acc = 0
+    for w in range(words.size):
+        c = np.int64(_popcount(words[w]))
         pop[w] = c
         acc += c
         cum[w] = acc
-    return words, pop, cum
+    return pop, cum
 
 
 def _select(words, cum, pop, ranks, out):
@@ -174,7 +174,8 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 
 exponent_counts = _jit(_exponent_counts)
-class_index = _jit(_class_index)
+at_least = _jit(_at_least)
+word_counts = _jit(_word_counts)
 select = _jit(_select)
 rice_decode = _jit(_rice_decode)
 rice_encode = _jit(_rice_encode)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,7 +124,41 @@ def allocate(th: records.TensorHeader, budget: list) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------- reader
 
-INLINE_ELEMS = 1 << 14  # tensors smaller than this decode in the calling thread
+def run_jobs(jobs, workers: int) -> None:
+    """Run ``(fn, *args)`` jobs on the calling thread and ``workers − 1`` helper threads, in order.
+
+    Why not a pool: the caller works too instead of waiting on futures, and there is no hand-off per
+    job — with the GIL, hand-offs cost more than the small blocks of a model's norms and biases.
+    The first error stops the others from starting new jobs and is raised here.
+    """
+    if workers <= 1 or len(jobs) <= 1:
+        for fn, *args in jobs:
+            fn(*args)
+        return
+    it = iter(jobs)
+    lock = threading.Lock()
+    errors = []
+
+    def drain():
+        while not errors:
+            with lock:
+                job = next(it, None)
+            if job is None:
+                return
+            try:
+                job[0](*job[1:])
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                errors.append(exc)
+                return
+
+    helpers = [threading.Thread(target=drain, name="arcfmt-dec") for _ in range(min(workers, len(jobs)) - 1)]
+    for t in helpers:
+        t.start()
+    drain()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
 
 @dataclass
 class LoadedBlock:
@@ -328,19 +361,11 @@ class DeltaReader:
         bases = {n: self.check_base(n, base.get(n) if self.header(n).needs_base else None) for n in wanted}
         budget = [self.max_output_bytes]
         outs = dict(zip(wanted, allocate_all([self.header(n) for n in wanted], budget)))
-        big = [n for n in wanted if self.header(n).size >= INLINE_ELEMS]
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="arcfmt-dec") as pool:
-            jobs = [pool.submit(self._decode_verify_block, n, b, bases[n], outs[n])
-                    for n in big for b in range(self.header(n).block_count)]
-            for n in wanted:  # small tensors: a thread hand-off costs more than decoding them
-                if self.header(n).size < INLINE_ELEMS:
-                    for b in range(self.header(n).block_count):
-                        self.decode_block_into(n, b, bases[n], outs[n])
-                    self.verify_tensor(n, outs[n])
-            for j in jobs:
-                j.result()
-            for j in [pool.submit(self.verify_tensor, n, outs[n]) for n in big if self.header(n).block_count > 1]:
-                j.result()
+        # largest first, so the threads finish together
+        order = sorted(wanted, key=lambda n: -self.header(n).size)
+        run_jobs([(self._decode_verify_block, n, b, bases[n], outs[n])
+                  for n in order for b in range(self.header(n).block_count)], self.workers)
+        run_jobs([(self.verify_tensor, n, outs[n]) for n in order if self.header(n).block_count > 1], self.workers)
         result = {n: self.to_array(n, outs[n]) for n in wanted}
         if names is None:
             self.check_target_digest(result)
