@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import codecs, layout as L, records, transforms
 from .arrays import as_uint, release
 from .errors import InputError
 from .integrity import model_digest, tensor_hash
+from .parallel import run_jobs
 
 DEFAULT_BLOCK_ELEMS = 1 << 20
 
@@ -36,6 +35,10 @@ class TensorStats:
 
 
 _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block's streams (corpus)
+
+
+def _encode_into(slot: list, *args) -> None:
+    slot.append(_encode_block(*args))
 
 
 def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None):
@@ -148,25 +151,29 @@ class DeltaWriter:
         """Write ``(name, base_or_None, target)`` items in order, blocks encoded in parallel threads."""
         if self.closed:
             raise InputError("writer is closed")
-        max_inflight = 4 * self._workers
-        with ThreadPoolExecutor(self._workers, thread_name_prefix="arcfmt-enc") as pool:
-            pending = deque()
+        batch = 4 * self._workers  # blocks encoded between two writes: bounds memory for mapped inputs
+        pending, jobs = [], []
 
-            def drain(limit):
-                while len(pending) > limit:
-                    self._emit(pending.popleft())
+        def flush():
+            run_jobs(jobs, self._workers)
+            for item in pending:
+                self._emit(item)
+            pending.clear()
+            jobs.clear()
 
-            for name, base, target in items:
-                th, b, t = self._prepare(name, base, target, keyframe)
-                pending.append(("T", th))
-                for blk in range(th.block_count):
-                    s, e = th.block_range(blk)
-                    bb = None if b is None else b[s:e]
-                    fut = pool.submit(_encode_block, th.dtype, bb, t[s:e], self._effort,
-                                      self._force_encoding, self._force_codec)
-                    pending.append(("B", (th, blk, fut, bb, t[s:e])))
-                    drain(max_inflight)
-            drain(0)
+        for name, base, target in items:
+            th, b, t = self._prepare(name, base, target, keyframe)
+            pending.append(("T", th))
+            for blk in range(th.block_count):
+                s, e = th.block_range(blk)
+                bb = None if b is None else b[s:e]
+                slot = []
+                jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
+                             self._force_codec))
+                pending.append(("B", (th, blk, slot, bb, t[s:e])))
+                if len(jobs) >= batch:
+                    flush()
+        flush()
 
     def _emit(self, item) -> None:
         kind, obj = item
@@ -181,8 +188,8 @@ class DeltaWriter:
                 self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
             self._tensor_ordinal = len(self._entries) - 1
             return
-        th, blk, fut, bb, tb = obj
-        enc, coded = fut.result()
+        th, blk, slot, bb, tb = obj
+        enc, coded = slot[0]
         release(bb)  # memory-mapped inputs: this block's pages are done with
         release(tb)
         off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
