@@ -394,3 +394,37 @@ def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHea
         streams.append((codec, length))
     return _BlockHead(tensor, block, encoding, params, streams, pos)
 
+
+
+# Fast builders: byte-identical to building the structs above (tests/test_layout_fast.py), for the
+# records the writer makes per tensor and per block.
+
+def varint_bytes(v: int) -> bytes:
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"varint out of range: {v}")
+    out = bytearray()
+    while v > 0x7F:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def build_tensor_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash, target_hash) -> bytes:
+    """``TensorPayload.build`` of these fields."""
+    parts = [varint_bytes(len(name)), name, bytes((dtype, len(dims)))]
+    parts += [varint_bytes(d) for d in dims]
+    parts += [varint_bytes(block_elems), bytes((flags,))]
+    if flags & NEEDS_BASE:
+        parts.append(base_hash.to_bytes(8, "little"))
+    parts.append(target_hash.to_bytes(8, "little"))
+    return b"".join(parts)
+
+
+def build_block_head(tensor: int, block: int, encoding: int, params, streams) -> bytes:
+    """``BlockPayload.build`` of these fields (params and stream table as given)."""
+    parts = [varint_bytes(tensor), varint_bytes(block), bytes((encoding,))]
+    parts += [varint_bytes(p) for p in params]
+    for codec, length in streams:
+        parts += [bytes((codec,)), varint_bytes(length)]
+    return b"".join(parts)

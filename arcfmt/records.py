@@ -179,10 +179,8 @@ class TensorHeader:
 
 
 def build_tensor(h: TensorHeader) -> bytes:
-    return L.TensorPayload.build(dict(
-        name=h.name.encode("utf-8"), dtype=h.dtype.code, ndim=len(h.shape), dims=list(h.shape),
-        block_elems=h.block_elems, flags=L.NEEDS_BASE if h.needs_base else 0, base_hash=h.base_hash,
-        target_hash=h.target_hash))
+    return L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems,
+                                  L.NEEDS_BASE if h.needs_base else 0, h.base_hash, h.target_hash)
 
 
 def parse_tensor(payload, where: str) -> TensorHeader:
@@ -239,10 +237,7 @@ class BlockInfo:
 
 def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: list) -> bytes:
     """``coded``: one ``(codec, stored_bytes)`` per stream."""
-    head = L.BlockPayload.build(
-        dict(tensor=tensor, block=block, encoding=enc.encoding, params=list(enc.params),
-             streams=[(c, len(s)) for c, s in coded]),
-        param_count=lambda e, head: len(enc.params), stream_count=lambda e, p: len(coded))
+    head = L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
     return b"".join([head] + [bytes(s) for _, s in coded])
 
 

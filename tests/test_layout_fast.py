@@ -70,3 +70,28 @@ def test_record_header(data):
     fast = L.parse_record_header(data)
     assert (slow.type, slow.length, slow.checksum) == (fast.type, fast.length, fast.checksum)
     assert struct.unpack("<4sIQ", data[:16]) == (fast.type, fast.length, fast.checksum)
+
+
+# ------------------------------------------------------------------------------------ fast builders
+
+@given(st.integers(0, 2**64 - 1))
+def test_varint_bytes(n):
+    assert L.varint_bytes(n) == L.VarInt.build(n)
+
+
+@given(st.binary(max_size=40), st.integers(0, 255), st.lists(st.integers(0, 2**64 - 1), max_size=8),
+       st.integers(0, 2**40), st.sampled_from([0, L.NEEDS_BASE]), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+@settings(max_examples=300, deadline=None)
+def test_build_tensor_payload(name, dtype, dims, block_elems, flags, base_hash, target_hash):
+    slow = L.TensorPayload.build(dict(name=name, dtype=dtype, ndim=len(dims), dims=dims, block_elems=block_elems,
+                                      flags=flags, base_hash=base_hash, target_hash=target_hash))
+    assert L.build_tensor_payload(name, dtype, dims, block_elems, flags, base_hash, target_hash) == slow
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**30), st.integers(0, 255), st.lists(st.integers(0, 2**64 - 1), max_size=50),
+       st.lists(st.tuples(st.integers(0, 255), st.integers(0, 2**40)), max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_build_block_head(tensor, block, encoding, params, streams):
+    slow = L.BlockPayload.build(dict(tensor=tensor, block=block, encoding=encoding, params=params, streams=streams),
+                                param_count=lambda e, head: len(params), stream_count=lambda e, p: len(streams))
+    assert L.build_block_head(tensor, block, encoding, params, streams) == slow
