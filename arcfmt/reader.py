@@ -20,7 +20,7 @@ from .errors import (
     ArcError, CorruptError, InputError, LimitError, TruncatedError, VerificationError, WrongBaseError,
 )
 from .integrity import model_digest, tensor_hash
-from .parallel import run_jobs
+from .parallel import SHARED_MIN_ELEMS, run_jobs
 
 
 # --------------------------------------------------------------------------------------- sources
@@ -328,8 +328,10 @@ class DeltaReader:
         outs = dict(zip(wanted, allocate_all([self.header(n) for n in wanted], budget)))
         # largest first, so the threads finish together
         order = sorted(wanted, key=lambda n: -self.header(n).size)
-        run_jobs([(self._decode_verify_block, n, b, bases[n], outs[n])
-                  for n in order for b in range(self.header(n).block_count)], self.workers)
+        jobs = [(self._decode_verify_block, n, b, bases[n], outs[n])
+                for n in order for b in range(self.header(n).block_count)]
+        big = [self.header(job[1]).block_len(job[2]) >= SHARED_MIN_ELEMS for job in jobs]
+        run_jobs([j for j, b in zip(jobs, big) if b], self.workers, small=[j for j, b in zip(jobs, big) if not b])
         run_jobs([(self.verify_tensor, n, outs[n]) for n in order if self.header(n).block_count > 1], self.workers)
         result = {n: self.to_array(n, outs[n]) for n in wanted}
         if names is None:

@@ -177,6 +177,10 @@ class TensorHeader:
         start = b * self.block_elems
         return start, min(self.size, start + self.block_elems)
 
+    def block_len(self, b: int) -> int:
+        s, e = self.block_range(b)
+        return e - s
+
 
 def build_tensor(h: TensorHeader) -> bytes:
     return L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems,
