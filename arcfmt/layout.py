@@ -356,8 +356,21 @@ class _BlockHead:
 
 
 def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
-    if pos < len(buf) and buf[pos] < 0x80:  # one-byte varints: most of them
-        return buf[pos], pos + 1
+    n = len(buf)
+    if pos < n:
+        b = buf[pos]
+        if b < 0x80:  # one-byte varints: most of them
+            return b, pos + 1
+        value, shift, p = b & 0x7F, 7, pos + 1
+        while p < n and shift < 63:  # up to 9 bytes: no overflow possible
+            b = buf[p]
+            p += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                if b:
+                    return value, p
+                break  # non-minimal: the checked reader below says so
+            shift += 7
     at = [pos]
 
     def next_byte():
