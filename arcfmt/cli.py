@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--base-step", type=int, help="step id of the base (default: from a 'stepNNN' name)")
     e.add_argument("--target-step", type=int, help="step id of the target (default: from a 'stepNNN' name)")
     e.add_argument("--effort", choices=["fast", "default", "max"], default="default",
-                   help="codec trials per stream: fast = zstd-3; default = zstd-19 (zstd-9 and xz-6 from 16 KiB); max = strongest")
+                   help="codec trials per stream: fast = zstd-3; default = zstd-15 (zstd-9 and xz-6 from 16 KiB); max = strongest")
     e.add_argument("--block-elems", type=int, default=1 << 20, help="elements per block (default 1048576)")
     e.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())

@@ -17,12 +17,12 @@ BY_NAME = {v: k for k, v in NAMES.items()}
 # Codec trials per effort level: (codec, setting). Lower ids win ties.
 EFFORTS = {
     "fast": ((ZSTD, 3),),
-    "default": ((ZSTD, 19),),
+    "default": ((ZSTD, 15),),
     "max": ((ZSTD, 22), (XZ, 9 | lzma.PRESET_EXTREME), (BZ2, 9)),
 }
-# Trials for streams of at least LARGE_STREAM bytes, where they differ. Measured on the corpus: below
-# 16 KiB xz and bz2 win rarely and by a few bytes; above it zstd-19 costs 4x zstd-9's time for less than
-# xz-6 saves, and bz2 no longer wins.
+# Trials for streams of at least LARGE_STREAM bytes, where they differ. Measured on the corpus: zstd-15
+# is as small as zstd-19 at half its time; below 16 KiB xz and bz2 win rarely and by a few bytes; above
+# it zstd-15/19 cost 4-8x zstd-9's time for less than xz-6 saves, and bz2 no longer wins.
 LARGE_STREAM = 16 << 10
 LARGE_EFFORTS = {"default": ((ZSTD, 9), (XZ, 6))}
 SMALL_STREAM = 64  # below this many bytes only raw and zstd are tried: xz/bz2 headers alone are larger

@@ -1340,7 +1340,7 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.0",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.1",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in valid_vectors() + reject_vectors() + ctx_reject_vectors():
         base_file = f"{v.name}.base.safetensors"
