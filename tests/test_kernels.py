@@ -115,3 +115,19 @@ def test_class_index_kernel_matches_numpy(name):
     assert a.keys() == b.keys()
     for k in a:
         assert np.array_equal(a[k].words, b[k].words) and np.array_equal(a[k].cum, b[k].cum)
+
+
+def test_suite_passes_without_the_kernels():
+    """Where numba is missing (or ARCFMT_JIT=0), the numpy twins carry the ctx-delta tests and every
+    conformance vector on their own."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, ARCFMT_JIT="0")
+    check = subprocess.run([sys.executable, "-c", "import arcfmt.kernels as k; assert not k.ENABLED"], env=env, cwd=root)
+    assert check.returncode == 0
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                        "tests/test_ctx_delta.py", "tests/test_conformance.py"],
+                       env=env, cwd=root, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
