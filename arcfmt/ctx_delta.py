@@ -221,7 +221,7 @@ def _rice_cost(n, c):
 
 def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int = 4) -> list:
     """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges."""
-    if positions.size < _MIN_CHANGES_FOR_CLASSES:
+    if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
         return []
     size = 1 << dt.exp_bits
     stride = _HIST_STRIDE if base.size >= _CHUNK else 1
@@ -366,8 +366,12 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         gaps_all.append(g)
         pos_all.append(pos)
     pos = np.concatenate(pos_all)  # class order
-    d = ordered(dt, target[pos]) - ordered(dt, base[pos])
-    mag = (np.abs(d) - 1)[magnitude_order(dt, base[pos])]
+    if kernels.ENABLED:
+        neg, mag = kernels.steps(base, target, pos, 1 << (_bits(dt) - 1))
+    else:
+        d = ordered(dt, target[pos]) - ordered(dt, base[pos])
+        neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
+    mag = mag[magnitude_order(dt, base[pos])]
     g = np.concatenate(gaps_all)
     r_each = np.repeat(np.asarray(rice, np.int64), counts)
     qbits = int((g >> r_each).sum()) + g.size
@@ -375,7 +379,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     qstream, rstream = _rice_pack(g, np.asarray(counts, np.int64), np.asarray(rice, np.int64), qbits, rbits)
     mw = bytes_for(int(mag.max()))
     params = Params(list(thresholds), counts, rice, qbits, mw)
-    streams = [qstream, rstream, _pack([(d < 0).astype(np.uint8)]), to_planes(mag, mw)]
+    streams = [qstream, rstream, _pack([neg]), to_planes(mag, mw)]
     return Encoded(params.pack(), streams)
 
 
@@ -443,10 +447,19 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
     sbits = _unpack(streams[2], c, "sign")
     pos = _positions(dt, p, ranks, m, base)
     b = base[pos]
-    mag = np.empty(c, np.int64)
-    mag[magnitude_order(dt, b)] = from_planes(streams[3], c, p.mag_width, np.uint64).astype(np.int64) + 1
-    v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)
+    order = magnitude_order(dt, b)
+    vals = from_planes(streams[3], c, p.mag_width, np.uint64)
     half = 1 << (_bits(dt) - 1)
+    if kernels.ENABLED:
+        if not kernels.apply_steps(base, out, pos, order, sbits, vals, half, False):
+            raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
+        if out is not base:
+            out[:] = base
+        kernels.apply_steps(base, out, pos, order, sbits, vals, half, True)
+        return
+    mag = np.empty(c, np.int64)
+    mag[order] = vals.astype(np.int64) + 1
+    v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)
     if v.min() < -half or v.max() >= half:
         raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
     if out is not base:

@@ -113,6 +113,40 @@ def _select(words, cum, pop, ranks, out):
         out[idx] = w * 64 + at
 
 
+def _ordered(u, half):
+    x = np.int64(u)
+    return x if x < half else (half - 1) - x
+
+
+def _steps(base, target, pos, half):
+    """Sign (1: negative) and magnitude − 1 of each change's order-preserving step, in ``pos`` order."""
+    neg = np.empty(pos.size, np.uint8)
+    mag = np.empty(pos.size, np.uint64)
+    for i in range(pos.size):
+        d = _ordered(target[pos[i]], half) - _ordered(base[pos[i]], half)
+        neg[i] = d < 0
+        mag[i] = np.uint64(abs(d) - 1)
+    return neg, mag
+
+
+def _apply_steps(base, out, pos, order, sbits, vals, half, write):
+    """Change ``order[j]`` moves ``base[pos[order[j]]]`` by ``±(vals[j] + 1)`` order-preserving steps.
+
+    ``write`` False: only check that every result is a bit pattern of the type (returns False if
+    not); True: write them into ``out``.
+    """
+    for j in range(order.size):
+        i = order[j]
+        step = np.int64(vals[j]) + 1
+        v = _ordered(base[pos[i]], half) + (-step if sbits[i] else step)
+        if not write:
+            if v < -half or v >= half:
+                return False
+        else:
+            out[pos[i]] = v if v >= 0 else (half - 1) - v
+    return True
+
+
 def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     """Quotient and remainder bit strings → each class's member ranks (concatenated in class order).
 
@@ -177,5 +211,9 @@ exponent_counts = _jit(_exponent_counts)
 at_least = _jit(_at_least)
 word_counts = _jit(_word_counts)
 select = _jit(_select)
+if ENABLED:
+    _ordered = _jit(_ordered)
+steps = _jit(_steps)
+apply_steps = _jit(_apply_steps)
 rice_decode = _jit(_rice_decode)
 rice_encode = _jit(_rice_encode)
