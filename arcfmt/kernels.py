@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - exercised by the ARCFMT_JIT=0 test run
 ENABLED = numba is not None
 
 # Status codes the kernels return instead of raising (numba cannot raise our exception types).
-OK, Q_PADDING, Q_CODES, R_PADDING, OVERFLOW = 0, 1, 2, 3, 4
+OK, Q_PADDING, Q_CODES, R_PADDING = 0, 1, 2, 3
 
 
 def _jit(fn):

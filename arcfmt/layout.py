@@ -66,18 +66,8 @@ class CanonicalVarInt(Construct):
         return read_varint(lambda: stream_read(stream, 1, path)[0])
 
     def _build(self, obj, stream, context, path):
-        if not 0 <= obj < 1 << 64:
-            raise ValueError(f"varint out of range: {obj}")
-        out = bytearray()
-        while True:
-            byte = obj & 0x7F
-            obj >>= 7
-            if obj:
-                out.append(byte | 0x80)
-            else:
-                out.append(byte)
-                break
-        stream_write(stream, bytes(out), len(out), path)
+        out = varint_bytes(obj)
+        stream_write(stream, out, len(out), path)
         return obj
 
 
