@@ -465,3 +465,30 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
     if out is not base:
         out[:] = base
     out[pos] = unordered(dt, v)
+
+
+def warm_up() -> None:
+    """Compile every kernel for every ctx-delta type now (or load them from numba's cache).
+
+    Why: the first block of a type otherwise pays the compilation (seconds, once per install) — wrong
+    for anything that times single calls, such as the fuzzer's per-case limit.
+    """
+    if not kernels.ENABLED:
+        return
+    from .dtypes import from_name
+    rng = np.random.default_rng(0)
+    for name in sorted(DTYPES):
+        dt = from_name(name)
+        m = 1 << 17  # large enough for the sampled histogram and several classes
+        base = rng.integers(0, 1 << (8 * dt.itemsize), m, dtype=np.uint64).astype(dt.uint)
+        target = base.copy()
+        target[::97] ^= dt.uint.type(1)
+        pos = np.flatnonzero(base != target)
+        top = (1 << dt.exp_bits) - 1
+        frozen = base.copy()
+        frozen.setflags(write=False)  # numba compiles read-only arrays separately
+        for thresholds in (None, [max(1, top // 2)]):
+            enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
+            p = Params.unpack(enc.params)
+            for b, streams in ((base, enc.streams), (frozen, [bytearray(x) for x in enc.streams])):
+                decode(dt, p, streams, m, b, np.empty_like(base))

@@ -9,36 +9,65 @@ Kernels release the GIL, so the reader's and writer's block threads run them in 
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
-try:
-    if os.environ.get("ARCFMT_JIT", "1") == "0":
-        raise ImportError("disabled by ARCFMT_JIT=0")
-    import numba
-except ImportError:  # pragma: no cover - exercised by the ARCFMT_JIT=0 test run
-    numba = None
-
-ENABLED = numba is not None
-
 # Status codes the kernels return instead of raising (numba cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING = 0, 1, 2, 3
+_KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "steps", "apply_steps", "rice_decode",
+            "rice_encode")
 
 
-def _jit(fn):
-    return numba.njit(nogil=True, cache=True, boundscheck=False)(fn) if ENABLED else None
+def __getattr__(name):
+    """``ENABLED`` and the kernels come into being on first use: importing numba costs ~0.35 s, which
+    a command that never reaches a ctx-delta block should not pay."""
+    if name == "ENABLED" or name in _KERNELS:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if ENABLED:
-    from numba.core import types
-    from numba.extending import intrinsic
+_lock = threading.Lock()
+
+
+def _popcount(x):  # replaced by an LLVM intrinsic when numba loads
+    return bin(int(x)).count("1")
+
+
+def _load() -> None:
+    with _lock:
+        if "ENABLED" not in globals():
+            _load_locked()
+
+
+def _load_locked() -> None:
+    g = globals()
+    try:
+        if os.environ.get("ARCFMT_JIT", "1") == "0":
+            raise ImportError("disabled by ARCFMT_JIT=0")
+        import numba
+        from numba.core import types
+        from numba.extending import intrinsic
+    except ImportError:  # pragma: no cover - exercised by the ARCFMT_JIT=0 test run
+        g["ENABLED"] = False
+        return
 
     @intrinsic
-    def _popcount(typingctx, x):
+    def popcount(typingctx, x):
         """One ``popcnt`` instruction (numba has no np.bitwise_count)."""
         def codegen(context, builder, signature, args):
             return builder.ctpop(args[0])
         return types.uint64(types.uint64), codegen
+
+    def jit(fn):  # compiled on first call, then cached on disk by numba
+        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+
+    g["_popcount"] = popcount
+    g["_ordered"] = jit(_ordered)  # helpers first: the kernels bind them when they compile
+    for name in _KERNELS:
+        g[name] = jit(g["_" + name])
+    g["ENABLED"] = True
 
 
 def _exponent_counts(base, changed, shift, emask, size):
@@ -205,15 +234,3 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
                 if g >> s & 1:
                     rbuf[rpos >> 3] |= np.uint8(1 << (rpos & 7))
                 rpos += 1
-
-
-exponent_counts = _jit(_exponent_counts)
-at_least = _jit(_at_least)
-word_counts = _jit(_word_counts)
-select = _jit(_select)
-if ENABLED:
-    _ordered = _jit(_ordered)
-steps = _jit(_steps)
-apply_steps = _jit(_apply_steps)
-rice_decode = _jit(_rice_decode)
-rice_encode = _jit(_rice_encode)
