@@ -60,8 +60,11 @@ def _load_locked() -> None:
             return builder.ctpop(args[0])
         return types.uint64(types.uint64), codegen
 
-    def jit(fn):  # compiled on first call, then cached on disk by numba
-        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+    def jit(fn):  # compiled on first call, then cached on disk by numba where it finds a writable place
+        try:
+            return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+        except RuntimeError:  # no cache location (read-only install, no writable home): compile per process
+            return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
 
     g["_popcount"] = popcount
     g["_ordered"] = jit(_ordered)  # helpers first: the kernels bind them when they compile

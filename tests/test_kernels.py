@@ -131,3 +131,31 @@ def test_suite_passes_without_the_kernels():
                         "tests/test_ctx_delta.py", "tests/test_conformance.py"],
                        env=env, cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+def test_kernels_work_where_numba_cannot_cache():
+    """A read-only install with no writable home: numba refuses cache=True; the kernels still compile."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = """
+import numba, numpy as np
+real = numba.njit
+def refusing(*a, **k):
+    if k.get("cache"):
+        raise RuntimeError("cannot cache function: no locator available")
+    return real(*a, **k)
+numba.njit = refusing
+from arcfmt import ctx_delta as ctx, kernels
+from arcfmt.dtypes import BF16
+base = np.arange(5000, dtype=np.uint16)
+target = base.copy(); target[::7] += 1
+pos = np.flatnonzero(base != target)
+enc = ctx.encode(BF16, base, target, pos, thresholds=[3, 20])
+out = np.empty_like(base)
+ctx.decode(BF16, ctx.Params.unpack(enc.params), enc.streams, base.size, base, out)
+assert kernels.ENABLED and np.array_equal(out, target)
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
