@@ -277,10 +277,6 @@ def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
 _MAG_MASK = {1: 0x7F, 2: 0x7FFF, 4: 0x7FFFFFFF}
 
 
-def _edges(dt: DType, thresholds) -> tuple:
-    return tuple(int(t) << dt.mant_bits for t in thresholds)
-
-
 def _rice_pack(g, counts, rice, qbits: int, rbits: int) -> tuple:
     """Quotient and remainder bit strings of the gaps ``g`` (class order)."""
     if kernels.ENABLED:

@@ -8,13 +8,18 @@ import threading
 SHARED_MIN_ELEMS = 1 << 18
 
 
-def run_jobs(jobs, workers: int, small=()) -> None:
-    """Run ``(fn, *args)`` jobs on the calling thread and ``workers − 1`` helper threads, in order;
-    ``small`` jobs run on the calling thread alone, while the helpers start on ``jobs``.
+def run_jobs(jobs, workers: int, elems=None) -> None:
+    """Run ``(fn, *args)`` jobs on the calling thread and ``workers − 1`` helper threads, in order.
 
-    Why not a pool: the caller works too instead of waiting on futures, and there is no hand-off per
-    job. The first error stops the others from starting new jobs and is raised here.
+    ``elems`` (one count per job, optional): jobs on fewer than SHARED_MIN_ELEMS elements run on the
+    calling thread alone, while the helpers start on the others. Why not a pool: the caller works too
+    instead of waiting on futures, and there is no hand-off per job. The first error stops the others
+    from starting new jobs and is raised here.
     """
+    small = ()
+    if elems is not None:
+        small = [j for j, n in zip(jobs, elems) if n < SHARED_MIN_ELEMS]
+        jobs = [j for j, n in zip(jobs, elems) if n >= SHARED_MIN_ELEMS]
     if workers <= 1 or not jobs:
         for fn, *args in list(small) + list(jobs):
             fn(*args)

@@ -20,7 +20,7 @@ from .errors import (
     ArcError, CorruptError, InputError, LimitError, TruncatedError, VerificationError, WrongBaseError,
 )
 from .integrity import model_digest, tensor_hash
-from .parallel import SHARED_MIN_ELEMS, run_jobs
+from .parallel import run_jobs
 
 
 # --------------------------------------------------------------------------------------- sources
@@ -82,7 +82,7 @@ def physical_memory() -> int:
 
 
 def allocate_all(headers: list, budget: list) -> list:
-    """Output buffers for several tensors, checked against the budget as :func:`allocate` does.
+    """Output buffers for several tensors, each refused (LimitError) past the caller's budget.
 
     They are 64-byte aligned views into one allocation: the kernel maps (and zeroes) one region, with
     huge pages where it can, instead of one per tensor — page faults are a large share of decoding.
@@ -111,16 +111,7 @@ def allocate(th: records.TensorHeader, budget: list) -> np.ndarray:
     A file can declare tensors far larger than itself (unchanged or highly compressible blocks), so the
     bound is the memory the caller allows, never what the file says (SPEC.md §17).
     """
-    need = th.size * th.dtype.itemsize
-    if need > budget[0]:
-        raise LimitError(f"tensor {th.name!r} needs {need} bytes of output, more than the {budget[0]} left "
-                         f"of this decoder's output budget (max_output_bytes)")
-    try:
-        out = np.empty(th.size, th.dtype.uint)
-    except MemoryError:
-        raise LimitError(f"tensor {th.name!r}: cannot allocate {need} bytes") from None
-    budget[0] -= need
-    return out
+    return allocate_all([th], budget)[0]
 
 
 # --------------------------------------------------------------------------------------- reader
@@ -330,8 +321,7 @@ class DeltaReader:
         order = sorted(wanted, key=lambda n: -self.header(n).size)
         jobs = [(self._decode_verify_block, n, b, bases[n], outs[n])
                 for n in order for b in range(self.header(n).block_count)]
-        big = [self.header(job[1]).block_len(job[2]) >= SHARED_MIN_ELEMS for job in jobs]
-        run_jobs([j for j, b in zip(jobs, big) if b], self.workers, small=[j for j, b in zip(jobs, big) if not b])
+        run_jobs(jobs, self.workers, elems=[self.header(job[1]).block_len(job[2]) for job in jobs])
         run_jobs([(self.verify_tensor, n, outs[n]) for n in order if self.header(n).block_count > 1], self.workers)
         result = {n: self.to_array(n, outs[n]) for n in wanted}
         if names is None:

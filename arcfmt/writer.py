@@ -8,7 +8,7 @@ from . import codecs, layout as L, records, transforms
 from .arrays import as_uint, release
 from .errors import InputError
 from .integrity import model_digest, tensor_hash
-from .parallel import SHARED_MIN_ELEMS, run_jobs
+from .parallel import run_jobs
 
 DEFAULT_BLOCK_ELEMS = 1 << 20
 
@@ -155,8 +155,7 @@ class DeltaWriter:
         pending, jobs = [], []
 
         def flush():
-            big = [job[4].size >= SHARED_MIN_ELEMS for job in jobs]  # job[4]: the block's target
-            run_jobs([j for j, b in zip(jobs, big) if b], self._workers, small=[j for j, b in zip(jobs, big) if not b])
+            run_jobs(jobs, self._workers, elems=[job[4].size for job in jobs])  # job[4]: the block's target
             for item in pending:
                 self._emit(item)
             pending.clear()
