@@ -144,8 +144,9 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
 
     def at_least(i):  # packed bitmap of a >= edges[i]
         if i not in ge:
-            ge[i] = kernels.at_least(base, _MAG_MASK[dt.itemsize], edges[i]) if kernels.ENABLED \
-                else _pack_words(a >= dt.uint.type(edges[i]))
+            edge = dt.uint.type(edges[i])
+            ge[i] = kernels.at_least(base, dt.uint.type(_MAG_MASK[dt.itemsize]), edge) if kernels.ENABLED \
+                else _pack_words(a >= edge)
         return ge[i]
 
     out = {}
@@ -338,6 +339,13 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing)."""
     if thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
+    if kernels.ENABLED:
+        counts, rice, qbits, q, r, s, mw, mag = kernels.ctx_encode(
+            base, target, positions, np.asarray([t << dt.mant_bits for t in thresholds], dt.uint),
+            dt.uint.type(_MAG_MASK[dt.itemsize]), dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (_bits(dt) - 1),
+            MAX_RICE)
+        params = Params(list(thresholds), counts.tolist(), rice.tolist(), int(qbits), int(mw))
+        return Encoded(params.pack(), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()])
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if k_count == 1:
@@ -438,6 +446,28 @@ def _positions(dt: DType, p: Params, ranks: np.ndarray, m: int, base: np.ndarray
 
 def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
     """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
+    if kernels.ENABLED:
+        status = kernels.ctx_decode(
+            base, out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
+            _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64), np.asarray(p.rice, np.int64),
+            np.asarray([t << dt.mant_bits for t in p.thresholds], dt.uint),
+            dt.uint.type(_MAG_MASK[dt.itemsize]), dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (_bits(dt) - 1),
+            out is not base)
+        if status == kernels.OK:
+            return
+        # A check failed: the step-by-step path finds it again and raises it with its message. It
+        # writes to scratch, so even if the two paths disagreed (a bug) ``out`` stays untouched.
+        _decode_steps(dt, p, streams, m, base, np.empty_like(base))
+        raise CorruptError(f"ctx-delta: block fails check {status} of the compiled decoder only")
+    _decode_steps(dt, p, streams, m, base, out)
+
+
+def _bytes_array(buf) -> np.ndarray:
+    return np.frombuffer(buf, np.uint8)
+
+
+def _decode_steps(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
+    """Decode with one kernel (or numpy call) per step: the reference path, and the one that words errors."""
     c = p.changed
     ranks = _ranks(p, streams)
     sbits = _unpack(streams[2], c, "sign")

@@ -66,9 +66,10 @@ def test_encode_and_decode_match_the_numpy_twins(name, m, changes, seed, k):
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), stream=st.integers(0, 2), flips=st.integers(1, 3))
+@given(seed=st.integers(0, 2**32 - 1), stream=st.integers(0, 3), flips=st.integers(1, 3))
 def test_corrupt_streams_fail_alike(seed, stream, flips):
-    """A flipped bit in the quotient, remainder or sign stream: same outcome, same message, both ways."""
+    """A flipped bit in any stream: same outcome, same message, both ways; decoding in place, a
+    rejected block leaves the array untouched."""
     dt, base, target, pos = _block("BF16", 4000, 300, seed)
     enc = ctx.encode(dt, base, target, pos, thresholds=[118, 121, 124])
     p = ctx.Params.unpack(enc.params)
@@ -83,7 +84,11 @@ def test_corrupt_streams_fail_alike(seed, stream, flips):
 
     def dec():
         out = base.copy()
-        ctx.decode(dt, p, streams, base.size, out, out)
+        try:
+            ctx.decode(dt, p, streams, base.size, out, out)
+        except CorruptError:
+            assert np.array_equal(out, base)
+            raise
         return out
     (sa, a), (sb, b) = _both(dec)
     assert sa == sb
@@ -159,3 +164,29 @@ assert kernels.ENABLED and np.array_equal(out, target)
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_step_out_of_range_fails_alike_and_writes_nothing(in_place):
+    dt = _dtype("BF16")
+    base = np.arange(0, 5000, dtype=np.uint16)
+    base[4000] = 0x7FFE  # ord 32766: one step below the top
+    target = base.copy()
+    target[[5, 4000]] += np.uint16(1)
+    pos = np.flatnonzero(base != target)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[1])
+    p = ctx.Params.unpack(enc.params)
+    mags = bytearray(enc.streams[3])
+    mags[:] = bytes([5] * len(mags))  # every step now +6: 0x7FFE's leaves the range
+    streams = enc.streams[:3] + [bytes(mags)]
+
+    def dec():
+        out = base.copy()
+        ctx.decode(dt, p, streams, base.size, out if in_place else base, out)
+        return out
+    (sa, a), (sb, b) = _both(dec)
+    assert sa == sb == "error" and a == b and "range" in a
+    out = base.copy()
+    with pytest.raises(CorruptError):
+        ctx.decode(dt, p, streams, base.size, out, out)
+    assert np.array_equal(out, base)
