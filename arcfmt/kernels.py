@@ -19,7 +19,7 @@ _KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "steps", "ap
             "rice_encode", "ctx_decode", "ctx_encode")
 
 
-_HELPERS = ("_ordered", "_bit_length", "_class_words")
+_HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words")
 
 
 def __getattr__(name):
@@ -267,12 +267,11 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         if sbuf[b >> 3] >> (b & 7) & 1:
             return S_PADDING
     m = base.size
-    pos = np.empty(c, np.int64)
+    pos = ranks  # select turns each rank into its position in place
     n_classes = counts.size
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
-        pos[:] = ranks
     else:
         n_words = (m + 63) // 64
         ge = np.empty((n_classes - 1, n_words), np.uint64)
@@ -289,37 +288,41 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
                 return BEYOND
             _select(words, cum, pop, ranks[off:off + ck], pos[off:off + ck])
             off += ck
-    # magnitude order: changes sorted stably by their base's exponent field (a counting sort)
+    # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
+    # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
     start = np.zeros(emask + 2, np.int64)
     for t in range(c):
         start[((base[pos[t]] >> shift) & emask) + 1] += 1
     for x in range(emask + 1):
         start[x + 1] += start[x]
-    order = np.empty(c, np.int64)
-    for t in range(c):
+    slot = start.copy()
+    for t in range(c):  # check every step before writing anything
         x = (base[pos[t]] >> shift) & emask
-        order[start[x]] = t
-        start[x] += 1
-    steps = np.empty(c, np.int64)
-    for j in range(c):
-        a = np.int64(0)
-        for k in range(mw):
-            a |= np.int64(mbuf[k * c + j]) << (8 * k)
-        i = order[j]
-        step = a + 1
-        if sbuf[i >> 3] >> (i & 7) & 1:
-            step = -step
-        v = _ordered(base[pos[i]], half) + step
+        v = _step_target(base[pos[t]], mbuf, mw, c, slot[x], sbuf, t, half)
+        slot[x] += 1
         if v < -half or v >= half:
             return RANGE
-        steps[i] = v
     if copy:
         for i in range(m):
             out[i] = base[i]
-    for i in range(c):
-        v = steps[i]
-        out[pos[i]] = v if v >= 0 else (half - 1) - v
+    for t in range(c):
+        p = pos[t]
+        x = (base[p] >> shift) & emask
+        v = _step_target(base[p], mbuf, mw, c, start[x], sbuf, t, half)
+        start[x] += 1
+        out[p] = v if v >= 0 else (half - 1) - v
     return OK
+
+
+def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
+    """ord(base) + the t-th change's step, its magnitude being the j-th value of the planes."""
+    a = np.int64(0)
+    for k in range(mw):
+        a |= np.int64(mbuf[k * c + j]) << (8 * k)
+    step = a + 1
+    if sbuf[t >> 3] >> (t & 7) & 1:
+        step = -step
+    return _ordered(b, half) + step
 
 
 def _class_words(base, mask, edges, ge, have, k, words):
@@ -358,7 +361,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     c = pos.size
     n_classes = edges.size + 1
     counts = np.zeros(n_classes, np.int64)
-    cls = np.empty(c, np.int64)
+    cls = np.empty(c, np.uint8)
     for t in range(c):
         a = base[pos[t]] & mask
         k = 0
@@ -426,26 +429,25 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     rbuf = np.zeros((rbits + 7) // 8, np.uint8)
     _rice_encode(g, counts, rice, qbuf, rbuf)
     sbuf = np.zeros((c + 7) // 8, np.uint8)
-    mags = np.empty(c, np.uint64)
-    top_mag = np.uint64(0)
+    top_mag = 0
     start = np.zeros(emask + 2, np.int64)
     for j in range(c):
         p = pos[corder[j]]
         d = _ordered(target[p], half) - _ordered(base[p], half)
         if d < 0:
             sbuf[j >> 3] |= np.uint8(1 << (j & 7))
-        mags[j] = np.uint64(abs(d) - 1)
-        top_mag = max(top_mag, mags[j])
+        top_mag = max(top_mag, abs(d) - 1)
         start[((base[p] >> shift) & emask) + 1] += 1
     for x in range(emask + 1):
         start[x + 1] += start[x]
     mw = max(1, (_bit_length(top_mag) + 7) // 8)
     planes = np.empty(c * mw, np.uint8)
     for j in range(c):  # magnitude order: class order sorted stably by the base's exponent field
-        x = (base[pos[corder[j]]] >> shift) & emask
+        p = pos[corder[j]]
+        x = (base[p] >> shift) & emask
         at = start[x]
         start[x] += 1
-        v = mags[j]
+        v = abs(_ordered(target[p], half) - _ordered(base[p], half)) - 1
         for b in range(mw):
-            planes[b * c + at] = np.uint8((v >> np.uint64(8 * b)) & np.uint64(0xFF))
+            planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
     return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes
