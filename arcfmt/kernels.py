@@ -274,19 +274,16 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
             return BEYOND
     else:
         n_words = (m + 63) // 64
-        ge = np.empty((n_classes - 1, n_words), np.uint64)
-        have = np.zeros(n_classes - 1, np.bool_)
-        words = np.empty(n_words, np.uint64)
+        words = _class_words(base, mask, edges, counts)
         off = 0
         for k in range(n_classes):
             ck = counts[k]
             if ck == 0:
                 continue
-            _class_words(base, mask, edges, ge, have, k, words)
-            pop, cum = _word_counts(words)
+            pop, cum = _word_counts(words[k])
             if n_words == 0 or ranks[off + ck - 1] >= cum[n_words - 1]:
                 return BEYOND
-            _select(words, cum, pop, ranks[off:off + ck], pos[off:off + ck])
+            _select(words[k], cum, pop, ranks[off:off + ck], pos[off:off + ck])
             off += ck
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
@@ -325,22 +322,33 @@ def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
     return _ordered(b, half) + step
 
 
-def _class_words(base, mask, edges, ge, have, k, words):
-    """Packed membership bitmap of class ``k`` into ``words``, computing the threshold bitmaps it needs
-    (``ge[i]``: ``(base & mask) >= edges[i]``) once per block."""
+def _class_words(base, mask, edges, counts):
+    """Packed membership bitmaps, one row per class (rows of classes without changes stay zero), in
+    one pass over the base: each 64-element word is compared with every threshold while in cache."""
     n_classes = edges.size + 1
     m = base.size
-    for i in (k - 1, k):
-        if 0 <= i < n_classes - 1 and not have[i]:
-            ge[i] = _at_least(base, mask, edges[i])
-            have[i] = True
-    for w in range(words.size):
-        x = ~np.uint64(0) if k == 0 else ge[k - 1, w]
-        if k < n_classes - 1:
-            x &= ~ge[k, w]
-        words[w] = x
-    if m % 64:
-        words[words.size - 1] &= (np.uint64(1) << np.uint64(m % 64)) - np.uint64(1)
+    n_words = (m + 63) // 64
+    words = np.zeros((n_classes, n_words), np.uint64)
+    ge = np.zeros(n_classes + 1, np.uint64)  # ge[i + 1]: elements of the word >= edges[i]
+    for w in range(n_words):
+        s = w * 64
+        n = min(64, m - s)
+        full = ~np.uint64(0) if n == 64 else (np.uint64(1) << np.uint64(n)) - np.uint64(1)
+        ge[0] = full
+        for i in range(n_classes - 1):
+            x = np.uint64(0)
+            if n == 64:
+                for b in range(64):
+                    x |= np.uint64((base[s + b] & mask) >= edges[i]) << np.uint64(b)
+            else:
+                for b in range(n):
+                    x |= np.uint64((base[s + b] & mask) >= edges[i]) << np.uint64(b)
+            ge[i + 1] = x
+        ge[n_classes] = np.uint64(0)
+        for k in range(n_classes):
+            if counts[k]:
+                words[k, w] = ge[k] & ~ge[k + 1]
+    return words
 
 
 def _bit_length(x):
@@ -378,17 +386,12 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
         corder[fill[cls[t]]] = t
         fill[cls[t]] += 1
     g = np.empty(c, np.int64)
-    m = base.size
-    n_words = (m + 63) // 64
-    ge = np.empty((max(n_classes - 1, 1), n_words), np.uint64)
-    have = np.zeros(max(n_classes - 1, 1), np.bool_)
-    words = np.empty(n_words, np.uint64)
+    words = _class_words(base, mask, edges, counts) if n_classes > 1 else np.zeros((1, 1), np.uint64)
     for k in range(n_classes):
         if counts[k] == 0:
             continue
         if n_classes > 1:
-            _class_words(base, mask, edges, ge, have, k, words)
-            pop, cum = _word_counts(words)
+            pop, cum = _word_counts(words[k])
         prev = -1
         for j in range(first[k], first[k + 1]):
             p = pos[corder[j]]
@@ -396,7 +399,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
                 rank = p
             else:
                 w = p >> 6
-                below = words[w] & ((np.uint64(1) << np.uint64(p & 63)) - np.uint64(1))
+                below = words[k, w] & ((np.uint64(1) << np.uint64(p & 63)) - np.uint64(1))
                 rank = cum[w] - pop[w] + np.int64(_popcount(below))
             g[j] = rank - prev - 1
             prev = rank
