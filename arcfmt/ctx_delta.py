@@ -262,6 +262,13 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
     return [int(idx[i]) for i in sorted(cuts)]
 
 
+def changed_positions(base: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Indices of the elements that differ (int64, increasing)."""
+    if kernels.ENABLED and base.dtype.itemsize <= 4:
+        return kernels.changes(base, target)
+    return np.flatnonzero(base != target)
+
+
 def exponent_field(dt: DType, u: np.ndarray) -> np.ndarray:
     return (u >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
 
@@ -509,10 +516,13 @@ def warm_up() -> None:
         base = rng.integers(0, 1 << (8 * dt.itemsize), m, dtype=np.uint64).astype(dt.uint)
         target = base.copy()
         target[::97] ^= dt.uint.type(1)
-        pos = np.flatnonzero(base != target)
-        top = (1 << dt.exp_bits) - 1
         frozen = base.copy()
         frozen.setflags(write=False)  # numba compiles read-only arrays separately
+        frozen_target = target.copy()
+        frozen_target.setflags(write=False)
+        pos = changed_positions(base, target)
+        changed_positions(frozen, frozen_target)  # memory-mapped checkpoints are read-only
+        top = (1 << dt.exp_bits) - 1
         for thresholds in (None, [max(1, top // 2)]):
             enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
             p = Params.unpack(enc.params)

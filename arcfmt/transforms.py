@@ -162,7 +162,7 @@ def encode_candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
     """
     if base is None:
         return [encode_keyframe(dt, target)]
-    positions = np.flatnonzero(base != target)
+    positions = ctx.changed_positions(base, target)
     if positions.size == 0:
         return [EncodedBlock(UNCHANGED, [], [], 0)]
     out = []

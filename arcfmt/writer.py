@@ -43,21 +43,27 @@ def _encode_into(slot: list, *args) -> None:
 
 def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total."""
-    best = None
     if force_encoding is not None:
         cands = [transforms.encode_forced(dt, base, target, force_encoding)]
     else:
         cands = transforms.encode_candidates(dt, base, target, effort)
     if len(cands) > 1 and force_codec is None and effort != "fast":
-        # Full codec trials only for the candidates a fast estimate leaves in the running.
+        # A fast estimate orders the candidates; each then gets the full codec trials only while its
+        # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
         est = [sum(len(codecs.encode_smallest(s, "fast")[1]) for s in c.streams) for c in cands]
-        cands = [c for c, e in zip(cands, est) if e <= min(est) * _SCREEN_MARGIN]
-    for cand in cands:
+        cands = [cands[i] for i in sorted(range(len(cands)), key=est.__getitem__)]
+        est.sort()
+    else:
+        est = None
+    best = None
+    for i, cand in enumerate(cands):
+        if best is not None and est is not None and est[i] > best[2] * _SCREEN_MARGIN:
+            break
         if force_codec is not None:
             coded = [codecs.encode_with(force_codec, s) for s in cand.streams]
         else:
-            coded = [codecs.encode_smallest(s, "fast" if i in cand.dense and effort != "max" else effort)
-                     for i, s in enumerate(cand.streams)]
+            coded = [codecs.encode_smallest(s, "fast" if j in cand.dense and effort != "max" else effort)
+                     for j, s in enumerate(cand.streams)]
         total = sum(len(s) for _, s in coded)
         if best is None or total < best[2]:
             best = (cand, coded, total)

@@ -190,3 +190,18 @@ def test_step_out_of_range_fails_alike_and_writes_nothing(in_place):
     with pytest.raises(CorruptError):
         ctx.decode(dt, p, streams, base.size, out, out)
     assert np.array_equal(out, base)
+
+
+@settings(max_examples=100, deadline=None)
+@given(width=st.sampled_from([1, 2, 4]), m=st.integers(0, 700), density=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**32 - 1))
+def test_changed_positions_match_numpy(width, m, density, seed):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(f"u{width}")
+    base = rng.integers(0, 1 << (8 * width), m, dtype=np.uint64).astype(dtype)
+    target = base.copy()
+    flip = rng.random(m) < density
+    target[flip] ^= dtype.type(1 << int(rng.integers(0, 8 * width)))
+    (_, a), (_, b) = _both(lambda: ctx.changed_positions(base, target))
+    assert a.dtype == b.dtype == np.int64 or a.size == b.size == 0
+    assert np.array_equal(a, b) and np.array_equal(a, np.flatnonzero(base != target))
