@@ -19,7 +19,7 @@ _KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "steps", "ap
             "rice_encode", "ctx_decode", "ctx_encode", "changes")
 
 
-_HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words")
+_HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words", "_rice_cost", "_best_rice")
 
 
 def __getattr__(name):
@@ -244,20 +244,29 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
 def _rice_encode(gaps, counts, rice, qbuf, rbuf):
     """Gaps (class order) → quotient bit string and remainder bit string, into zeroed buffers."""
     qpos = 0
-    rpos = 0
+    acc = np.uint64(0)  # remainder bits not yet written (fewer than 8 + 24)
+    n_acc = 0
+    rbyte = 0
     idx = 0
     for k in range(counts.size):
         r = rice[k]
+        low = (np.int64(1) << r) - 1
         for _ in range(counts[k]):
             g = gaps[idx]
             idx += 1
             qpos += g >> r
             qbuf[qpos >> 3] |= np.uint8(1 << (qpos & 7))
             qpos += 1
-            for s in range(r):
-                if g >> s & 1:
-                    rbuf[rpos >> 3] |= np.uint8(1 << (rpos & 7))
-                rpos += 1
+            if r:
+                acc |= np.uint64(g & low) << np.uint64(n_acc)
+                n_acc += r
+                while n_acc >= 8:
+                    rbuf[rbyte] = np.uint8(acc & np.uint64(0xFF))
+                    rbyte += 1
+                    acc >>= np.uint64(8)
+                    n_acc -= 8
+    if n_acc:
+        rbuf[rbyte] = np.uint8(acc & np.uint64(0xFF))
 
 
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
@@ -371,6 +380,43 @@ def _bit_length(x):
     return n
 
 
+def _rice_cost(g, lo, hi, r):
+    cost = (hi - lo) * r
+    for j in range(lo, hi):
+        cost += g[j] >> r
+    return cost
+
+
+def _best_rice(g, lo, hi, max_rice):
+    """The smallest Rice parameter of least total bits for gaps ``g[lo:hi]``: a walk down (or up) the
+    convex cost from the estimate ``log2(mean · ln 2)``, as the numpy twin does."""
+    n = hi - lo
+    gmax = 0
+    total = 0
+    for j in range(lo, hi):
+        gmax = max(gmax, g[j])
+        total += g[j]
+    top = min(max_rice, _bit_length(gmax))
+    mean = total / n
+    r = 0
+    if mean >= 1:
+        r = min(top, max(0, int(np.log2(mean * np.log(2)))))
+    c = _rice_cost(g, lo, hi, r)
+    moved = False
+    while r > 0:
+        down = _rice_cost(g, lo, hi, r - 1)
+        if down > c:
+            break
+        r, c, moved = r - 1, down, True
+    if not moved:
+        while r < top:
+            up = _rice_cost(g, lo, hi, r + 1)
+            if up >= c:
+                break
+            r, c = r + 1, up
+    return r, c
+
+
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
@@ -380,10 +426,15 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     """
     c = pos.size
     n_classes = edges.size + 1
+    bv = np.empty(c, base.dtype)  # the changed elements, gathered once: later passes stay in cache
+    tv = np.empty(c, target.dtype)
+    for t in range(c):
+        bv[t] = base[pos[t]]
+        tv[t] = target[pos[t]]
     counts = np.zeros(n_classes, np.int64)
     cls = np.empty(c, np.uint8)
     for t in range(c):
-        a = base[pos[t]] & mask
+        a = bv[t] & mask
         k = 0
         while k < n_classes - 1 and a >= edges[k]:
             k += 1
@@ -422,24 +473,10 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
         n = counts[k]
         if n == 0:
             continue
-        gmax = 0
-        for j in range(first[k], first[k + 1]):
-            gmax = max(gmax, g[j])
-        top = min(max_rice, _bit_length(gmax))
-        best_r = 0
-        best = -1
-        for r in range(top + 1):  # cost(r) = sum(g >> r) + n·r, convex: stop once it rises
-            cost = n * r
-            for j in range(first[k], first[k + 1]):
-                cost += g[j] >> r
-            if best >= 0 and cost >= best:
-                if cost > best:
-                    break
-                continue
-            best, best_r = cost, r
-        rice[k] = best_r
-        qbits += best - n * best_r
-        rbits += n * best_r
+        r, cost = _best_rice(g, first[k], first[k + 1], max_rice)
+        rice[k] = r
+        qbits += cost - n * r
+        rbits += n * r
     qbuf = np.zeros((qbits + 7) // 8, np.uint8)
     rbuf = np.zeros((rbits + 7) // 8, np.uint8)
     _rice_encode(g, counts, rice, qbuf, rbuf)
@@ -447,22 +484,22 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     top_mag = 0
     start = np.zeros(emask + 2, np.int64)
     for j in range(c):
-        p = pos[corder[j]]
-        d = _ordered(target[p], half) - _ordered(base[p], half)
+        t = corder[j]
+        d = _ordered(tv[t], half) - _ordered(bv[t], half)
         if d < 0:
             sbuf[j >> 3] |= np.uint8(1 << (j & 7))
         top_mag = max(top_mag, abs(d) - 1)
-        start[((base[p] >> shift) & emask) + 1] += 1
+        start[((bv[t] >> shift) & emask) + 1] += 1
     for x in range(emask + 1):
         start[x + 1] += start[x]
     mw = max(1, (_bit_length(top_mag) + 7) // 8)
     planes = np.empty(c * mw, np.uint8)
     for j in range(c):  # magnitude order: class order sorted stably by the base's exponent field
-        p = pos[corder[j]]
-        x = (base[p] >> shift) & emask
+        t = corder[j]
+        x = (bv[t] >> shift) & emask
         at = start[x]
         start[x] += 1
-        v = abs(_ordered(target[p], half) - _ordered(base[p], half)) - 1
+        v = abs(_ordered(tv[t], half) - _ordered(bv[t], half)) - 1
         for b in range(mw):
             planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
     return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes
