@@ -286,12 +286,8 @@ _MAG_MASK = {1: 0x7F, 2: 0x7FFF, 4: 0x7FFFFFFF}
 
 
 def _rice_pack(g, counts, rice, qbits: int, rbits: int) -> tuple:
-    """Quotient and remainder bit strings of the gaps ``g`` (class order)."""
-    if kernels.ENABLED:
-        qbuf = np.zeros((qbits + 7) // 8, np.uint8)
-        rbuf = np.zeros((rbits + 7) // 8, np.uint8)
-        kernels.rice_encode(g, counts, rice, qbuf, rbuf)
-        return qbuf.tobytes(), rbuf.tobytes()
+    """Quotient and remainder bit strings of the gaps ``g`` (class order); numpy twin of the kernels'
+    ``rice_encode``."""
     r_each = np.repeat(rice, counts)
     term = np.cumsum((g >> r_each) + 1) - 1
     qb = np.zeros(qbits, np.uint8)
@@ -353,6 +349,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
             MAX_RICE)
         params = Params(list(thresholds), counts.tolist(), rice.tolist(), int(qbits), int(mw))
         return Encoded(params.pack(), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()])
+    # the numpy twin of ctx_encode
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if k_count == 1:
@@ -377,11 +374,8 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         gaps_all.append(g)
         pos_all.append(pos)
     pos = np.concatenate(pos_all)  # class order
-    if kernels.ENABLED:
-        neg, mag = kernels.steps(base, target, pos, 1 << (_bits(dt) - 1))
-    else:
-        d = ordered(dt, target[pos]) - ordered(dt, base[pos])
-        neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
+    d = ordered(dt, target[pos]) - ordered(dt, base[pos])
+    neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
     mag = mag[magnitude_order(dt, base[pos])]
     g = np.concatenate(gaps_all)
     r_each = np.repeat(np.asarray(rice, np.int64), counts)

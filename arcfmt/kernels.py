@@ -5,6 +5,9 @@ passes whatever the number of changes. In numpy each pass is several full-size t
 it is one read of the base. Each kernel here has a numpy twin in :mod:`arcfmt.ctx_delta` that
 computes exactly the same arrays (tests compare them); ``ARCFMT_JIT=0`` forces the twins.
 Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
+
+``ctx_encode`` and ``ctx_decode`` do a whole block in one call (the GIL is taken once per block, not
+once per step); the single-step kernels serve the step-by-step decoder, which words the errors.
 """
 from __future__ import annotations
 
@@ -15,10 +18,8 @@ import numpy as np
 
 # Status codes the kernels return instead of raising (numba cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
-_KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "steps", "apply_steps", "rice_decode",
+_KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "apply_steps", "rice_decode",
             "rice_encode", "ctx_decode", "ctx_encode", "changes")
-
-
 _HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words", "_rice_cost", "_best_rice")
 
 
@@ -169,17 +170,6 @@ def _select(words, cum, pop, ranks, out):
 def _ordered(u, half):
     x = np.int64(u)
     return x if x < half else (half - 1) - x
-
-
-def _steps(base, target, pos, half):
-    """Sign (1: negative) and magnitude − 1 of each change's order-preserving step, in ``pos`` order."""
-    neg = np.empty(pos.size, np.uint8)
-    mag = np.empty(pos.size, np.uint64)
-    for i in range(pos.size):
-        d = _ordered(target[pos[i]], half) - _ordered(base[pos[i]], half)
-        neg[i] = d < 0
-        mag[i] = np.uint64(abs(d) - 1)
-    return neg, mag
 
 
 def _apply_steps(base, out, pos, order, sbits, vals, half, write):
