@@ -235,6 +235,8 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
             ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
         ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
     ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
+    if kernels.ENABLED:
+        return kernels.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS).tolist()
     idx = np.flatnonzero(ne)
     L = idx.size
     if L < 2:

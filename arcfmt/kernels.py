@@ -19,7 +19,7 @@ import numpy as np
 # Status codes the kernels return instead of raising (numba cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
 _KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "apply_steps", "rice_decode",
-            "rice_encode", "ctx_decode", "ctx_encode", "changes")
+            "rice_encode", "ctx_decode", "ctx_encode", "changes", "class_cuts")
 _HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words", "_rice_cost", "_best_rice")
 
 
@@ -523,3 +523,77 @@ def _changes(base, target):
             j += 1
             x &= x - np.uint64(1)
     return out
+
+
+def _class_cuts(ne, ce, max_classes, overhead):
+    """The exponent-class DP of ``ctx_delta.choose_thresholds``, operation for operation (same float
+    expressions in the same order, first minimum on ties), so both give the same thresholds.
+
+    ``ne``/``ce``: elements and changes per exponent field value. Returns the thresholds (field values).
+    """
+    L = 0
+    for x in range(ne.size):
+        if ne[x]:
+            L += 1
+    idx = np.empty(L, np.int64)
+    L = 0
+    for x in range(ne.size):
+        if ne[x]:
+            idx[L] = x
+            L += 1
+    if L < 2:
+        return np.empty(0, np.int64)
+    N = np.zeros(L + 1, np.float64)
+    C = np.zeros(L + 1, np.float64)
+    n_acc = 0
+    c_acc = 0
+    for i in range(L):
+        n_acc += ne[idx[i]]
+        c_acc += ce[idx[i]]
+        N[i + 1] = n_acc
+        C[i + 1] = c_acc
+    ln2 = np.log(2.0)
+    cost = np.empty((L + 1, L + 1), np.float64)
+    for i in range(L + 1):
+        for j in range(L + 1):
+            if i >= j:
+                cost[i, j] = np.inf  # a class covers at least one exponent
+                continue
+            n = N[j] - N[i]
+            c = C[j] - C[i]
+            if c > 0:
+                mu = max(n - c, 0.0) / c
+                r0 = np.floor(np.log2(max(mu * ln2, 1.0)))
+                r1 = r0 + 1
+                a = c * (1 + r0 + mu / np.exp2(r0))
+                b = c * (1 + r1 + mu / np.exp2(r1))
+                cost[i, j] = min(a, b)
+            else:
+                cost[i, j] = 0.0
+    dp = cost[0].copy()
+    best_k = 1
+    best_total = dp[L]
+    top = min(max_classes, L)
+    back = np.zeros((max(top - 1, 1), L + 1), np.int64)
+    new = np.empty(L + 1, np.float64)
+    for k in range(2, top + 1):
+        for j in range(L + 1):
+            bi = 0
+            bv = dp[0] + cost[0, j]
+            for i in range(1, L + 1):
+                v = dp[i] + cost[i, j]
+                if v < bv:
+                    bv = v
+                    bi = i
+            new[j] = bv
+            back[k - 2, j] = bi
+        dp[:] = new
+        if dp[L] + (k - 1) * overhead < best_total:
+            best_k = k
+            best_total = dp[L] + (k - 1) * overhead
+    cuts = np.empty(best_k - 1, np.int64)
+    j = L
+    for k in range(best_k, 1, -1):
+        j = back[k - 2, j]
+        cuts[k - 2] = idx[j]
+    return cuts

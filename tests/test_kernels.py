@@ -205,3 +205,19 @@ def test_changed_positions_match_numpy(width, m, density, seed):
     (_, a), (_, b) = _both(lambda: ctx.changed_positions(base, target))
     assert a.dtype == b.dtype == np.int64 or a.size == b.size == 0
     assert np.array_equal(a, b) and np.array_equal(a, np.flatnonzero(base != target))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(64, 1 << 17), scale=st.floats(-12, 2),
+       density=st.floats(0.001, 1.0), k=st.integers(2, 16), seed=st.integers(0, 2**32 - 1))
+def test_class_thresholds_match_numpy(name, m, scale, density, k, seed):
+    """The compiled exponent-class DP gives the numpy DP's thresholds, on weight-like bases whose small
+    values change more often (as under Adam), sampled histograms included (m ≥ 2^16)."""
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    vals = rng.standard_normal(m) * 2.0 ** scale
+    base = bits_of(vals.astype(BY_NAME[name].np)).astype(dt.uint)
+    p = np.minimum(1.0, density / (np.abs(vals) / 2.0 ** scale + 0.05))
+    pos = np.flatnonzero(rng.random(m) < p)
+    (_, a), (_, b) = _both(lambda: ctx.choose_thresholds(dt, base, pos, max_classes=k))
+    assert a == b
