@@ -28,6 +28,13 @@ LARGE_EFFORTS = {"default": ((ZSTD, 9), (XZ, 6))}
 SMALL_STREAM = 64  # below this many bytes only raw and zstd are tried: xz/bz2 headers alone are larger
 _XZ_BZ2_OVERHEAD = 40  # an xz or bz2 stream costs at least this much more than a zstd frame
 
+# LZMA2 options for the streams blocks have (plane-major integers, bit strings): no literal context
+# from the previous byte's high bits and no position alignment (lc=lp=pb=0). Measured on the corpus and
+# the synthetic trajectories against plain preset 6: 0.2-1.4 % smaller; nice_len 32 makes it 5-18 %
+# faster for the same size.
+_XZ_PLANES = {"lc": 0, "lp": 0, "pb": 0}
+_XZ_TUNING = {6: {**_XZ_PLANES, "nice_len": 32}}
+
 _local = threading.local()
 
 
@@ -59,7 +66,7 @@ def compress(codec: int, data, setting: int):
         # decode) than the preset's 8-64 MiB for the small streams a block has.
         dict_size = max(1 << 12, 1 << max(0, len(data) - 1).bit_length())
         filters = [{"id": lzma.FILTER_LZMA2, "preset": setting,
-                    "dict_size": min(dict_size, 1 << 26)}]
+                    "dict_size": min(dict_size, 1 << 26), **_XZ_TUNING.get(setting, _XZ_PLANES)}]
         return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
     if codec == BZ2:
         return bz2.compress(data, setting)
