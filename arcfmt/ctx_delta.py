@@ -466,7 +466,13 @@ def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndar
 
 
 def _bytes_array(buf) -> np.ndarray:
-    return np.frombuffer(buf, np.uint8)
+    """A read-only uint8 view: numba compiles a kernel once per array layout, and streams arrive as
+    bytes, bytearrays or memoryviews, so all are passed alike (one compiled ``ctx_decode`` per type)."""
+    a = np.frombuffer(buf, np.uint8)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 def _decode_steps(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
