@@ -132,21 +132,20 @@ def _all_words(m: int) -> np.ndarray:
 
 
 def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
-    """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs.
+    """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs
+    (the numpy twin of the kernels' ``class_words``).
 
     Class ``k`` is ``{a >= lo_k} AND NOT {a >= hi_k}`` on the magnitude bits ``a``, so the bitmaps of
     ``a >= T·2^M`` are computed once and combined word by word.
     """
     m = base.size
     edges = [t << dt.mant_bits for t in thresholds]
-    a = None if kernels.ENABLED else magnitude_bits(dt, base)
+    a = magnitude_bits(dt, base)
     ge = {}
 
     def at_least(i):  # packed bitmap of a >= edges[i]
         if i not in ge:
-            edge = dt.uint.type(edges[i])
-            ge[i] = kernels.at_least(base, dt.uint.type(_MAG_MASK[dt.itemsize]), edge) if kernels.ENABLED \
-                else _pack_words(a >= edge)
+            ge[i] = _pack_words(a >= dt.uint.type(edges[i]))
         return ge[i]
 
     out = {}
@@ -155,7 +154,7 @@ def class_indexes(dt: DType, base: np.ndarray, thresholds, wanted) -> dict:
             words = ~at_least(0) & _all_words(m)
         else:
             words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
-        out[k] = ClassIndex(words, *(kernels.word_counts(words) if kernels.ENABLED else ()), m=m)
+        out[k] = ClassIndex(words, m=m)
     return out
 
 
@@ -172,19 +171,15 @@ class ClassIndex:
     every member (``flatnonzero`` on a random bitmap is branch-bound and several times slower).
     """
 
-    def __init__(self, words: np.ndarray, pop: np.ndarray | None = None, cum: np.ndarray | None = None, *, m: int):
+    def __init__(self, words: np.ndarray, *, m: int):
         self.m = m
         self.words = words
-        self.pop = np.bitwise_count(words).astype(np.int64) if pop is None else pop
-        self.cum = np.cumsum(self.pop) if cum is None else cum  # members in words 0..w
+        self.pop = np.bitwise_count(words).astype(np.int64)
+        self.cum = np.cumsum(self.pop)  # members in words 0..w
         self.size = int(self.cum[-1]) if self.cum.size else 0
 
     def select(self, j: np.ndarray) -> np.ndarray:
         """Element index of each member rank in ``j`` (all ``< size``)."""
-        if kernels.ENABLED:
-            out = np.empty(j.size, np.int64)
-            kernels.select(self.words, self.cum, self.pop, j, out)
-            return out
         if 32 * j.size > self.m:  # dense: listing every member is cheaper
             bits = np.unpackbits(self.words.view(np.uint8), count=self.m, bitorder="little")
             return np.flatnonzero(bits)[j]
@@ -396,16 +391,6 @@ def _ranks(p: Params, streams) -> np.ndarray:
     """Each class's member ranks (concatenated in class order) from the quotient and remainder bit
     strings, with their checks in the order of SPEC.md §8.6: quotient padding, codes, remainder padding."""
     c = p.changed
-    if kernels.ENABLED:
-        ranks = np.empty(c, np.int64)
-        status = kernels.rice_decode(np.frombuffer(streams[0], np.uint8), p.qbits,
-                                     np.frombuffer(streams[1], np.uint8), np.asarray(p.counts, np.int64),
-                                     np.asarray(p.rice, np.int64), ranks)
-        if status == kernels.OK:
-            return ranks
-        if status == kernels.R_PADDING:
-            raise CorruptError("ctx-delta remainder stream: padding bits are not zero")
-        # quotient errors: the numpy path below raises them with the same message
     qb = _unpack(streams[0], p.qbits, "quotient")
     term = np.flatnonzero(qb)
     if term.size != c or term[-1] != p.qbits - 1:
@@ -476,7 +461,8 @@ def _bytes_array(buf) -> np.ndarray:
 
 
 def _decode_steps(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
-    """Decode with one kernel (or numpy call) per step: the reference path, and the one that words errors."""
+    """The numpy twin of the kernels' ``ctx_decode``, one step at a time; it also words the error when
+    the kernel reports a failed check."""
     c = p.changed
     ranks = _ranks(p, streams)
     sbits = _unpack(streams[2], c, "sign")
@@ -485,13 +471,6 @@ def _decode_steps(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: 
     order = magnitude_order(dt, b)
     vals = from_planes(streams[3], c, p.mag_width, np.uint64)
     half = 1 << (_bits(dt) - 1)
-    if kernels.ENABLED:
-        if not kernels.apply_steps(base, out, pos, order, sbits, vals, half, False):
-            raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
-        if out is not base:
-            out[:] = base
-        kernels.apply_steps(base, out, pos, order, sbits, vals, half, True)
-        return
     mag = np.empty(c, np.int64)
     mag[order] = vals.astype(np.int64) + 1
     v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)

@@ -7,7 +7,8 @@ computes exactly the same arrays (tests compare them); ``ARCFMT_JIT=0`` forces t
 Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
 
 ``ctx_encode`` and ``ctx_decode`` do a whole block in one call (the GIL is taken once per block, not
-once per step); the single-step kernels serve the step-by-step decoder, which words the errors.
+once per step), from the smaller kernels below; when ``ctx_decode`` reports a failed check, the numpy
+twin decodes the block again to word the error.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import numpy as np
 
 # Status codes the kernels return instead of raising (numba cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
-_KERNELS = ("exponent_counts", "at_least", "word_counts", "select", "apply_steps", "rice_decode",
-            "rice_encode", "ctx_decode", "ctx_encode", "changes", "class_cuts")
-_HELPERS = ("_ordered", "_bit_length", "_step_target", "_class_words", "_rice_cost", "_best_rice")
+_KERNELS = ("exponent_counts", "class_words", "word_counts", "select", "rice_decode", "rice_encode",
+            "ctx_decode", "ctx_encode", "changes", "class_cuts")
+_HELPERS = ("_ordered", "_bit_length", "_step_target", "_rice_cost", "_best_rice")
 
 
 def __getattr__(name):
@@ -111,25 +112,6 @@ def _exponent_counts(base, changed, shift, emask, size):
     return ne, ce
 
 
-def _at_least(base, mask, e):
-    """Bitmap of ``(base & mask) >= e``, 64 elements per word (bits past the end are zero).
-
-    ``mask`` and ``e`` must have ``base``'s dtype: the compare then stays in the element width and
-    vectorises (about twice as fast as widening to int64)."""
-    m = base.size
-    full = m // 64
-    out = np.zeros((m + 63) // 64, np.uint64)
-    for w in range(full):
-        x = np.uint64(0)
-        s = w * 64
-        for i in range(64):
-            x |= np.uint64((base[s + i] & mask) >= e) << np.uint64(i)
-        out[w] = x
-    for i in range(full * 64, m):
-        out[full] |= np.uint64((base[i] & mask) >= e) << np.uint64(i - full * 64)
-    return out
-
-
 def _word_counts(words):
     """Members in each word, and through each word."""
     pop = np.empty(words.size, np.int64)
@@ -170,24 +152,6 @@ def _select(words, cum, pop, ranks, out):
 def _ordered(u, half):
     x = np.int64(u)
     return x if x < half else (half - 1) - x
-
-
-def _apply_steps(base, out, pos, order, sbits, vals, half, write):
-    """Change ``order[j]`` moves ``base[pos[order[j]]]`` by ``±(vals[j] + 1)`` order-preserving steps.
-
-    ``write`` False: only check that every result is a bit pattern of the type (returns False if
-    not); True: write them into ``out``.
-    """
-    for j in range(order.size):
-        i = order[j]
-        step = np.int64(vals[j]) + 1
-        v = _ordered(base[pos[i]], half) + (-step if sbits[i] else step)
-        if not write:
-            if v < -half or v >= half:
-                return False
-        else:
-            out[pos[i]] = v if v >= 0 else (half - 1) - v
-    return True
 
 
 def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
@@ -335,7 +299,8 @@ def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
 
 def _class_words(base, mask, edges, counts):
     """Packed membership bitmaps, one row per class (rows of classes without changes stay zero), in
-    one pass over the base: each 64-element word is compared with every threshold while in cache."""
+    one pass over the base: each 64-element word is compared with every threshold while in cache.
+    ``mask`` and ``edges`` have the base's dtype, so the compares stay in the element width."""
     n_classes = edges.size + 1
     m = base.size
     n_words = (m + 63) // 64

@@ -51,8 +51,8 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
         est = [sum(len(codecs.encode_smallest(s, "fast")[1]) for s in c.streams) for c in cands]
-        cands = [cands[i] for i in sorted(range(len(cands)), key=est.__getitem__)]
-        est.sort()
+        order = sorted(range(len(cands)), key=est.__getitem__)
+        cands, est = [cands[i] for i in order], [est[i] for i in order]
     else:
         est = None
     best = None
