@@ -77,8 +77,21 @@ class SafetensorsError(InputError):
     category = "safetensors"
 
 
+class FileAccessError(InputError):
+    """The operating system refused to read or write a path the caller named (missing, no permission,
+    disk full, read-only): the user's problem to fix, never an internal error."""
+
+    category = "io"
+
+
+def os_error(exc: OSError, verb: str, path) -> FileAccessError:
+    """One wording for every OS error on a caller's path: ``cannot read|write PATH: reason``."""
+    reason = exc.strerror or str(exc)
+    return FileAccessError(f"cannot {verb} {path}: {reason}")
+
+
 ALL_ERRORS = [
     ArcError, FormatError, BadMagicError, UnsupportedVersionError, TruncatedError, ChecksumError,
     ReservedBitsError, LimitError, UnknownRecordError, UnsupportedError, CorruptError, WrongBaseError,
-    VerificationError, InputError, SafetensorsError,
+    VerificationError, InputError, SafetensorsError, FileAccessError,
 ]
