@@ -1,7 +1,7 @@
 """arcfmt: lossless weight deltas for RL weight sync — a versioned binary format (SPEC.md)."""
 from .api import apply_in_place, decode, encode
 from .errors import (
-    ArcError, BadMagicError, ChecksumError, CorruptError, FileAccessError, FormatError, InputError, LimitError,
+    ArcError, BadMagicError, ChecksumError, CorruptError, FileAccessError, FormatError, InputError, MissingTensorError, LimitError,
     ReservedBitsError, SafetensorsError, TruncatedError, UnknownRecordError, UnsupportedError,
     UnsupportedVersionError, VerificationError, WrongBaseError,
 )
@@ -16,5 +16,5 @@ __all__ = [
     "encode", "decode", "apply_in_place", "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
-    "VerificationError", "InputError", "SafetensorsError", "FileAccessError", "FORMAT_VERSION", "__version__",
+    "VerificationError", "InputError", "SafetensorsError", "FileAccessError", "MissingTensorError", "FORMAT_VERSION", "__version__",
 ]

@@ -4,8 +4,11 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 
+from . import pipeline
+from .arrays import as_numpy
 from .errors import InputError
 from .reader import DeltaReader
+from .transforms import UNCHANGED
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 
 
@@ -24,72 +27,47 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
     return buf.getvalue()
 
 
-def decode(base: Mapping | None, delta, *, names=None, workers=None) -> dict:
+def decode(base: Mapping | None, delta, *, names=None, workers=None, max_output_bytes: int | None = None) -> dict:
     """Rebuild the target (name → numpy array) from ``base`` and an arcfmt file (bytes or file object).
 
     Bit-exact and verified: every tensor against its hash, the model against its digest. Raises a
-    subclass of :class:`arcfmt.ArcError` on any bad input or wrong base.
+    subclass of :class:`arcfmt.ArcError` on any bad input or wrong base. ``max_output_bytes`` bounds
+    the memory the rebuilt tensors may take (by default: what the bases back, plus a bound scaled to
+    the file, so a small file cannot make gigabytes).
     """
-    reader = DeltaReader(delta, workers=workers)
+    reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
     return reader.decode_all({} if base is None else base, names)
 
 
-def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None):
+def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_output_bytes: int | None = None):
     """Apply a delta straight into live arrays (numpy, or CPU torch tensors), without a full copy.
 
     Yields ``(name, array)`` for every tensor that changed — the pairs a vLLM-style
-    ``load_weights`` takes — after it has been updated. All-or-nothing per tensor: each tensor's new
-    bytes are rebuilt block by block and verified against the file's hash *before* any byte of the
-    live array is overwritten (blocks whose encoding is ``unchanged`` are never touched). A tensor
-    whose dtype or shape changes, or that is new, is yielded as a fresh array instead (the caller
-    must install it). Raises a subclass of :class:`arcfmt.ArcError`; tensors already yielded stay
+    ``load_weights`` takes — after it has been updated. Every base tensor (and, for the whole file,
+    both digests) is checked before anything is decoded; then each tensor's changed blocks are
+    rebuilt into private memory and verified against the file's hash *before* any byte of the live
+    array is overwritten (blocks whose encoding is ``unchanged`` are never touched). A tensor whose
+    dtype or shape changes, or that is new, is yielded as a fresh array instead (the caller must
+    install it). Raises a subclass of :class:`arcfmt.ArcError`; tensors already yielded stay
     updated, the failing one and those after it are untouched.
     """
-    import numpy as np
-
-    from .arrays import as_numpy
-    from .transforms import UNCHANGED
-
-    reader = DeltaReader(delta, workers=workers)
-    wanted = reader.names if names is None else list(names)
+    reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
+    wanted, bases, _ = reader.selection(arrays, names)
     live = {}
-    for n in wanted:  # every base is checked before anything is written (SPEC.md §12.3)
-        th = reader.header(n)
-        if th.needs_base:
-            arr = arrays.get(n)
-            u = reader.check_base(n, arr)
-            view = as_numpy(arr)
-            if not (view.flags.c_contiguous and view.flags.writeable):
-                raise InputError(f"tensor {n!r}: the live array must be C-contiguous and writeable")
-            live[n] = (view, u)
     for n in wanted:
-        th = reader.header(n)
-        entry = reader.entries[n]
-        if n not in live:
-            yield n, reader.to_array(n, reader.decode_tensor(n, None))
+        if bases[n] is None:
             continue
-        view, u = live[n]
-        changed = [b for b, ref in enumerate(entry.blocks) if ref.encoding != UNCHANGED]
-        if not changed:
+        view = as_numpy(arrays[n])
+        if not (view.flags.c_contiguous and view.flags.writeable):
+            raise InputError(f"tensor {n!r}: the live array must be C-contiguous and writeable")
+        live[n] = view.reshape(-1).view(reader.header(n).dtype.uint)
+    fresh = [reader.header(n) for n in wanted if n not in live]
+    sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(reader.output_budget(fresh)))
+    items = []
+    for n in wanted:
+        if n in live and all(r.encoding == UNCHANGED for r in reader.entries[n].blocks):
+            # its bytes are the base's, whose hash was just checked: the target hash must be that one
+            pipeline.verify_hash(reader.header(n), reader.header(n).base_hash)
             continue
-        flat = view.reshape(-1).view(th.dtype.uint)
-        staged = {}
-        import xxhash
-
-        h = xxhash.xxh3_64()
-        for b in range(th.block_count):
-            s, e = th.block_range(b)
-            if b in changed:
-                out = np.empty(e - s, th.dtype.uint)
-                reader.decode_block_into_buffer(n, b, u[s:e], out)
-                staged[b] = out
-                h.update(memoryview(out).cast("B"))
-            else:
-                h.update(memoryview(np.ascontiguousarray(u[s:e])).cast("B"))
-        if h.intdigest() != th.target_hash:
-            from .errors import VerificationError
-            raise VerificationError(f"tensor {n!r}: reconstructed bytes do not match the target hash")
-        for b, out in staged.items():
-            s, e = th.block_range(b)
-            flat[s:e] = out
-        yield n, arrays[n]
+        items.append(reader.item(n, bases[n]))
+    yield from pipeline.run(items, sink, workers=reader.workers)

@@ -1,7 +1,9 @@
 """The ``arcfmt`` command line: demo, encode, apply, inspect, report, publish, follow.
 
-Exit codes: 0 success; 1 the input was refused (bad, corrupt or wrong-base file: an ArcError);
-2 usage error; 3 unexpected internal error (a bug: please report it with --debug output).
+Exit codes: 0 success; 1 the input was refused (bad, corrupt or wrong-base file: an ArcError; an
+output that exists, without --force, or that is one of the inputs; or an operating-system error on a
+file: ``arcfmt: error (io): cannot read|write PATH: reason``); 2 usage error; 3 unexpected internal
+error (a bug: please report it with --debug output).
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -26,8 +29,15 @@ EPILOG = """examples:
   arcfmt publish s3://bucket/run42 --step 17 --shard 3/8 ckpt/step0017/model-00004-of-00008.safetensors
   arcfmt follow s3://bucket/run42 --into /models/run42 [--tensors 'model.layers.*.mlp.*'] [--once|--until STEP]
 
-exit codes: 0 ok, 1 input refused (corrupt, truncated, wrong base, ...), 2 usage, 3 internal error
+Commands that write a file refuse one that exists unless --force, and always one of their inputs.
+
+exit codes: 0 ok, 1 input refused (corrupt, truncated, wrong base, an existing output, ...) or an
+OS error on a file ("error (io): cannot read|write PATH: reason"), 2 usage, 3 internal error
 """
+
+
+FORCE_HELP = ("replace OUTPUT if it exists (atomically, keeping its mode; a symbolic link is replaced "
+              "itself, never written through); an output that is one of the inputs is refused even so")
 
 
 class UsageError(Exception):
@@ -58,6 +68,7 @@ def _fmt_bytes(n: int) -> str:
 
 def cmd_encode(args) -> int:
     from .checkpoint import encode_checkpoints
+    from .outputs import check_output, check_readable
     from .safetensors_io import open_checkpoint
 
     if args.keyframe:
@@ -70,13 +81,17 @@ def cmd_encode(args) -> int:
         base, target = args.paths
     base_step = args.base_step if args.base_step is not None else _step_of(base)
     target_step = args.target_step if args.target_step is not None else _step_of(target)
+    for p in (target, base):
+        if p is not None:
+            check_readable(p)
+    check_output(args.output, [base, target], args.force)  # before minutes of reading; again when writing
     total = open_checkpoint(target).nbytes
     update, close = _progress(total, "encode", args.progress)
     t0 = time.perf_counter()
     try:
         w = encode_checkpoints(base, target, args.output, base_step=base_step, target_step=target_step,
                                block_elems=args.block_elems, effort=args.effort, workers=args.workers,
-                               keyframe=args.keyframe, progress=update)
+                               keyframe=args.keyframe, progress=update, force=args.force)
     finally:
         close()
     dt = time.perf_counter() - t0
@@ -163,15 +178,17 @@ def cmd_inspect(args) -> int:
 
 def cmd_report(args) -> int:
     from .checkpoint import _atomic_file
-    from .errors import InputError
+    from .outputs import check_output, check_readable
     from .report import render_html, report_figures
 
+    for p in (args.delta, args.base):
+        if p is not None:
+            check_readable(p)
+    check_output(args.output, [args.delta, args.base], args.force)
     fig = report_figures(args.delta, args.base)
     page = render_html(fig).encode("utf-8")
-    try:
-        _atomic_file(args.output, lambda f: f.write(page))  # temp file beside it, fsync, os.replace
-    except OSError as exc:
-        raise InputError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    # a temp file beside it, fsync, rename; OS errors name args.output (FileAccessError, category io)
+    _atomic_file(args.output, lambda f: f.write(page), overwrite=args.force)
     if args.json:
         print(json.dumps(fig))
     else:
@@ -183,7 +200,23 @@ def cmd_report(args) -> int:
 
 def cmd_demo(args) -> int:
     from .demo import run_demo
+    from .errors import InputError, os_error
 
+    if args.dir is not None:
+        # what run_demo writes there: refuse to replace it unless --force, and never follow a link there
+        names = ("step0000", "step0001", "step0001.arc", "rebuilt-step0001")
+        there = [n for n in names if os.path.lexists(os.path.join(args.dir, n))]
+        if there and not args.force:
+            raise InputError(f"{args.dir} already holds {', '.join(there)}; use --force to replace them")
+        for n in there:  # --force: start afresh (rmtree and unlink remove links, never what they point to)
+            p = os.path.join(args.dir, n)
+            try:
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p)
+                else:
+                    os.unlink(p)
+            except OSError as exc:
+                raise os_error(exc, "write", exc.filename or p) from None
     res = run_demo(args.dir, seed=args.seed)
     if args.json:
         print(json.dumps(res))
@@ -317,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Runs the main job on a built-in example (seeded, ~4 MB).")
     d.add_argument("--dir", help="keep the example files here (default: a temporary folder)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--force", action="store_true", help="replace the demo's files already in --dir")
     common(d)
     d.set_defaults(func=cmd_demo)
 
@@ -326,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("paths", nargs="+", metavar="BASE TARGET")
     e.add_argument("-o", "--output", required=True, help="the .arc file to write (atomically)")
+    e.add_argument("--force", action="store_true", help=FORCE_HELP)
     e.add_argument("--keyframe", action="store_true", help="full lossless snapshot of TARGET, needs no base")
     e.add_argument("--base-step", type=int, help="step id of the base (default: from a 'stepNNN' name)")
     e.add_argument("--target-step", type=int, help="step id of the target (default: from a 'stepNNN' name)")
@@ -368,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("delta", metavar="DELTA")
     r.add_argument("--base", metavar="BASE", help="the base checkpoint: a .safetensors file or a folder of shards")
     r.add_argument("-o", "--output", required=True, help="the .html file to write (atomically)")
+    r.add_argument("--force", action="store_true", help=FORCE_HELP)
     common(r)
     r.set_defaults(func=cmd_report)
 
@@ -427,6 +463,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error_text(exc: OSError, args) -> str:
+    """``cannot read|write PATH: reason`` for an OSError that no command turned into an ArcError: the
+    path the user gave, never a temporary file beside it."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    path = exc.filename
+    if path is None:
+        return reason
+    path = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    verb = "access"
+    name = os.path.basename(path)
+    if name.startswith(".arcfmt-"):  # built beside the user's path: .arcfmt-tmp-PID-HEX-NAME, .arcfmt-old-NAME
+        verb = "write"
+        parts = name[len(".arcfmt-tmp-"):].split("-", 2)
+        if name.startswith(".arcfmt-tmp-") and len(parts) == 3 and parts[2]:
+            path = os.path.join(os.path.dirname(path), parts[2])
+        elif name.startswith(".arcfmt-old-") and len(name) > len(".arcfmt-old-"):
+            path = os.path.join(os.path.dirname(path), name[len(".arcfmt-old-"):])
+        else:
+            path = os.path.dirname(path) or "."
+    writes = [getattr(args, k, None) for k in ("output", "into", "dir", "state")]
+    if getattr(args, "in_place", False):
+        writes.append(getattr(args, "base", None))
+    reads = [getattr(args, k, None) for k in ("paths", "base", "delta", "checkpoint")]
+    reads = [q for r in reads for q in (r if isinstance(r, list) else [r])]
+
+    def among(paths):
+        """The user's spelling of ``path`` if it is one of ``paths`` (or inside one), else None."""
+        full = os.path.abspath(path)
+        for q in paths:
+            if isinstance(q, str) and q:
+                fq = os.path.abspath(q)
+                if full == fq:
+                    return q
+                if full.startswith(fq.rstrip(os.sep) + os.sep):
+                    return path
+        return None
+
+    for kind, paths in (("write", writes), ("read", reads)):
+        user = among(paths)
+        if user is not None:
+            path = user
+            verb = kind if verb == "access" else verb
+            break
+    return f"cannot {verb} {path}: {reason}"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -445,6 +527,11 @@ def main(argv=None) -> int:
         return 130
     except SystemExit:
         raise
+    except OSError as exc:  # the operating system refused a file: the user's to fix, not a bug
+        if args.debug:
+            raise
+        print(f"arcfmt: error (io): {_os_error_text(exc, args)}", file=sys.stderr)
+        return 1
     except Exception as exc:  # a bug, not bad input
         if args.debug:
             raise

@@ -77,6 +77,15 @@ class SafetensorsError(InputError):
     category = "safetensors"
 
 
+class MissingTensorError(InputError, KeyError):
+    """A tensor the caller named is not in the file (also a ``KeyError``, as for a mapping)."""
+
+    category = "input"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class FileAccessError(InputError):
     """The operating system refused to read or write a path the caller named (missing, no permission,
     disk full, read-only): the user's problem to fix, never an internal error."""
@@ -93,5 +102,5 @@ def os_error(exc: OSError, verb: str, path) -> FileAccessError:
 ALL_ERRORS = [
     ArcError, FormatError, BadMagicError, UnsupportedVersionError, TruncatedError, ChecksumError,
     ReservedBitsError, LimitError, UnknownRecordError, UnsupportedError, CorruptError, WrongBaseError,
-    VerificationError, InputError, SafetensorsError, FileAccessError,
+    VerificationError, InputError, SafetensorsError, FileAccessError, MissingTensorError,
 ]

@@ -5,22 +5,19 @@ Parsing never touches I/O directly: everything goes through a ``ByteSource`` (``
 """
 from __future__ import annotations
 
+import functools
+import io
 import os
 import threading
-from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import layout as L, records, transforms
-import xxhash
-
-from .arrays import as_uint, release
+from . import layout as L, pipeline, records, transforms
 from .errors import (
-    ArcError, CorruptError, InputError, LimitError, TruncatedError, VerificationError, WrongBaseError,
+    CorruptError, InputError, MissingTensorError, TruncatedError,
 )
-from .integrity import model_digest, tensor_hash
-from .parallel import run_jobs
 
 
 # --------------------------------------------------------------------------------------- sources
@@ -72,48 +69,6 @@ def open_source(obj):
     raise InputError(f"cannot read an arcfmt file from {type(obj).__name__}")
 
 
-# --------------------------------------------------------------------------------------- memory
-
-def physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
-
-
-def allocate_all(headers: list, budget: list) -> list:
-    """Output buffers for several tensors, each refused (LimitError) past the caller's budget.
-
-    They are 64-byte aligned views into one allocation: the kernel maps (and zeroes) one region, with
-    huge pages where it can, instead of one per tensor — page faults are a large share of decoding.
-    """
-    need, offsets, total, used = [], [], 0, 0  # used: tensor bytes, counted against the budget
-    for th in headers:
-        n = th.size * th.dtype.itemsize
-        if n > budget[0] - used:
-            raise LimitError(f"tensor {th.name!r} needs {n} bytes of output, more than the {budget[0] - used} "
-                             f"left of this decoder's output budget (max_output_bytes)")
-        offsets.append(total)
-        need.append(n)
-        used += n
-        total += n + (-n % 64)  # alignment padding is not output
-    try:
-        arena = np.empty(max(total, 1), np.uint8)
-    except MemoryError:
-        raise LimitError(f"cannot allocate {total} bytes of output") from None
-    budget[0] -= used
-    return [arena[o:o + n].view(th.dtype.uint) for th, o, n in zip(headers, offsets, need)]
-
-
-def allocate(th: records.TensorHeader, budget: list) -> np.ndarray:
-    """The output buffer of a tensor, refused (LimitError) when it would exceed the caller's memory budget.
-
-    A file can declare tensors far larger than itself (unchanged or highly compressible blocks), so the
-    bound is the memory the caller allows, never what the file says (SPEC.md §17).
-    """
-    return allocate_all([th], budget)[0]
-
-
 # --------------------------------------------------------------------------------------- reader
 
 @dataclass
@@ -127,7 +82,7 @@ class DeltaReader:
 
     def __init__(self, source, *, workers: int | None = None, max_output_bytes: int | None = None):
         self.source = open_source(source)
-        self.max_output_bytes = physical_memory() if max_output_bytes is None else max_output_bytes
+        self.max_output_bytes = max_output_bytes
         self.workers = workers or min(8, os.cpu_count() or 1)
         size = self.source.size
         if size < L.HEADER_SIZE:
@@ -209,7 +164,7 @@ class DeltaReader:
         try:
             return self.entries[name]
         except KeyError:
-            raise KeyError(f"no tensor {name!r} in this file") from None
+            raise MissingTensorError(f"no tensor {name!r} in this file") from None
 
     def load_block(self, name: str, b: int) -> LoadedBlock:
         e = self._entry(name)
@@ -220,88 +175,74 @@ class DeltaReader:
         info = records.parse_block(payload, th, self._ordinal[name], b, where, ref.encoding)
         return LoadedBlock(info, payload)
 
-    # -- decoding
+    # -- decoding (every path goes through arcfmt.pipeline)
     def check_base(self, name: str, base) -> np.ndarray | None:
         """The base tensor's unsigned flat view, after checking it is the one the file names."""
-        th = self.header(name)
-        if not th.needs_base:
-            return None
-        if base is None:
-            raise WrongBaseError(f"tensor {name!r} needs its base, which was not given")
-        dt, shape, u = as_uint(base)
-        if dt is not th.dtype or tuple(shape) != th.shape:
-            raise WrongBaseError(f"base tensor {name!r} is {dt.name}{list(shape)}, the file expects "
-                                 f"{th.dtype.name}{list(th.shape)}")
-        if tensor_hash(u) != th.base_hash:
-            raise WrongBaseError(f"base tensor {name!r} does not match the base this delta was made from "
-                                 f"(hash {tensor_hash(u):016x}, expected {th.base_hash:016x})")
-        return u
+        return pipeline.check_base(self.header(name), base)
 
-    def decode_block_into(self, name: str, b: int, base_u, out: np.ndarray) -> None:
-        """Decode block ``b`` of a tensor into the matching slice of the flat ``out``."""
-        s, e = self.header(name).block_range(b)
-        self.decode_block_into_buffer(name, b, None if base_u is None else base_u[s:e], out[s:e])
-
-    def decode_block_into_buffer(self, name: str, b: int, base_block, out_block: np.ndarray) -> None:
-        """Decode block ``b`` given only that block of the base, into a block-sized buffer."""
+    def item(self, name: str, base_u) -> pipeline.Item:
+        """The pipeline item of one tensor (``base_u`` from :meth:`check_base`)."""
         th = self.header(name)
+        refs = self._entry(name).blocks
+        return pipeline.Item(th, base_u, [functools.partial(self._load, name, b) for b in range(th.block_count)],
+                             [r.encoding for r in refs])
+
+    def _load(self, name: str, b: int):
         lb = self.load_block(name, b)
-        s, e = th.block_range(b)
-        where = f"tensor {name!r} block {b}"
-        streams = records.decode_block_streams(lb.payload, lb.info, where)
-        try:
-            transforms.decode_block(th.dtype, lb.info.encoding, lb.info.params, streams, e - s, base_block, out_block)
-        except ArcError as exc:
-            raise type(exc)(f"{where}: {exc}") from None
+        return lb.info, lb.payload
 
-    def _decode_verify_block(self, name: str, b: int, base_u, out: np.ndarray) -> None:
-        """Decode a block; a tensor of one block is verified right away, in the same thread."""
-        self.decode_block_into(name, b, base_u, out)
-        if self.header(name).block_count == 1:
-            self.verify_tensor(name, out)
+    def selection(self, base, names=None, *, workers: int = 1) -> tuple[list, dict, bool]:
+        """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
+        header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
+        (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
+        and a memory map's page faults run outside the GIL); the first failure in file order wins."""
+        wanted = self.names if names is None else list(dict.fromkeys(names))
+        for n in wanted:
+            self._entry(n)
+            self.header(n)
+        base = {} if base is None else base
+        args = [(self.header(n), base.get(n) if self.header(n).needs_base else None) for n in wanted]
+        if workers > 1 and len(wanted) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="arcfmt-check") as pool:
+                jobs = [pool.submit(pipeline.check_base, *a) for a in args]
+                try:
+                    bases = {n: j.result() for n, j in zip(wanted, jobs)}
+                finally:
+                    for j in jobs:
+                        j.cancel()
+        else:
+            bases = {n: pipeline.check_base(*a) for n, a in zip(wanted, args)}
+        whole = set(wanted) == set(self.names)
+        if whole:
+            self.check_digests()
+        return wanted, bases, whole
 
-    def verify_tensor(self, name: str, out: np.ndarray) -> None:
-        if tensor_hash(out) != self.header(name).target_hash:
-            raise VerificationError(f"tensor {name!r}: reconstructed bytes do not match the target hash")
+    def check_digests(self) -> None:
+        """§12.3 step 4, from the tensor headers (see :func:`arcfmt.pipeline.check_digests`)."""
+        pipeline.check_digests([self.header(n) for n in self.names], self.index)
 
-    def decode_tensor(self, name: str, base_u: np.ndarray | None, out: np.ndarray | None = None,
-                      pool=None) -> np.ndarray:
-        """Rebuild and verify one tensor as a flat unsigned view (``out`` may be ``base_u``: in place).
+    def output_budget(self, headers) -> int:
+        """Bytes of output this reader may allocate for ``headers``: ``max_output_bytes`` when the
+        caller gave it; by default the tensors backed by a base of the same size (the caller holds
+        that much already) plus a bound scaled to the file (:func:`pipeline.default_output_budget`)."""
+        if self.max_output_bytes is not None:
+            return self.max_output_bytes
+        backed = sum(h.size * h.dtype.itemsize for h in headers if h.needs_base)
+        return backed + pipeline.default_output_budget(self.source.size)
 
-        ``base_u`` must come from :meth:`check_base`. Blocks are decoded in parallel when a pool is
-        given, hashed in order as they complete, and — for memory-mapped inputs and outputs — their
-        pages are released as soon as they are done, so a tensor larger than RAM streams through.
+    def decode_tensor(self, name: str, base_u: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+        """Rebuild and verify one tensor as a flat unsigned view, into ``out`` when given.
+
+        ``base_u`` must come from :meth:`check_base`. ``out`` is written before the tensor is
+        verified: give a buffer nobody reads until this returns (for live arrays use
+        :func:`arcfmt.apply_in_place`, which stages).
         """
         th = self.header(name)
         if out is None:
-            out = allocate(th, [self.max_output_bytes])
-        h = xxhash.xxh3_64()
-        window = max(2, 2 * self.workers)
-        pending = deque()
-
-        def finish(b):
-            s, e = th.block_range(b)
-            h.update(memoryview(out[s:e]).cast("B"))
-            release(out[s:e])
-            if base_u is not None and base_u is not out:
-                release(base_u[s:e])
-
-        for b in range(th.block_count):
-            if pool is None or th.block_count == 1:
-                self.decode_block_into(name, b, base_u, out)
-                finish(b)
-                continue
-            pending.append((b, pool.submit(self.decode_block_into, name, b, base_u, out)))
-            while len(pending) >= window:
-                pb, f = pending.popleft()
-                f.result()
-                finish(pb)
-        while pending:
-            pb, f = pending.popleft()
-            f.result()
-            finish(pb)
-        if h.intdigest() != th.target_hash:
-            raise VerificationError(f"tensor {name!r}: reconstructed bytes do not match the target hash")
+            out = pipeline.allocate_all([th], [self.output_budget([th])])[0]
+        sink = _IntoSink(out)
+        for _ in pipeline.run([self.item(name, base_u)], sink, workers=self.workers):
+            pass
         return out
 
     def to_array(self, name: str, flat_u: np.ndarray) -> np.ndarray:
@@ -311,41 +252,15 @@ class DeltaReader:
     def decode_all(self, base, names=None) -> dict:
         """Rebuild the tensors (all, or ``names``) against ``base`` (a mapping); every check of SPEC §12.3.
 
-        All base tensors are checked before any block is decoded; blocks decode in parallel threads.
+        All base tensors (and, for the whole file, the digests) are checked before any block is
+        decoded; blocks decode in parallel threads.
         """
-        wanted = self.names if names is None else list(names)
-        bases = {n: self.check_base(n, base.get(n) if self.header(n).needs_base else None) for n in wanted}
-        budget = [self.max_output_bytes]
-        outs = dict(zip(wanted, allocate_all([self.header(n) for n in wanted], budget)))
-        # largest first, so the threads finish together
-        order = sorted(wanted, key=lambda n: -self.header(n).size)
-        jobs = [(self._decode_verify_block, n, b, bases[n], outs[n])
-                for n in order for b in range(self.header(n).block_count)]
-        run_jobs(jobs, self.workers, elems=[self.header(job[1]).block_len(job[2]) for job in jobs])
-        run_jobs([(self.verify_tensor, n, outs[n]) for n in order if self.header(n).block_count > 1], self.workers)
-        result = {n: self.to_array(n, outs[n]) for n in wanted}
-        if names is None:
-            self.check_target_digest(result)
-            self.check_base_digest()
-        return result
-
-    def check_target_digest(self, tensors: dict) -> None:
-        entries = []
-        for n, a in tensors.items():
-            th = self.header(n)
-            entries.append((n.encode("utf-8"), th.dtype.code, th.shape, th.target_hash))
-        if model_digest(entries) != self.index.target_digest:
-            raise VerificationError("the rebuilt model does not match the target digest in the index")
-
-    def check_base_digest(self) -> None:
-        entries = []
-        for n in self.names:
-            th = self.header(n)
-            if th.needs_base:
-                entries.append((n.encode("utf-8"), th.dtype.code, th.shape, th.base_hash))
-        expect = model_digest(entries) if entries else bytes(16)
-        if expect != self.index.base_digest:
-            raise CorruptError("the base digest in the index does not match the tensors' base hashes")
+        wanted, bases, _ = self.selection(base, names)
+        headers = [self.header(n) for n in wanted]
+        sink = pipeline.ArraySink(self.output_budget(headers), headers)
+        order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together
+        done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers))
+        return {n: done[n] for n in wanted}
 
     # -- description
     def describe(self) -> dict:
@@ -390,12 +305,23 @@ class StreamReader:
 
     def __init__(self, fileobj, base=None, *, max_output_bytes: int | None = None):
         self._f = fileobj
-        self._budget = physical_memory() if max_output_bytes is None else max_output_bytes
+        self._explicit_budget = max_output_bytes
         self._base = {} if base is None else base
         self._pos = 0
         self.meta = None
         self.index = None
         self.version = None
+
+    def _default_budget(self) -> int:
+        """Output allowed beyond what bases back: scaled to the file when its size can be learnt."""
+        size = None
+        try:
+            size = os.fstat(self._f.fileno()).st_size
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            getbuffer = getattr(self._f, "getbuffer", None)
+            if getbuffer is not None:
+                size = getbuffer().nbytes
+        return pipeline.DEFAULT_MIN_OUTPUT if not size else pipeline.default_output_budget(size)
 
     def _read(self, n: int, what: str) -> bytes:
         chunks = []
@@ -419,6 +345,35 @@ class StreamReader:
         return offset, head, payload
 
     def __iter__(self):
+        budget = pipeline.ArraySink(self._default_budget() if self._explicit_budget is None
+                                    else self._explicit_budget)
+        self._backed = self._explicit_budget is None
+        yield from pipeline.run(self._items(budget), budget)
+
+    def _critical(self):
+        """The next critical record (ancillary ones are noted and skipped, §12.2 step 2)."""
+        while True:
+            offset, head, payload = self._record()
+            if head.critical:
+                if head.type == L.META:
+                    raise CorruptError(f"second META record at offset {offset}")
+                return offset, head, payload
+            self._others.append(records.OtherRecord(offset, head.length + L.RECORD_HEADER_SIZE, head.type))
+
+    def _blocks(self, th, entry, ordinal):
+        """Loaders of a tensor's blocks, each read from the stream when the pipeline asks for it."""
+        for b in range(th.block_count):
+            offset, head, payload = self._critical()
+            if head.type != L.BLCK:
+                raise CorruptError(f"record {head.type.decode()} at offset {offset}: tensor {th.name!r} "
+                                   f"still needs blocks {b}..{th.block_count - 1}")
+            where = f"BLCK at offset {offset} (tensor {th.name!r} block {b})"
+            info = records.parse_block(payload, th, ordinal, b, where)
+            entry.blocks.append(records.BlockRef(offset, head.length + L.RECORD_HEADER_SIZE, head.checksum,
+                                                 info.encoding))
+            yield functools.partial(tuple, (info, payload))
+
+    def _items(self, sink):
         head = self._f.read(L.HEADER_SIZE)
         while 0 < len(head) < L.HEADER_SIZE:
             more = self._f.read(L.HEADER_SIZE - len(head))
@@ -432,55 +387,29 @@ class StreamReader:
             raise CorruptError(f"first record at offset {offset} is {head.type!r}, not META")
         self.meta = records.parse_meta(payload)
         seen = []          # IndexEntry per tensor, as found
+        headers = []
         names = set()
-        current = None     # (TensorHeader, base_u, out, next block)
-        others = []        # ancillary records seen
-        target_entries = []
-        base_hashes = []
+        self._others = []  # ancillary records seen
         while True:
-            offset, head, payload = self._record()
-            if not head.critical:
-                others.append(records.OtherRecord(offset, head.length + 16, head.type))
-                continue
-            if head.type == L.META:
-                raise CorruptError(f"second META record at offset {offset}")
-            if current is not None and head.type != L.BLCK:
-                th = current[0]
-                raise CorruptError(f"record {head.type.decode()} at offset {offset}: tensor {th.name!r} "
-                                   f"still needs blocks {current[3]}..{th.block_count - 1}")
-            if head.type == L.TENS:
-                th = records.parse_tensor(payload, f"TENS at offset {offset}")
-                raw = th.name.encode("utf-8")
-                if raw in names:
-                    raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")
-                names.add(raw)
-                seen.append(records.IndexEntry(th.name, offset, head.length + 16, head.checksum, []))
-                target_entries.append((raw, th.dtype.code, th.shape, th.target_hash))
-                base_hashes.append(th.base_hash)
-                base_u = self._check_base(th)
-                out = allocate(th, [self._budget])
-                current = (th, base_u, out, 0)
-                if th.block_count == 0:
-                    yield self._finish(current)
-                    current = None
-            elif head.type == L.BLCK:
-                if current is None:
-                    raise CorruptError(f"BLCK at offset {offset} before any TENS record")
-                th, base_u, out, b = current
-                where = f"BLCK at offset {offset} (tensor {th.name!r} block {b})"
-                info = records.parse_block(payload, th, len(seen) - 1, b, where)
-                seen[-1].blocks.append(records.BlockRef(offset, head.length + 16, head.checksum, info.encoding))
-                streams = records.decode_block_streams(payload, info, where)
-                s, e = th.block_range(b)
-                transforms.decode_block(th.dtype, info.encoding, info.params, streams, e - s,
-                                        None if base_u is None else base_u[s:e], out[s:e])
-                current = (th, base_u, out, b + 1)
-                if b + 1 == th.block_count:
-                    yield self._finish(current)
-                    current = None
-            elif head.type == L.INDX:
+            offset, head, payload = self._critical()
+            if head.type == L.BLCK:
+                raise CorruptError(f"BLCK at offset {offset} before any TENS record, or after its tensor's "
+                                   f"last block")
+            if head.type == L.INDX:
                 index = records.parse_index(payload, offset)
                 break
+            th = records.parse_tensor(payload, f"TENS at offset {offset}")
+            raw = th.name.encode("utf-8")
+            if raw in names:
+                raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")
+            names.add(raw)
+            entry = records.IndexEntry(th.name, offset, head.length + L.RECORD_HEADER_SIZE, head.checksum, [])
+            seen.append(entry)
+            headers.append(th)
+            base_u = pipeline.check_base(th, self._base.get(th.name) if th.needs_base else None)
+            if self._backed and th.needs_base:
+                sink.budget[0] += th.size * th.dtype.itemsize  # as large as the base the caller holds
+            yield pipeline.Item(th, base_u, self._blocks(th, entry, len(seen) - 1))
         trailer_bytes = self._read(L.TRAILER_SIZE, "the trailer")
         end = self._pos
         if self._f.read(1):
@@ -490,29 +419,17 @@ class StreamReader:
             raise CorruptError("trailer does not match the header version or the index position")
         if [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in index.entries] != \
                 [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in seen] \
-                or index.others != others:
+                or index.others != self._others:
             raise CorruptError("the index does not describe the records of the file")
-        if model_digest(target_entries) != index.target_digest:
-            raise VerificationError("the rebuilt model does not match the target digest in the index")
-        base_entries = [(n, c, sh, bh) for (n, c, sh, _), bh in zip(target_entries, base_hashes) if bh is not None]
-        if (model_digest(base_entries) if base_entries else bytes(16)) != index.base_digest:
-            raise CorruptError("the base digest in the index does not match the tensors' base hashes")
+        pipeline.check_digests(headers, index)
         self.index = index
 
-    def _check_base(self, th):
-        if not th.needs_base:
-            return None
-        base = self._base.get(th.name)
-        if base is None:
-            raise WrongBaseError(f"tensor {th.name!r} needs its base, which was not given")
-        dt, shape, u = as_uint(base)
-        if dt is not th.dtype or tuple(shape) != th.shape or tensor_hash(u) != th.base_hash:
-            raise WrongBaseError(f"base tensor {th.name!r} does not match the base this delta was made from")
-        return u
 
-    @staticmethod
-    def _finish(current):
-        th, _, out, _ = current
-        if tensor_hash(out) != th.target_hash:
-            raise VerificationError(f"tensor {th.name!r}: reconstructed bytes do not match the target hash")
-        return th.name, out.view(th.dtype.numpy).reshape(th.shape)
+class _IntoSink:
+    """The sink of :meth:`DeltaReader.decode_tensor`: one caller-given flat buffer."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def open(self, th):
+        return pipeline._ArrayTensor(th, self.out)

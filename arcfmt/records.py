@@ -9,8 +9,8 @@ import numpy as np
 from . import codecs, layout as L, transforms
 from .dtypes import DType, from_code
 from .errors import (
-    ArcError, BadMagicError, UnsupportedError, ChecksumError, CorruptError, LimitError, ReservedBitsError, TruncatedError,
-    UnknownRecordError, UnsupportedVersionError,
+    ArcError, BadMagicError, UnsupportedError, ChecksumError, CorruptError, InputError, LimitError, ReservedBitsError,
+    TruncatedError, UnknownRecordError, UnsupportedVersionError,
 )
 from .integrity import record_checksum
 
@@ -133,18 +133,72 @@ def parse_meta(payload) -> Meta:
 
 # --------------------------------------------------------------------------------------------- names
 
-def check_name(name: bytes, where: str) -> str:
+# Names a safetensors header cannot hold as a tensor: the key safetensors reserves (SPEC.md §7).
+RESERVED_NAMES = frozenset({b"__metadata__"})
+
+
+def _name_problem(name: bytes) -> tuple[type, str] | None:
+    """What is wrong with a tensor name's bytes (SPEC.md §7), as (error class, reason); None if valid."""
     if not name:
-        raise CorruptError(f"{where}: empty tensor name")
+        return CorruptError, "empty tensor name"
     if len(name) > L.MAX_NAME_BYTES:
-        raise LimitError(f"{where}: tensor name of {len(name)} bytes exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})")
+        return LimitError, f"tensor name of {len(name)} bytes exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})"
     try:
         text = name.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
-        raise CorruptError(f"{where}: tensor name is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        return CorruptError, f"tensor name is not valid UTF-8 ({exc.reason} at byte {exc.start})"
     if _CONTROL_RE.search(name):
-        raise CorruptError(f"{where}: tensor name {text!r} contains a control character")
-    return text
+        return CorruptError, f"tensor name {text!r} contains a control character"
+    if name in RESERVED_NAMES:
+        return CorruptError, f"tensor name {text!r} is reserved (a safetensors header cannot hold it)"
+    return None
+
+
+def check_name(name: bytes, where: str) -> str:
+    """A name read from a file or stream object: CorruptError / LimitError when it breaks SPEC.md §7."""
+    problem = _name_problem(name)
+    if problem is not None:
+        cls, reason = problem
+        raise cls(f"{where}: {reason}")
+    return name.decode("utf-8")
+
+
+def check_input_name(name, where: str | None = None) -> bytes:
+    """A name given by a caller (writer, encode): its UTF-8 bytes, or InputError when it is not a str or
+    breaks SPEC.md §7 (a caller's mistake, not damaged input)."""
+    at = f"{where}: " if where else ""
+    if not isinstance(name, str):
+        raise InputError(f"{at}tensor names must be str, got {type(name).__name__}")
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{at}tensor name {name!r} is not valid Unicode text "
+                         f"({exc.reason} at index {exc.start})") from None
+    problem = _name_problem(raw)
+    if problem is not None:
+        raise InputError(f"{at}{problem[1]}")
+    return raw
+
+
+def element_count(dims, where: str) -> int:
+    """The element count of a shape (SPEC.md §7): LimitError unless the product of the non-zero dims,
+    checked after every factor, stays within MAX_TENSOR_ELEMS; 0 when a dimension is 0."""
+    nonzero = 1
+    zero = False
+    for d in dims:
+        if d == 0:
+            zero = True
+            continue
+        nonzero *= d
+        if nonzero > L.MAX_TENSOR_ELEMS:
+            raise LimitError(f"{where}: the dimensions {_short_dims(dims)} multiply to more than "
+                             f"MAX_TENSOR_ELEMS ({L.MAX_TENSOR_ELEMS}), zero dimensions left out")
+    return 0 if zero else nonzero
+
+
+def _short_dims(dims) -> str:
+    dims = list(dims)
+    return str(dims) if len(dims) <= 16 else f"{dims[:16]}..."
 
 
 # --------------------------------------------------------------------------------------------- TENS
@@ -195,11 +249,7 @@ def parse_tensor(payload, where: str) -> TensorHeader:
     if t.flags & ~L.NEEDS_BASE:
         raise ReservedBitsError(f"{where}: TENS flags 0x{t.flags:02x}: reserved bits must be zero")
     dt = from_code(t.dtype)
-    n = 0 if 0 in t.dims else 1
-    for d in t.dims if n else ():
-        n *= d
-        if n > L.MAX_TENSOR_ELEMS:
-            raise LimitError(f"{where}: tensor {name!r} has more than MAX_TENSOR_ELEMS ({L.MAX_TENSOR_ELEMS}) elements")
+    element_count(t.dims, f"{where}: tensor {name!r}")
     if t.block_elems == 0:
         raise CorruptError(f"{where}: tensor {name!r} has block_elems 0")
     if t.block_elems > L.MAX_BLOCK_ELEMS:
@@ -364,7 +414,7 @@ def parse_index(payload, index_offset: int) -> Index:
     if b.name_lengths.size and int(b.name_lengths.max()) > L.MAX_NAME_BYTES:
         raise LimitError(f"{where}: a tensor name exceeds MAX_NAME_BYTES ({L.MAX_NAME_BYTES})")
     counts = b.tens_block_counts
-    if int(counts.sum(dtype=np.uint64)) != b.block_count:
+    if sum(counts.tolist()) != b.block_count:  # exact: a uint64 sum could wrap to block_count
         raise CorruptError(f"{where}: per-tensor block counts do not add up to {b.block_count}")
     if counts.size and int(counts.max()) > L.MAX_BLOCKS_PER_TENSOR:
         raise LimitError(f"{where}: a tensor has more than MAX_BLOCKS_PER_TENSOR blocks")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from . import codecs, layout as L, records, transforms
 from .arrays import as_uint, release
-from .errors import InputError
+from .errors import InputError, LimitError
 from .integrity import model_digest, tensor_hash
 from .parallel import run_jobs
 
@@ -70,6 +70,20 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
     return best[0], best[1]
 
 
+def _check_shape(name: str, shape: tuple, block_elems: int) -> None:
+    """A shape the format can carry (SPEC.md §7, §14), else InputError: the writer never produces a file
+    that a decoder must refuse (R-WRITER-LIMITS)."""
+    if len(shape) > L.MAX_DIMS:
+        raise InputError(f"tensor {name!r} has {len(shape)} dimensions, more than MAX_DIMS ({L.MAX_DIMS})")
+    try:
+        n = records.element_count(shape, f"tensor {name!r}")
+    except LimitError as exc:
+        raise InputError(str(exc)) from None
+    if -(-n // block_elems) > L.MAX_BLOCKS_PER_TENSOR:
+        raise InputError(f"tensor {name!r}: {n} elements in blocks of {block_elems} make more than "
+                         f"MAX_BLOCKS_PER_TENSOR ({L.MAX_BLOCKS_PER_TENSOR}) blocks; use larger blocks")
+
+
 class DeltaWriter:
     """Write an arcfmt file to a binary file-like object (local file, fsspec file, BytesIO).
 
@@ -131,14 +145,12 @@ class DeltaWriter:
 
     # -- tensors
     def _prepare(self, name, base, target, keyframe):
-        if not isinstance(name, str):
-            raise InputError(f"tensor names must be str, got {type(name).__name__}")
-        raw = name.encode("utf-8")
-        records.check_name(raw, "tensor name")
+        raw = records.check_input_name(name)  # InputError: a caller's name, not damaged input
         if raw in self._names:
             raise InputError(f"tensor {name!r} written twice")
-        self._names.add(raw)
         dt, shape, t = as_uint(target)
+        _check_shape(name, shape, min(self._block_elems, max(1, t.size)))
+        self._names.add(raw)
         b = None
         if base is not None and not keyframe:
             bdt, bshape, b = as_uint(base)

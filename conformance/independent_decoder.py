@@ -80,7 +80,7 @@ Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P6 S7 `time_ms` has no stated range: any integer (negative, or beyond 64 bits) is accepted.
   P7 S5 tensors entries: "a string valid as §7 says" brings §7's categories for the name (over
      MAX_NAME_BYTES UTF-8 bytes = `limit`, checked first; lone-surrogate escape, empty, control
-     character = `corrupt`); an unknown dtype name and a shape of more than 16 dims are `corrupt`
+     character, the reserved name `__metadata__` = `corrupt`); an unknown dtype name and a shape of more than 16 dims are `corrupt`
      (S2/S10), not §7's `unsupported` / `limit`; MAX_TENSOR_ELEMS is not applied (S5 does not).
   P8 S5: the 2^20 tensor-count `limit` is checked when the `tensors` field is reached (after
      step, num_shards, shard, file, target_digest, writer), before its entries.
@@ -154,6 +154,9 @@ MAX_INDEX_BYTES = 2 ** 26
 MAX_WINDOW = 2 ** 27
 MAX_XZ_MEMORY = 2 ** 27
 MAX_OTHER_RECORDS = 2 ** 20
+
+# SPEC §7: the one reserved tensor name (safetensors' header key), compared as exact bytes.
+RESERVED_NAME = b"__metadata__"
 
 # SPEC §2: code -> (name, W, kind, E, M)
 DTYPES = {
@@ -293,6 +296,8 @@ def check_name_bytes(name, what):
     for ch in text:
         if ord(ch) < 0x20 or ord(ch) == 0x7F:
             fail("corrupt", f"{what}: tensor name {text!r} contains control character U+{ord(ch):04X}")
+    if name == RESERVED_NAME:
+        fail("corrupt", f"{what}: tensor name {text!r} is the reserved name")
     return text
 
 
@@ -664,14 +669,16 @@ def parse_tens(payload, ordinal):
     if ti.dtype not in DTYPES:
         fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
     ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
-    if any(d == 0 for d in ti.dims):
-        n = 0
-    else:
-        n = 1
-        for d in ti.dims:
-            n *= d
-            if n > MAX_TENSOR_ELEMS:
-                fail("limit", f"{what}: element count exceeds MAX_TENSOR_ELEMS")
+    # The product of the non-zero dimensions, checked after every factor (so that even a 64-bit
+    # implementation never forms a product beyond the limit); 0 elements if any dimension is 0.
+    p = 1
+    for d in ti.dims:
+        if d == 0:
+            continue
+        if d > MAX_TENSOR_ELEMS // p:
+            fail("limit", f"{what}: the non-zero dimensions multiply to more than MAX_TENSOR_ELEMS")
+        p *= d
+    n = 0 if 0 in ti.dims else p
     ti.n = n
     if ti.block_elems == 0:
         fail("corrupt", f"{what}: block_elems is 0")

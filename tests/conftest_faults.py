@@ -489,14 +489,14 @@ def _arm(kill_at, local_reads: bool) -> KillPoints:
 
     from fsspec.implementations.local import LocalFileSystem
 
-    import arcfmt.store.follower as F
+    import arcfmt.staging as S
 
     kp = KillPoints(kill_at)
     _ARMED.append(kp)
     for name in ("fsync", "rename", "replace", "link", "unlink"):
         kp.watch(os, name)
     kp.watch(shutil, "rmtree")
-    kp.watch(F, "_exchange_dirs")
+    kp.watch(S, "exchange_dirs")
     if local_reads:
         kp.watch(LocalFileSystem, "cat_file")
         kp.watch(LocalFileSystem, "cat_ranges")

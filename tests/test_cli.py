@@ -59,6 +59,30 @@ def test_keyframe(ckpts, tmp_path):
         assert (tmp_path / "out" / n).read_bytes() == (ckpts / "step0008" / n).read_bytes()
 
 
+def test_encode_never_replaces_its_base(ckpts, tmp_path):
+    """`arcfmt encode base target -o base` used to replace the base with the delta and exit 0."""
+    base = tmp_path / "step0007.safetensors"
+    base.write_bytes((ckpts / "step0007" / "model-00001-of-00002.safetensors").read_bytes())
+    before = base.read_bytes()
+    target = tmp_path / "step0008.safetensors"
+    target.write_bytes((ckpts / "step0008" / "model-00001-of-00002.safetensors").read_bytes())
+    for extra in ((), ("--force",)):
+        p = run("encode", base, target, "-o", base, *extra, check_rc=1)
+        assert p.stderr == (f"arcfmt: error (input): {base} is one of the inputs: refusing to overwrite "
+                            "an input (even with --force)\n")
+        p = run("encode", ckpts / "step0007", ckpts / "step0008", "-o",
+                ckpts / "step0007" / "model-00002-of-00002.safetensors", *extra, check_rc=1)
+        assert "refusing to overwrite an input" in p.stderr and p.stderr.count("\n") == 1
+    assert base.read_bytes() == before and sorted(os.listdir(tmp_path)) == [base.name, target.name]
+    delta = tmp_path / "d.arc"
+    run("encode", base, target, "-o", delta, check_rc=0)
+    p = run("encode", base, target, "-o", delta, check_rc=1)
+    assert p.stderr == f"arcfmt: error (input): {delta} already exists; use --force to replace it\n"
+    run("encode", base, target, "-o", delta, "--force", check_rc=0)
+    p = run("encode", tmp_path / "nope", target, "-o", tmp_path / "e.arc", check_rc=1)
+    assert p.stderr == f"arcfmt: error (io): cannot read {tmp_path / 'nope'}: No such file or directory\n"
+
+
 def test_errors_are_one_line_with_exit_codes(ckpts, tmp_path):
     delta = tmp_path / "s.arc"
     run("encode", ckpts / "step0007", ckpts / "step0008", "-o", delta, check_rc=0)
@@ -76,4 +100,5 @@ def test_errors_are_one_line_with_exit_codes(ckpts, tmp_path):
     run("apply", ckpts / "step0007", delta, check_rc=2)  # neither -o nor --in-place
     run("frobnicate", check_rc=2)
     p = run("--help", check_rc=0)
-    assert "examples:" in p.stdout and "exit codes" in p.stdout
+    assert "examples:" in p.stdout and "exit codes" in p.stdout and "--force" in p.stdout
+    assert "--force" in run("encode", "--help", check_rc=0).stdout

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -335,7 +336,7 @@ def test_publisher_killed_while_saving_its_state_can_move_on(kind, request, tmp_
 
 # ================================================================================= killed followers
 
-EXCHANGE = "arcfmt.store.follower._exchange_dirs"
+EXCHANGE = "arcfmt.staging.exchange_dirs"
 
 
 def follower_points(names, local) -> list:
@@ -386,6 +387,10 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
     publish(0)
     control.sync()
     follower("f").sync()
+    # private weights: the folder and its files keep their modes through every swap and every kill
+    os.chmod(into, 0o700)
+    for n in os.listdir(into):
+        os.chmod(into / n, 0o600)
 
     def child(kill_at=None):
         return zygote.spawn("follow", url=st.url, so=child_so, into=str(into), chunk_size=CHUNK, concurrency=2,
@@ -444,6 +449,8 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
         assert folder_step(into) == s
         assert_folder(into, traj[s])
         assert not leftovers(into), leftovers(into)
+        assert stat.S_IMODE(os.stat(into).st_mode) == 0o700, (how, k)
+        assert {stat.S_IMODE(os.stat(into / n).st_mode) for n in os.listdir(into)} == {0o600}, (how, k)
     assert seen["old"] and seen["new"] and seen["resumed"], seen
 
 

@@ -31,7 +31,7 @@ import zstandard
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from arcfmt import DeltaWriter, layout as L, records  # noqa: E402
-from arcfmt.integrity import record_checksum  # noqa: E402
+from arcfmt.integrity import model_digest, record_checksum  # noqa: E402
 from arcfmt.safetensors_io import write_file  # noqa: E402
 from arcfmt.planes import bytes_for, from_planes, ungap  # noqa: E402
 
@@ -247,8 +247,8 @@ def valid_vectors():
       block_elems=100)
     y("y_empty_tensor", "a tensor with a zero dimension: no blocks", ["7"], {"e": np.zeros((0, 5), BF16)},
       {"e": np.zeros((0, 5), BF16)})
-    y("y_zero_dim_after_huge_dim", "dims [2^41, 0]: a zero dimension makes 0 elements", ["7"], None,
-      {"z": np.zeros((1 << 41, 0), np.float32)})
+    y("y_zero_dim_at_elems_limit", "dims [2^20, 0, 2^20]: 0 elements; the non-zero dims multiply to exactly "
+      "MAX_TENSOR_ELEMS", ["7", "14"], None, {"z": np.zeros((1 << 20, 0, 1 << 20), np.float32)})
     y("y_scalar", "0-d tensors", ["7"], {"s": np.array(1.5, np.float32), "i": np.array(3, np.int64)},
       {"s": np.array(-1.5, np.float32), "i": np.array(3, np.int64)})
     b1, t1 = rl_step(11, (20, 20))
@@ -359,6 +359,29 @@ def ctx_valid_vectors():
     y("y_ctx_all_changed_sign_flips", "every element changes sign: steps cross zero", {"x": b}, {"x": t},
       force_encoding="ctx-delta")
     return V
+
+
+def empty_with_dims(dims) -> bytes:
+    """A one-tensor file whose tensor (F32, no base, no blocks) declares ``dims``: TENS record and target
+    digest rewritten, so the shape is the file's only fault."""
+    p = split(write_delta(None, {"e": np.zeros((0, 5), np.float32)}))
+    i = next(i for i, r in enumerate(p.recs) if r.type == L.TENS)
+    th = records.parse_tensor(p.recs[i].payload, "")
+    p.recs[i].payload = tens_payload(b"e", th.dtype.code, dims, th.block_elems, 0, target_hash=th.target_hash)
+    p.index.target_digest = model_digest([(b"e", th.dtype.code, tuple(dims), th.target_hash)])
+    return assemble(p)
+
+
+def renamed_keyframe(name: bytes) -> bytes:
+    """A one-tensor keyframe file (no base) whose tensor is renamed to ``name`` in its TENS record and the
+    index, with the target digest to match: the name is the file's only fault."""
+    p = split(write_delta(None, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}))
+    i = next(i for i, r in enumerate(p.recs) if r.type == L.TENS)
+    th = records.parse_tensor(p.recs[i].payload, "")
+    p.recs[i].payload = tens_payload(name, th.dtype.code, th.shape, th.block_elems, 0, target_hash=th.target_hash)
+    p.recs[i].name = name.decode("utf-8")
+    p.index.target_digest = model_digest([(name, th.dtype.code, th.shape, th.target_hash)])
+    return assemble(p)
 
 
 def reject_vectors():
@@ -480,6 +503,18 @@ def reject_vectors():
       mod(tens_edit(lambda th: tp(th, dims=(1 << 21, 1 << 20)))), "limit")
     n("n_limit_blocks_per_tensor", "2^25 blocks in one tensor", ["7", "14"],
       mod(tens_edit(lambda th: tp(th, dims=(1 << 25,), block_elems=1))), "limit")
+    # Shapes whose only fault is the element limit: an empty keyframe tensor (no base, no blocks) given
+    # other dims, with the index digest made to match, so that a decoder without the check accepts it.
+    for vname, dims, desc in (
+            ("n_limit_zero_dim_huge_dim", (0, 1 << 41), "dims [0, 2^41]: no elements, but the non-zero dims "
+                                                         "exceed MAX_TENSOR_ELEMS"),
+            ("n_limit_zero_dim_after_huge_dim", (1 << 41, 0), "dims [2^41, 0]: the zero dim comes last"),
+            ("n_limit_zero_dim_max_varint", (0, (1 << 64) - 1), "dims [0, 2^64-1]: the largest varint after a 0"),
+            ("n_limit_zero_dim_elems_wrap", (0, 1 << 32, 1 << 32), "dims [0, 2^32, 2^32]: the non-zero dims "
+                                                                    "multiply to 2^64, which wraps to 0 in 64 bits"),
+            ("n_limit_tensor_elems_wrap", (1 << 32, 1 << 32), "dims [2^32, 2^32]: 2^64 elements, which wraps to 0 "
+                                                              "in 64 bits")):
+        n(vname, desc, ["7", "14"], empty_with_dims(dims), "limit", base_={})
 
     def big_record(p):
         i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
@@ -666,6 +701,8 @@ def reject_vectors():
     n("n_name_control_char", "a name with a newline", ["7", "17"],
       mod(tens_edit(lambda th: tp(th, name=b"w\n"))), "corrupt")
     n("n_name_empty", "an empty name", ["7"], mod(tens_edit(lambda th: tp(th, name=b""))), "corrupt")
+    n("n_name_reserved", "a tensor named __metadata__ (safetensors' reserved key), in its TENS record and the "
+      "index; no base, digest consistent", ["7", "10", "19"], renamed_keyframe(b"__metadata__"), "corrupt", base_={})
 
     def nonminimal(p):
         th = records.parse_tensor(p.recs[tens_i].payload, "")
@@ -859,8 +896,8 @@ def reject_vectors():
                     "index cannot tile the file from offset 52)", ["5", "10", "12.2"], base, mod(critical_first),
                     error="unknown_record", errors={"random": "corrupt"}))
 
-    def body_edit(fn):
-        p = split(good)
+    def body_edit(fn, src=good):
+        p = split(src)
         d = dict(_index_dict_of(p))
         fn(d)
         body = L.IndexBody.build(d)
@@ -876,6 +913,12 @@ def reject_vectors():
         d["tens_block_counts"] = c
     n("n_index_block_counts", "per-tensor block counts that do not sum to block_count", ["10"],
       body_edit(counts_off), "corrupt")
+
+    def counts_wrap(d):
+        d["tens_block_counts"] = [c + (1 << 63) for c in d["tens_block_counts"]]
+    n("n_index_block_counts_wrap", "block counts, each 2^63 too large, whose sum wraps to block_count in 64 bits "
+      "(a 64-bit sum would then report limit)", ["10"], body_edit(counts_wrap, two), "corrupt",
+      base_={"a": b, "b": b})
 
     def size_small(d):
         z = list(d["blk_sizes"])
@@ -1247,12 +1290,12 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_ctx_mag_width_*", ["R-CTX-PARAMS"]), ("n_ctx_*_padding", ["R-BIT-PADDING"]),
     ("n_ctx_quotient_extra_code", ["R-CTX-QUOTIENTS"]), ("n_ctx_quotient_unterminated", ["R-CTX-QUOTIENTS"]),
     ("n_ctx_rank_beyond_class", ["R-CTX-RANK"]), ("n_ctx_position_beyond_block", ["R-CTX-RANK"]),
-    ("n_ctx_step_out_of_range", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH"]),
+    ("n_ctx_step_out_of_range", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
     ("n_ctx_on_f64", ["R-ENCODING"]),
     ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
     ("y_keyframe_*", ["R-KEYFRAME", "R-DTYPE"]), ("y_unchanged", ["R-UNCHANGED"]),
     ("y_codec_raw", ["R-RAW"]), ("y_codec_zstd", ["R-ZSTD"]), ("y_codec_xz", ["R-XZ"]), ("y_codec_bz2", ["R-BZ2"]),
-    ("y_zero_dim_after_huge_dim", ["R-ELEMS"]), ("y_empty_tensor", ["R-ELEMS"]), ("y_scalar", ["R-ELEMS"]),
+    ("y_zero_dim_at_elems_limit", ["R-ELEMS", "R-ELEMS-ZERO-DIM", "R-ELEMS-PARTIAL"]), ("y_empty_tensor", ["R-ELEMS"]), ("y_scalar", ["R-ELEMS"]),
     ("y_note_record", ["R-ANCILLARY"]), ("y_unknown_ancillary", ["R-ANCILLARY"]),
     ("y_multiblock", ["R-BLOCK-ORDINALS", "R-INDEX-TILING"]), ("y_multi_tensor", ["R-NAME", "R-TARGET-DIGEST"]),
     ("y_shape_and_dtype_change", ["R-NO-BASE", "R-KEYFRAME"]),
@@ -1268,6 +1311,8 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_record_type_not_letters", ["R-RECORD-TYPE"]), ("n_limit_name_length", ["R-NAME-LIMIT"]),
     ("n_limit_ndim", ["R-NDIM"]), ("n_limit_block_elems", ["R-BLOCK-ELEMS"]), ("n_block_elems_zero", ["R-BLOCK-ELEMS"]),
     ("n_limit_tensor_elems", ["R-ELEMS"]), ("n_limit_blocks_per_tensor", ["R-BLOCKS"]),
+    ("n_limit_zero_dim_*", ["R-ELEMS-ZERO-DIM"]), ("n_limit_zero_dim_elems_wrap", ["R-ELEMS-PARTIAL"]),
+    ("n_limit_tensor_elems_wrap", ["R-ELEMS", "R-ELEMS-PARTIAL"]),
     ("n_limit_record_payload", ["R-RECORD-LIMIT"]), ("n_limit_index_body", ["R-INDEX-LIMIT"]),
     ("n_limit_tensor_count", ["R-INDEX-COUNTS"]), ("n_zstd_bomb", ["R-ZSTD", "R-BOMB"]),
     ("n_zstd_no_content_size", ["R-ZSTD"]), ("n_zstd_two_frames", ["R-ZSTD"]), ("n_zstd_dictionary", ["R-ZSTD"]),
@@ -1278,9 +1323,10 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_exception_count_beyond_changed", ["R-DELTA-PARAMS"]), ("n_position_beyond_block", ["R-POSITIONS"]),
     ("n_step_*", ["R-STEP"]), ("n_exception_keeps_exponent", ["R-EXCEPTION-VALUE"]),
     ("n_exception_index_beyond_changed", ["R-EXCEPTION-INDEX"]), ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE"]),
-    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]), ("n_verification", ["R-TENSOR-HASH"]),
+    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]), ("n_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
     ("n_unknown_encoding", ["R-ENCODING"]), ("n_encoding_dtype_mismatch", ["R-ENCODING"]),
-    ("n_unknown_dtype", ["R-DTYPE"]), ("n_name_*", ["R-NAME"]), ("n_varint_not_minimal", ["R-VARINT"]),
+    ("n_unknown_dtype", ["R-DTYPE"]), ("n_name_invalid_utf8", ["R-NAME"]), ("n_name_control_char", ["R-NAME"]),
+    ("n_name_empty", ["R-NAME"]), ("n_name_reserved", ["R-NAME-RESERVED"]), ("n_varint_not_minimal", ["R-VARINT"]),
     ("n_tens_extra_bytes", ["R-PAYLOAD-EXACT"]), ("n_meta_size", ["R-PAYLOAD-EXACT"]),
     ("n_delta_without_base_flag", ["R-NO-BASE"]), ("n_block_ordinal_mismatch", ["R-BLOCK-ORDINALS"]),
     ("n_index_overlap", ["R-INDEX-TILING"]), ("n_index_gap", ["R-INDEX-TILING"]),
@@ -1289,13 +1335,14 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_index_encoding_mismatch", ["R-BLOCK-ENCODING-INDEX", "R-STREAM-CROSSCHECK"]),
     ("n_index_name_mismatch", ["R-INDEX-NAME", "R-STREAM-CROSSCHECK"]),
     ("n_duplicate_*", ["R-NAME-UNIQUE"]), ("n_index_other_type_*", ["R-INDEX-OTHER-TYPES"]),
-    ("n_first_record_not_meta", ["R-RECORD-ORDER"]), ("n_target_digest_mismatch", ["R-TARGET-DIGEST"]),
-    ("n_base_digest_mismatch", ["R-BASE-DIGEST"]), ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
+    ("n_first_record_not_meta", ["R-RECORD-ORDER"]), ("n_target_digest_mismatch", ["R-TARGET-DIGEST", "R-VERIFY-EVERY-PATH"]),
+    ("n_base_digest_mismatch", ["R-BASE-DIGEST", "R-VERIFY-EVERY-PATH"]), ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
     ("n_data_after_trailer_stream", ["R-STREAM-END"]), ("n_wrong_base_*", ["R-BASE"]),
     ("n_index_hides_critical_record", ["R-INDEX-OTHER-HEADERS", "R-CRITICAL"]), ("n_second_meta", ["R-RECORD-ORDER"]),
     ("n_tens_while_blocks_due", ["R-RECORD-ORDER", "R-INDEX-ORDER"]),
     ("n_missing_block", ["R-INDEX-BLOCK-COUNTS", "R-RECORD-ORDER"]), ("n_unknown_critical_first", ["R-CRITICAL"]),
     ("n_limit_other_count", ["R-INDEX-COUNTS"]), ("n_index_block_counts", ["R-INDEX-BLOCK-COUNTS"]),
+    ("n_index_block_counts_wrap", ["R-INDEX-BLOCK-COUNTS"]),
     ("n_index_record_size", ["R-INDEX-SIZES"]), ("n_index_extra_bytes", ["R-INDEX-EXACT"]),
     ("n_index_unknown_codec", ["R-INDEX-CODEC"]), ("n_index_name_too_long", ["R-NAME-LIMIT"]),
     ("n_trailer_index_offset_shifted", ["R-TRAILER-OFFSETS", "R-STREAM-TRAILER-INDEX"]),

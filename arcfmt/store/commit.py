@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import threading
 import time
 import uuid
@@ -26,27 +27,17 @@ import warnings
 import fsspec
 
 from ..checkpoint import _fsync_dir
-from ..errors import InputError, LimitError
+from ..errors import ArcError, InputError, LimitError
 from . import names as N, retry
 from .errors import MissingError, TransportError
-from .layout import digest128
+from .layout import MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, digest128
+from .ranges import _ERROR_BODY, WIRE_CONCURRENCY, backend_of, read_one, read_ranges
 
 _MEMORY_LOCK = threading.Lock()
 _WARNED = set()
+_MAX_LIMIT = max(MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES)
 
-
-def _backend_of(fs) -> str:
-    protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    mod = type(fs).__module__
-    if "file" in protos or "local" in protos:
-        return "local"
-    if "memory" in protos:
-        return "memory"
-    if mod.startswith("s3fs") or "s3" in protos:
-        return "s3"
-    if mod.startswith("gcsfs") or "gs" in protos or "gcs" in protos:
-        return "gcs"
-    return "generic"
+_backend_of = backend_of   # the old name
 
 
 def _precondition_failed(exc: BaseException) -> bool:
@@ -63,25 +54,53 @@ def _precondition_failed(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno == errno.EINVAL and "pre-condition" in str(exc).lower()
 
 
-class Store:
-    """The objects under one stream root URL (any fsspec URL), named by :mod:`arcfmt.store.names`."""
+def open_fs(url: str, storage_options: dict | None = None):
+    """``(fs, root)`` for a stream URL, with the client's own retries off so that arcfmt's are the only
+    layer (S3: botocore ``retries={"total_max_attempts": 1}`` unless ``storage_options`` sets
+    ``config_kwargs["retries"]``, and s3fs's ``retries`` = 1 on an instance of our own). GCS: gcsfs
+    retries inside its request method, which the stream layer does not use for reads and commits."""
+    so = dict(storage_options or {})
+    proto = url.split("://", 1)[0].lower() if "://" in url else "file"
+    own_s3 = proto in ("s3", "s3a")
+    if own_s3:
+        cfg = dict(so.get("config_kwargs") or {})
+        cfg.setdefault("retries", {"total_max_attempts": 1})
+        so["config_kwargs"] = cfg
+        so.setdefault("skip_instance_cache", True)   # s3fs's retries are set on this instance below
+    fs, root = fsspec.core.url_to_fs(url, **so)
+    if own_s3 and backend_of(fs) == "s3" and hasattr(fs, "retries"):
+        fs.retries = 1
+    return fs, root
 
-    def __init__(self, url: str, storage_options: dict | None = None, *, fs=None, retries: int = 5,
-                 backoff: float = 0.2):
+
+class Store(retry.Deadlines):
+    """The objects under one stream root URL (any fsspec URL), named by :mod:`arcfmt.store.names`.
+
+    ``retries``: an operation sends at most ``retries`` + 1 requests; ``retry_time``: no retry starts
+    later than this many seconds after the operation's first attempt; ``request_timeout``: seconds one
+    request may take, answer included (S3, GCS; other filesystems are not timed); ``time_limit()``:
+    a caller's deadline for everything inside a block. With ``fs`` given, it is used as it is (its
+    client's own retries included); else it is built from ``url`` and ``storage_options`` with the
+    client's retries off (see :func:`open_fs`)."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, *, fs=None, retries: int = retry.DEFAULT_RETRIES,
+                 backoff: float = retry.DEFAULT_BACKOFF, request_timeout: float | None = None,
+                 retry_time: float | None = None):
         N.split_root(url)
         if fs is None:
             try:
-                fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            except (ImportError, ValueError) as exc:
+                fs, root = open_fs(url, storage_options)
+            except (ImportError, ValueError, TypeError) as exc:
                 raise InputError(f"cannot open stream URL {url!r}: {exc}") from None
         else:
             root = fs._strip_protocol(url)
         self.url = url
         self.fs = fs
         self.root = root.rstrip("/") if root not in ("/", "") else root
-        self.backend = _backend_of(fs)
+        self.backend = backend_of(fs)
         self.retries = retries
         self.backoff = backoff
+        self._init_deadlines(request_timeout, retry_time)
         if self.backend == "generic" and type(fs).__name__ not in _WARNED:
             _WARNED.add(type(fs).__name__)
             warnings.warn(f"{type(fs).__name__} has no conditional writes: commits fall back to "
@@ -93,13 +112,22 @@ class Store:
         return f"{self.root}/{name}" if self.root else name
 
     def _call(self, fn, what, missing_ok=False):
-        return retry.call(fn, what, retries=self.retries, backoff=self.backoff, missing_ok=missing_ok)
+        return retry.call(fn, what, retries=self.retries, backoff=self.backoff, missing_ok=missing_ok, limits=self)
+
+    def _timed(self, what, coro_fn, *args, **kw):
+        """``coro_fn(*args, **kw)`` on an async filesystem's loop, within the request timeout."""
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, coro_fn, *args, timeout=self.timeout_for(what), **kw)
 
     # -- plain reads and writes
     def read(self, name: str, limit: int, *, missing_ok: bool = False):
-        """The whole object, at most ``limit`` bytes (one ranged GET: no HEAD first)."""
+        """The whole object, at most ``limit`` bytes (one ranged GET of ``limit + 1`` bytes, no HEAD
+        first; never more is read from the answer, whatever the server sends)."""
         p = self.path(name)
-        data = self._call(lambda: self.fs.cat_file(p, start=0, end=limit + 1), f"reading {name}", missing_ok)
+        what = f"reading {name}"
+        data = self._call(lambda: read_one(self.fs, self.backend, p, 0, limit + 1, exact=False,
+                                           timeout=self.timeout_for(what), what=what), what, missing_ok)
         if data is not None and len(data) > limit:
             raise LimitError(f"{name} is larger than its {limit}-byte limit")
         return data
@@ -112,25 +140,35 @@ class Store:
         out = [None] * len(names)
         todo = list(range(len(names)))
         attempt = 0
+        started = time.monotonic()
         while todo:
-            res = self.fs.cat_ranges([paths[i] for i in todo], [0] * len(todo), [limit + 1] * len(todo),
-                                     on_error="return")
+            what = f"reading {names[todo[0]]}"
+            res = read_ranges(self.fs, self.backend, [(paths[i], 0, limit + 1, f"reading {names[i]}") for i in todo],
+                              exact=False, timeout=self.timeout_for(what), concurrency=WIRE_CONCURRENCY)
             again = []
             for i, r in zip(todo, res):
                 if isinstance(r, FileNotFoundError):
                     continue
                 if isinstance(r, BaseException):
-                    if retry.is_transient(r) and attempt < self.retries:
-                        again.append(i)
+                    if retry.is_transient(r):
+                        again.append((i, r))
                         continue
+                    if isinstance(r, ArcError):
+                        raise r
                     raise TransportError(f"reading {names[i]}: {type(r).__name__}: {r}") from r
                 if len(r) > limit:
                     raise LimitError(f"{names[i]} is larger than its {limit}-byte limit")
                 out[i] = bytes(r)
-            todo = again
-            if todo:
+            if again:
+                delay = retry.backoff_delay(attempt + 1, self.backoff)
+                why = self.may_retry(attempt, self.retries, started, delay)
+                if why is not None:
+                    i, r = again[0]
+                    msg = str(r) if isinstance(r, ArcError) else f"reading {names[i]}: {type(r).__name__}: {r}"
+                    raise TransportError(f"{msg}{f' ({why})' if why else ''}") from r
                 attempt += 1
-                time.sleep(retry.backoff_delay(attempt, self.backoff))
+                time.sleep(delay)
+            todo = [i for i, _ in again]
         return out
 
     def put_bytes(self, name: str, data: bytes) -> None:
@@ -162,8 +200,9 @@ class Store:
     def read_versioned(self, name: str, limit: int):
         """``(bytes, token)`` for a later ``replace``; ``(None, None)`` if the object does not exist."""
         p = self.path(name)
-        res = self._call(lambda: getattr(self, f"_read_versioned_{self.backend}")(p, limit),
-                         f"reading {name}", missing_ok=True)
+        what = f"reading {name}"
+        res = self._call(lambda: getattr(self, f"_read_versioned_{self.backend}")(p, limit, what),
+                         what, missing_ok=True)
         if res is None or res[0] is None:
             return None, None
         if len(res[0]) > limit:
@@ -181,20 +220,21 @@ class Store:
     def _create_local(self, p, data):
         return _local_create(p, data)
 
-    def _read_versioned_local(self, p, limit):
-        with open(p, "rb") as f:
-            data = f.read(limit + 1)
-        return data, digest128(data)
+    def _read_versioned_local(self, p, limit, what):
+        data = _local_read(p, limit + 1, what)
+        return data, _token(limit, data)
 
     def _replace_local(self, p, data, token):
+        limit = _token_limit(token)
+        if limit is None:
+            return False
         d = os.path.dirname(p)
         lock = os.path.join(d, f".{os.path.basename(p)}.lock")
         with open(lock, "a+b") as lf:
             fcntl.flock(lf, fcntl.LOCK_EX)
             try:
                 try:
-                    with open(p, "rb") as f:
-                        current = digest128(f.read())
+                    current = _token(limit, _local_read(p, limit + 1, p))
                 except FileNotFoundError:
                     current = None
                 if current != token:
@@ -212,9 +252,9 @@ class Store:
             self.fs.pipe_file(p, bytes(data))
             return True
 
-    def _read_versioned_memory(self, p, limit):
+    def _read_versioned_memory(self, p, limit, what):
         with _MEMORY_LOCK:
-            return self._read_versioned_generic(p, limit)
+            return self._read_versioned_generic(p, limit, what)
 
     def _replace_memory(self, p, data, token):
         with _MEMORY_LOCK:  # in one process, the lock makes the generic compare-and-swap atomic
@@ -225,7 +265,7 @@ class Store:
         """One conditional PUT: True when it was stored, False when its precondition failed (for
         If-Match, also when the object is gone)."""
         try:
-            self.fs.pipe_file(p, data, **condition)
+            self._timed(f"writing {p}", self.fs._pipe_file, p, data, **condition)
             return True
         except FileNotFoundError:
             if "IfMatch" in condition:
@@ -241,58 +281,63 @@ class Store:
     def _create_s3(self, p, data):
         return self._conditional_put_s3(p, data, mode="create")
 
-    def _read_versioned_s3(self, p, limit):
-        from fsspec.asyn import sync
-
-        bucket, key, _ = self.fs.split_path(p)
-
-        async def get():
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
-            try:
-                data = await resp["Body"].read()
-            finally:
-                resp["Body"].close()
-            return data, resp["ETag"]
-
-        return sync(self.fs.loop, get)
+    def _read_versioned_s3(self, p, limit, what):
+        return read_one(self.fs, "s3", p, 0, limit + 1, exact=False, timeout=self.timeout_for(what), what=what,
+                        versioned=True)
 
     def _replace_s3(self, p, data, token):
         return self._conditional_put_s3(p, data, IfMatch=token)
 
     # GCS (gcsfs) ------------------------------------------------------------------------------
     def _create_gcs(self, p, data):
-        try:
-            self.fs.pipe_file(p, data, mode="create")  # a multipart upload with ifGenerationMatch=0
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            self.fs.invalidate_cache(p)
+        return self._upload_gcs(p, data, "0")
 
-    def _read_versioned_gcs(self, p, limit):
-        bucket, key, _ = self.fs.split_path(p)
-        headers, data = self.fs.call("GET", "b/{}/o/{}", bucket, key, alt="media",
-                                     headers={"Range": f"bytes=0-{limit}"})
-        gen = next((v for k, v in headers.items() if k.lower() == "x-goog-generation"), None)
-        if gen is None:
-            raise OSError(errno.EIO, f"{p}: the server sent no x-goog-generation header")
-        return data, str(gen)
+    def _read_versioned_gcs(self, p, limit, what):
+        return read_one(self.fs, "gcs", p, 0, limit + 1, exact=False, timeout=self.timeout_for(what), what=what,
+                        versioned=True)
 
     def _replace_gcs(self, p, data, token):
-        # A multipart upload (fake-gcs-server, like GCS, checks the precondition on it).
-        bucket, key, _ = self.fs.split_path(p)
+        if not str(token).isdigit():
+            return False
+        return self._upload_gcs(p, data, str(token))
+
+    def _upload_gcs(self, p, data, generation: str) -> bool:
+        """One multipart upload with ``ifGenerationMatch`` (GCS and fake-gcs-server check the
+        precondition on it): True when stored, False on 412 (or 404: the object is gone). Sent on
+        gcsfs's session directly, so that gcsfs's own retries do not add to ours."""
+        fs = self.fs
+        bucket, key, _ = fs.split_path(p)
         meta = json.dumps({"name": key})
         body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
                 f"Content-Type: application/octet-stream\n\n").encode() + bytes(data) + b"\n--==0==--"
+
+        async def upload():
+            from urllib.parse import quote
+
+            from gcsfs.retry import validate_response
+
+            await fs._set_session()
+            url = f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o"
+            params = fs._get_params({"uploadType": "multipart", "ifGenerationMatch": generation})
+            headers = fs._get_headers({"Content-Type": 'multipart/related; boundary="==0=="'})
+            async with fs.session.request("POST", url, params=params, headers=headers, data=body,
+                                          timeout=fs.requests_timeout) as r:
+                try:
+                    content = await r.content.read(_ERROR_BODY)
+                    if r.status == 412 or (r.status == 404 and generation != "0"):
+                        return False
+                    if r.status >= 300:
+                        validate_response(r.status, content, url)
+                        raise TransportError(f"writing {p}: the store answered HTTP {r.status}",
+                                             transient=r.status in retry._RETRY_HTTP)
+                    return True
+                finally:
+                    r.close()
+
         try:
-            self.fs.call("POST", f"{self.fs._location}/upload/storage/v1/b/{bucket}/o", uploadType="multipart",
-                         ifGenerationMatch=str(token), data=body, json_out=True,
-                         headers={"Content-Type": 'multipart/related; boundary="==0=="'})
-            return True
-        except (FileExistsError, FileNotFoundError):
-            return False
+            return self._timed(f"writing {p}", upload)
         finally:
-            self.fs.invalidate_cache(p)
+            fs.invalidate_cache(p)
 
     # anything else: not atomic ----------------------------------------------------------------
     def _create_generic(self, p, data):
@@ -301,19 +346,56 @@ class Store:
         self.fs.pipe_file(p, bytes(data))
         return True
 
-    def _read_versioned_generic(self, p, limit):
-        data = self.fs.cat_file(p)
-        return data[: limit + 1], digest128(data)
+    def _read_versioned_generic(self, p, limit, what):
+        data = read_one(self.fs, "generic", p, 0, limit + 1, exact=False, timeout=self.timeout_for(what), what=what)
+        return data, _token(limit, data)
 
     def _replace_generic(self, p, data, token):
+        limit = _token_limit(token)
+        if limit is None:
+            return False
         try:
-            current = digest128(self.fs.cat_file(p))
+            current = _token(limit, self.fs.cat_file(p, start=0, end=limit + 1))
         except FileNotFoundError:
             current = None
         if current != token:
             return False
         self.fs.pipe_file(p, bytes(data))
         return True
+
+
+def _token(limit: int, data) -> str:
+    """The version of a local or generic object: its first ``limit + 1`` bytes' hash, with ``limit``."""
+    return f"{limit}:{digest128(data)}"
+
+
+def _token_limit(token) -> int | None:
+    lim, sep, _ = str(token).partition(":")
+    if not sep or not lim.isdigit() or int(lim) > _MAX_LIMIT:
+        return None
+    return int(lim)
+
+
+def _local_read(p: str, n: int, what: str) -> bytes:
+    """At most ``n`` bytes of a local object, which must be a regular file (never a FIFO or device:
+    opened non-blocking and checked before it is read)."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", p)
+        if not stat.S_ISREG(st.st_mode):
+            raise TransportError(f"{what}: {p} is not a regular file")
+        parts, got = [], 0
+        while got < n:
+            b = os.read(fd, min(n - got, 8 << 20))
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------ local helpers

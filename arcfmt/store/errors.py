@@ -24,9 +24,17 @@ class MissingError(ArcError):
 
 
 class TransportError(ArcError):
-    """The store kept failing after every retry (network, throttling, server errors)."""
+    """The store kept failing after every retry (network, throttling, server errors, answers that do
+    not match the request, requests past their deadline), or refused the request.
+
+    ``transient``: raised for one attempt, a later attempt may succeed (the retry layer retries it
+    within its budget, then raises a ``TransportError`` with ``transient`` False)."""
 
     category = "transport"
+
+    def __init__(self, message: str = "", *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 __all__ = ["ConflictError", "MissingError", "TransportError"]

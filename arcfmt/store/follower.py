@@ -12,23 +12,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
-import json
 import os
 import shutil
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import xxhash
 
-from .. import layout as FL, records, transforms
-from ..checkpoint import OLD_TAG, TMP_TAG, _exchange_dirs, _fsync_dir, recover
-from ..errors import ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError
+from .. import layout as FL, pipeline, records, transforms
+from ..checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json, write_new_file
+from ..errors import (
+    ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError, os_error,
+)
 from ..integrity import model_digest
 from ..reader import DeltaReader
-from ..safetensors_io import INDEX_NAME, build_header, layout_specs, open_checkpoint
+from ..safetensors_io import INDEX_NAME, open_checkpoint
+from ..staging import OLD_TAG, Stage, open_private, recover
 from . import names as N
 from .commit import Store
 from .errors import MissingError
@@ -147,16 +146,22 @@ class Follower:
 
     @contextlib.contextmanager
     def _locked(self):
-        os.makedirs(self._parent, exist_ok=True)
-        with open(self._lock_path, "a+b") as lf:
+        try:
+            os.makedirs(self._parent, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "write", self._parent) from None
+        fd = open_private(self._lock_path)  # never through a link planted at the lock's name
+        try:
             try:
-                fcntl.flock(lf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise InputError(f"another follower is updating {self.into}") from None
             try:
                 yield
             finally:
-                fcntl.flock(lf, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------------------ local state
     def state(self) -> dict | None:
@@ -329,38 +334,39 @@ class Follower:
         state = self.state() if kind == "delta" else None
         if state is not None and state.get("files") and any(p.wanted for p in plans):
             base = open_checkpoint(self.into).tensors()
-        bases, out_bytes = {}, 0
-        for p in plans:     # every base tensor is checked before any block is decoded
+        # Every base tensor, and for a whole-model selection every digest, is checked before
+        # anything is written (S9.4 steps 2 and 4).
+        bases = {}
+        for p in plans:
+            if not p.wanted:
+                continue
             for e in p.wanted:
-                th = p.reader.header(e.name)
-                if kind == "keyframe" and th.needs_base:
+                if kind == "keyframe" and p.reader.header(e.name).needs_base:
                     raise CorruptError(f"{p.obj.name}: tensor {e.name!r} of a keyframe object needs a base")
-                bases[e.name] = p.reader.check_base(e.name, base.get(e.name) if th.needs_base else None)
-                out_bytes += th.size * th.dtype.itemsize
-        free = shutil.disk_usage(self._parent).free
-        if out_bytes > free:
-            raise LimitError(f"step {m.step} needs {out_bytes} bytes of tensors in {self._parent}, which has "
-                             f"{free} bytes free")
-        staging = os.path.join(self._parent,
-                               f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(self.into)}")
+            bases.update(p.reader.selection(base, [e.name for e in p.wanted], workers=self.workers)[1])
+        verified_model = self.patterns is None
+        if verified_model:
+            headers = [p.reader.header(n) for p in plans for n in p.reader.names]
+            if model_digest(pipeline.digest_entries(headers)).hex() != m.model_digest:
+                raise VerificationError(f"step {m.step}: the rebuilt model does not match the manifest's "
+                                        f"model digest")
+        layouts = [ShardLayout(p.entry.file, [(e.name, p.reader.header(e.name).dtype,
+                                                p.reader.header(e.name).shape) for e in p.wanted],
+                               {"format": "pt"}) for p in plans if p.wanted]
+        self._check_space(m, sum(lay.size for lay in layouts))
+        stage = Stage(self.into, folder=True)
+        sink = CheckpointSink(stage, layouts)
         try:
-            changed, count = self._write(m, plans, bases, staging)
-            verified_model = self.patterns is None
-            if verified_model:
-                entries = []
-                for p in plans:
-                    p.reader.check_target_digest({n: None for n in p.reader.names})
-                    if kind == "delta":
-                        p.reader.check_base_digest()
-                    for n in p.reader.names:
-                        th = p.reader.header(n)
-                        entries.append((n.encode("utf-8"), th.dtype.code, th.shape, th.target_hash))
-                if model_digest(entries).hex() != m.model_digest:
-                    raise VerificationError(f"step {m.step}: the rebuilt model does not match the manifest's "
-                                            f"model digest")
-            self._finish(m, plans, staging)
+            for _ in pipeline.run(self._items(plans, bases), sink, workers=self.workers):
+                pass
+            changed = [e.name for p in plans for e in p.wanted
+                       if not p.reader.header(e.name).needs_base
+                       or any(b.encoding != transforms.UNCHANGED for b in e.blocks)]
+            count = sum(len(p.wanted) for p in plans)
+            self._finish(m, plans, layouts, stage, state)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            sink.close()
+            stage.abort()
             raise
         self.fetcher.forget(keep=lambda key: _step_of_key(key) > m.step)
         ds = self.stats.minus(s0)
@@ -383,6 +389,13 @@ class Follower:
             src = ObjectSource(self.fetcher, self.store.path(o.name), o.name, o.size)
             src.add(o.index_offset, tail)
             plans.append(_ShardPlan(s, o, src, index, [e for e in index.entries if self.wants(e.name)]))
+        owner = {}
+        for p in plans:  # one step is one model: a name in two shards would be two tensors (S6)
+            for e in p.index.entries:
+                other = owner.setdefault(e.name, p.obj.name)
+                if other != p.obj.name:
+                    raise CorruptError(f"step {m.step}: tensor {e.name!r} is in two shards ({other} and "
+                                       f"{p.obj.name})")
         return plans
 
     def _prefetch(self, jobs) -> None:
@@ -407,74 +420,50 @@ class Follower:
             raise CorruptError(f"{where}: its base digest differs from the manifest's")
         return r
 
-    def _write(self, m: Manifest, plans, bases, staging):
-        """Write each shard's file into ``staging``, decoding (and verifying) tensor by tensor; a shard
-        bigger than the memory budget is fetched and decoded one group of tensors at a time."""
-        os.makedirs(staging)
-        changed, count = [], 0
-        weight_map = {}
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="arcfmt-follow") as pool:
-            for p in plans:
-                if not p.wanted:
-                    continue
-                r = p.reader
-                items = [(e.name, r.header(e.name).dtype, r.header(e.name).shape) for e in p.wanted]
-                specs = {s.name: s for s in layout_specs(items)}
-                header = build_header(list(specs.values()), {"format": "pt"})
-                data_start = 8 + len(header)
-                size = data_start + max((s.end for s in specs.values()), default=0)
-                target = os.path.join(staging, p.entry.file)
-                with open(target, "wb") as f:
-                    f.write(len(header).to_bytes(8, "little"))
-                    f.write(header)
-                    f.truncate(size)
-                mm = np.memmap(target, np.uint8, mode="r+") if size > data_start else None
-                try:
-                    for group in p.groups:
-                        if len(p.groups) > 1:
-                            blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks]
-                            self._prefetch([(p, coalesce(blocks, max_gap=self.max_gap, overhead=self.overhead))])
-                        for e in group:
-                            s = specs[e.name]
-                            out = mm[data_start + s.begin: data_start + s.end].view(s.dtype.uint) \
-                                if s.end > s.begin else np.empty(0, s.dtype.uint)
-                            r.decode_tensor(s.name, bases[s.name], out, pool=pool)
-                            if not r.header(s.name).needs_base or any(b.encoding != transforms.UNCHANGED
-                                                                      for b in e.blocks):
-                                changed.append(s.name)
-                            weight_map[s.name] = p.entry.file
-                            count += 1
-                        if len(p.groups) > 1:
-                            p.source.drop(HEADER_META_BYTES, p.obj.index_offset)   # bounded memory
-                    if mm is not None:
-                        mm.flush()
-                finally:
-                    del mm
-                with open(target, "rb+") as f:
-                    os.fsync(f.fileno())
-        total = sum(
-            int(np.prod(p.reader.header(e.name).shape, dtype=np.int64)) * p.reader.header(e.name).dtype.itemsize
-            for p in plans for e in p.wanted)
-        _write_json(os.path.join(staging, INDEX_NAME),
-                    {"metadata": {"total_size": total, "arcfmt_step": str(m.step)}, "weight_map": weight_map},
-                    pretty=True)
-        return changed, count
+    def _items(self, plans, bases):
+        """Pipeline items shard by shard; a shard bigger than the memory budget is fetched one group
+        of tensors at a time, each group's bytes dropped once its blocks are done."""
+        for p in plans:
+            if not p.wanted:
+                continue
+            r = p.reader
+            for group in p.groups:
+                if len(p.groups) > 1:
+                    blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks]
+                    self._prefetch([(p, coalesce(blocks, max_gap=self.max_gap, overhead=self.overhead))])
+                for e in group:
+                    yield r.item(e.name, bases[e.name])
+                if len(p.groups) > 1:
+                    yield pipeline.DRAIN
+                    p.source.drop(HEADER_META_BYTES, p.obj.index_offset)   # bounded memory
 
-    def _finish(self, m: Manifest, plans, staging) -> None:
+    def _check_space(self, m: Manifest, need: int) -> None:
+        """The step's files must fit beside the folder; this follower's own spool (resumable chunks)
+        is given up first if that makes them fit."""
+        free = shutil.disk_usage(self._parent).free
+        if need > free and self.spool_dir is not None:
+            self.fetcher.forget()
+            free = shutil.disk_usage(self._parent).free
+        if need > free:
+            raise LimitError(f"step {m.step} needs {need} bytes of tensors in {self._parent}, which has "
+                             f"{free} bytes free")
+
+    def _finish(self, m: Manifest, plans, layouts, stage: Stage, old_state) -> None:
+        """Index, stream state and the user's own files into the stage; check it reads back; swap."""
+        weight_map = {s.name: lay.file for lay in layouts for s in lay.specs}
+        total = sum(lay.tensor_bytes for lay in layouts)
+        write_json(stage.file(INDEX_NAME), {"metadata": {"total_size": total, "arcfmt_step": str(m.step)},
+                                            "weight_map": weight_map}, stage.owner_of(INDEX_NAME))
         state = dict(format=STATE_FORMAT, version=VERSION, step=m.step, manifest=m.digest,
                      model_digest=m.model_digest, tensors=self.patterns,
-                     files=sorted(p.entry.file for p in plans if p.wanted))
-        with open(os.path.join(staging, STATE_NAME), "wb") as f:
-            f.write(canonical(state))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(staging)
+                     files=sorted(lay.file for lay in layouts))
+        write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
         if os.path.isdir(self.into):
-            _exchange_dirs(staging, self.into)
-            shutil.rmtree(staging, ignore_errors=True)
-        else:
-            os.rename(staging, self.into)
-        _fsync_dir(self._parent)
+            prev = self.state() if old_state is None else old_state
+            own = {INDEX_NAME, STATE_NAME, *state["files"], *((prev or {}).get("files") or [])}
+            stage.carry(self.into, own, link=True)
+        check_written(stage, layouts)
+        stage.commit()
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -526,13 +515,6 @@ def _step_of_key(key: str) -> int:
         return int(parts[1]) if len(parts) > 2 and parts[0] == N.STEPS else -1
     except ValueError:
         return -1
-
-
-def _write_json(path: str, obj, pretty=False) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2 if pretty else None)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 __all__ = ["Follower", "StepUpdate", "STATE_NAME", "OLD_TAG"]

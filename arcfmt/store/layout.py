@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from .. import dtypes
+from .. import dtypes, layout as FL
 from ..errors import CorruptError, LimitError, UnsupportedVersionError
 from . import names as N
 
@@ -31,6 +31,8 @@ MAX_TENSORS = 1 << 20                # per shard, as in the file format
 MAX_OBJECT_BYTES = (1 << 63) - 1
 MIN_FILE_BYTES = 108                 # SPEC.md §11: header + META + INDX header + trailer
 HEADER_META_BYTES = 52               # header (16) + META record (36)
+MIN_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.TRAILER_SIZE                          # 56: an empty INDX + trailer
+MAX_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.MAX_RECORD_PAYLOAD + FL.TRAILER_SIZE  # the largest INDX + trailer
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")
 
 
@@ -177,10 +179,15 @@ def _parse_object(obj, kind, step, shard, num_shards, where) -> ObjectRef:
     if not isinstance(obj, dict):
         raise CorruptError(f"{where}: must be a JSON object")
     f = _Fields(obj, where)
-    size = f.int("size", MIN_FILE_BYTES)
+    size = f.int("size", MIN_FILE_BYTES, MAX_OBJECT_BYTES)
     digest = f.hex32("xxh3_128")
     name = N.check_object_name(f.get("name", str), step, shard, num_shards, kind, digest, where)
-    index_offset = f.int("index_offset", HEADER_META_BYTES, max(HEADER_META_BYTES, size - 56))
+    index_offset = f.int("index_offset", HEADER_META_BYTES, size - MIN_TAIL_BYTES)
+    if size - index_offset > MAX_TAIL_BYTES:
+        # the tail is one INDX record (at most 16 + MAX_RECORD_PAYLOAD bytes, SPEC.md §14) and the trailer:
+        # a follower reads it whole, so a larger one is refused before any request is planned
+        raise LimitError(f"{where}: its index and trailer would be {size - index_offset} bytes "
+                         f"(size {size} - index_offset {index_offset}), more than {MAX_TAIL_BYTES}")
     tail = f.hex16("tail_xxh3_64")
     base_step = base_digest = None
     if kind == "delta":

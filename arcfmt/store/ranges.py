@@ -1,19 +1,32 @@
 """Range reads of stream objects over fsspec: coalescing, chunking, retries, a resumable spool.
 
-``RangeFetcher.fetch`` takes many byte ranges of many objects and gets them with one concurrent
-``fs.cat_ranges`` call per attempt (s3fs and gcsfs run the requests in parallel), splitting every
-range into chunks of at most ``chunk_size`` bytes, retrying only the chunks that failed with a
-transient error (capped exponential backoff with jitter), and — when a spool folder is given —
-keeping each finished chunk on disk so that an interrupted download resumes without fetching it
-again. ``ObjectSource`` is the ``ByteSource`` (``size`` + ``read(offset, length)``) that
-``arcfmt.DeltaReader`` reads from: it serves what was prefetched and fetches any miss.
+``RangeFetcher.fetch`` takes many byte ranges of many objects and gets them concurrently (S3 and
+GCS: one asynchronous GET per range on the filesystem's event loop; other filesystems: one
+``fs.cat_ranges`` call per batch), splitting every range into chunks of at most ``chunk_size``
+bytes, retrying only the chunks that failed with a transient error (capped exponential backoff
+with jitter, within the retry budget and the caller's deadline), and — when a spool folder is
+given — keeping each finished chunk on disk so that an interrupted download resumes without
+fetching it again. ``ObjectSource`` is the ``ByteSource`` (``size`` + ``read(offset, length)``)
+that ``arcfmt.DeltaReader`` reads from: it serves what was prefetched and fetches any miss.
+
+The wire (``read_ranges``): an answer is never read further than the range asked for (a server
+that ignores the ``Range`` header and streams an endless body costs at most the range's length),
+every request has a total deadline (a server that trickles its answer is abandoned, a transient
+error), and what comes back is exactly the range asked for: a ``200`` with the whole object or a
+``206`` longer than asked is sliced when the slice is provably the asked bytes, and refused
+("the store answered …") otherwise; an object shorter than the range is ``TruncatedError``.
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
+import errno
 import os
+import re
+import stat
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import xxhash
@@ -25,6 +38,14 @@ from .errors import MissingError, TransportError
 DEFAULT_CHUNK = 8 << 20
 DEFAULT_MAX_GAP = 1 << 20
 DEFAULT_OVERHEAD = 0.04
+
+MAX_SKIP = DEFAULT_CHUNK      # bytes of an answer before the asked offset that are read and dropped at most
+WIRE_CONCURRENCY = 32         # requests in flight at once in one read_ranges call
+_PIECE = 1 << 20              # bytes asked of a response body per read
+_ERROR_BODY = 1 << 16         # bytes of an error answer's body read at most (GCS)
+_MAX_INT = (1 << 63) - 1
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)\Z")
+_DIGITS = re.compile(r"[0-9]{1,19}\Z")
 
 
 @dataclass
@@ -79,72 +100,463 @@ def chunked(start: int, end: int, chunk: int) -> list:
     return [(s, min(end, s + chunk)) for s in range(start, end, chunk)]
 
 
-class RangeFetcher:
-    """Fetches byte ranges of objects on ``fs``; see the module docstring."""
+# ================================================================================ the wire
 
-    def __init__(self, fs, *, chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.2,
-                 spool_dir: str | None = None, stats: FetchStats | None = None, on_bytes=None, batch: int = 16):
+def backend_of(fs) -> str:
+    """``local``, ``memory``, ``s3``, ``gcs`` or ``generic`` (any other fsspec filesystem)."""
+    protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    mod = type(fs).__module__
+    if "file" in protos or "local" in protos:
+        return "local"
+    if "memory" in protos:
+        return "memory"
+    if mod.startswith("s3fs") or "s3" in protos:
+        return "s3"
+    if mod.startswith("gcsfs") or "gs" in protos or "gcs" in protos:
+        return "gcs"
+    return "generic"
+
+
+def _mismatch(what, start, end, answered: str) -> TransportError:
+    return TransportError(f"{what}: the store answered {answered} for a range of {end - start} bytes at offset "
+                          f"{start}", transient=True)
+
+
+def _plan_answer(status, content_range, content_length, start, end, exact, what):
+    """From an answer's status and headers: ``(skip, want, open_ended)`` — bytes to read and drop,
+    bytes to keep, and whether the body's length is unknown (read to its end or to ``want``). Every
+    number in the headers is checked before use; an answer that cannot hold exactly the asked bytes
+    is refused (transient ``TransportError``), an object shorter than an exact range is
+    ``TruncatedError``."""
+    clen = None
+    if content_length is not None:
+        if not _DIGITS.match(str(content_length).strip()):
+            raise TransportError(f"{what}: the store sent a malformed Content-Length {str(content_length)[:40]!r}",
+                                 transient=True)
+        clen = int(str(content_length).strip())
+    if status == 206:
+        m = _CONTENT_RANGE.match(str(content_range or "").strip())
+        if m is None:
+            raise TransportError(f"{what}: the store answered 206 with a missing or malformed Content-Range "
+                                 f"{str(content_range)[:60]!r}", transient=True)
+        a, b = int(m.group(1)), int(m.group(2))
+        total = None if m.group(3) == "*" else int(m.group(3))
+        if a > b or b > _MAX_INT or (total is not None and (b >= total or total > _MAX_INT)):
+            raise TransportError(f"{what}: the store answered 206 with an impossible Content-Range {m.group(0)!r}",
+                                 transient=True)
+        first, avail = a, b - a + 1
+        if clen is not None and clen != avail:
+            raise TransportError(f"{what}: the store's Content-Length {clen} disagrees with its Content-Range "
+                                 f"{m.group(0)!r}", transient=True)
+        shown = f"bytes {a}..{b + 1}{'' if total is None else f' of {total}'} (HTTP 206)"
+    elif status == 200:
+        first, avail, total = 0, clen, clen
+        shown = f"{'an endless or unsized body' if clen is None else f'{clen} bytes'} (HTTP 200: the whole object)"
+    else:
+        raise TransportError(f"{what}: the store answered HTTP {status} to a range request", transient=True)
+    if exact and total is not None and total < end:
+        raise TruncatedError(f"{what}: the object is {total} bytes, shorter than its manifest says (a read of "
+                             f"bytes {start}..{end})")
+    stop = end if total is None else min(end, total)
+    skip = start - first
+    if skip < 0 or skip > MAX_SKIP or (avail is not None and first + avail < stop):
+        raise _mismatch(what, start, end, shown)
+    return skip, max(0, stop - start), avail is None
+
+
+async def _read_body(read, skip, want, open_ended, start, end, exact, what) -> bytes:
+    """Read and drop ``skip`` bytes, then read ``want`` bytes: never more, whatever the body holds."""
+    left = skip
+    while left:
+        chunk = await read(min(left, _PIECE))
+        if not chunk:
+            raise TransportError(f"{what}: the answer ended {left} bytes before the asked offset {start}",
+                                 transient=not open_ended)
+        left -= len(chunk)
+    parts, got = [], 0
+    while got < want:
+        chunk = await read(min(want - got, _PIECE))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(data) > want:                          # a body reader that returned more than asked
+        data = data[:want]
+    if len(data) < want:
+        if open_ended:                            # the whole object ended here: it is this short
+            if exact:
+                raise TruncatedError(f"{what}: the object is {start + len(data)} bytes, shorter than its manifest "
+                                     f"says (a read of bytes {start}..{end})")
+            return bytes(data)
+        raise TransportError(f"{what}: the answer ended after {len(data)} of {want} bytes", transient=True)
+    return bytes(data)
+
+
+def _empty_answer(start, end, exact, what) -> bytes:
+    """A 416 (the range starts at or past the object's end)."""
+    if exact or start > 0:
+        raise TruncatedError(f"{what}: the object ends before offset {start}, shorter than its manifest says")
+    return b""
+
+
+def _is_invalid_range(exc: BaseException) -> bool:
+    for e in (exc, exc.__cause__):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):
+            err = resp.get("Error") or {}
+            meta = resp.get("ResponseMetadata") or {}
+            if err.get("Code") in ("InvalidRange", "416") or meta.get("HTTPStatusCode") == 416:
+                return True
+    return False
+
+
+async def _s3_get(fs, path, start, end, exact, what, versioned=False):
+    bucket, key, vers = fs.split_path(path)
+    kw = {"VersionId": vers} if vers else {}
+    try:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError) and _is_invalid_range(exc):
+            data = _empty_answer(start, end, exact, what)
+            return (data, None) if versioned else data
+        raise
+    body = resp["Body"]
+    try:
+        meta = resp.get("ResponseMetadata") or {}
+        hdrs = {str(k).lower(): v for k, v in (meta.get("HTTPHeaders") or {}).items()}
+        plan = _plan_answer(meta.get("HTTPStatusCode"), hdrs.get("content-range"), hdrs.get("content-length"),
+                            start, end, exact, what)
+        data = await _read_body(body.read, *plan, start, end, exact, what)
+    finally:
+        body.close()
+    if versioned:
+        etag = resp.get("ETag")
+        if not isinstance(etag, str) or not etag:
+            raise TransportError(f"{what}: the store sent no ETag", transient=False)
+        return data, etag
+    return data
+
+
+async def _gcs_get(fs, path, start, end, exact, what, versioned=False):
+    from gcsfs.retry import validate_response
+
+    await fs._set_session()
+    headers = fs._get_headers({"Range": f"bytes={start}-{end - 1}"})
+    async with fs.session.request("GET", fs.url(path), params=fs._get_params({}), headers=headers,
+                                  timeout=fs.requests_timeout) as r:
+        try:
+            if r.status == 416:
+                data = _empty_answer(start, end, exact, what)
+            elif r.status >= 300:
+                content = await r.content.read(_ERROR_BODY)
+                validate_response(r.status, content, path)
+                raise TransportError(f"{what}: the store answered HTTP {r.status}",
+                                     transient=r.status in retry._RETRY_HTTP)
+            else:
+                plan = _plan_answer(r.status, r.headers.get("Content-Range"), r.headers.get("Content-Length"),
+                                    start, end, exact, what)
+                data = await _read_body(r.content.read, *plan, start, end, exact, what)
+            gen = r.headers.get("x-goog-generation")
+        finally:
+            r.close()
+    if versioned:
+        if gen is None or not _DIGITS.match(str(gen)):
+            raise TransportError(f"{what}: the server sent no x-goog-generation header", transient=False)
+        return data, str(gen)
+    return data
+
+
+async def _timed(coro, timeout, what, start, end):
+    t0 = time.monotonic()
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError as exc:
+        if time.monotonic() - t0 < timeout * 0.99:
+            raise                                   # the client's own socket timeout: transient as it is
+        raise TransportError(f"{what}: no complete answer within {timeout:g} s (bytes {start}..{end})",
+                             transient=True) from exc
+
+
+def run_async(fs, coros_fn):
+    """Run ``coros_fn()`` (a coroutine) on the filesystem's event loop from this thread."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, coros_fn)
+
+
+def _getter(backend):
+    return _s3_get if backend == "s3" else _gcs_get
+
+
+def _check_len(data, start, end, exact, what):
+    need = end - start
+    n = len(data)
+    if n > need:
+        raise TransportError(f"{what}: the store answered {n} bytes for a range of {need} bytes at offset {start}",
+                             transient=True)
+    if exact and n < need:
+        raise TruncatedError(f"{what}: got {n} bytes at offset {start}, expected {need}: the object is shorter "
+                             f"than its manifest says")
+    return data
+
+
+def _local_check(path, what) -> None:
+    """A local stream object must be a regular file (a FIFO or a device would block or never end)."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+    if not stat.S_ISREG(st.st_mode):
+        raise TransportError(f"{what}: {path} is not a regular file")
+
+
+def read_ranges(fs, backend: str, items, *, exact: bool, timeout: float, concurrency: int = WIRE_CONCURRENCY) -> list:
+    """``items``: ``(path, start, end, what)`` each. Returns, per item, its bytes or the exception
+    that ended it. Bytes are never longer than ``end - start``; with ``exact``, exactly that long (a
+    shorter object is ``TruncatedError``). S3 and GCS requests run concurrently, each within
+    ``timeout`` seconds; other filesystems get one ``fs.cat_ranges`` call."""
+    items = list(items)
+    if not items:
+        return []
+    if backend in ("s3", "gcs"):
+        get = _getter(backend)
+
+        async def run():
+            sem = asyncio.Semaphore(max(1, concurrency))
+
+            async def one(p, s, e, w):
+                if e <= s:
+                    return b""
+                async with sem:
+                    return await _timed(get(fs, p, s, e, exact, w), timeout, w, s, e)
+
+            return await asyncio.gather(*(one(*it) for it in items), return_exceptions=True)
+
+        return list(run_async(fs, run))
+    out = [None] * len(items)
+    todo = []
+    for i, (p, s, e, w) in enumerate(items):
+        if backend == "local":
+            try:
+                _local_check(p, w)
+            except Exception as exc:  # noqa: BLE001 - reported for this item
+                out[i] = exc
+                continue
+        todo.append(i)
+    if todo:
+        try:
+            res = fs.cat_ranges([items[i][0] for i in todo], [items[i][1] for i in todo],
+                                [items[i][2] for i in todo], on_error="return")
+        except Exception as exc:  # noqa: BLE001 - a whole batch failed: each item failed so
+            res = [exc] * len(todo)
+        for i, r in zip(todo, res):
+            if not isinstance(r, BaseException):
+                _, s, e, w = items[i]
+                try:
+                    r = _check_len(r, s, e, exact, w)
+                except ArcError as exc:
+                    r = exc
+            out[i] = r
+    return out
+
+
+def read_one(fs, backend: str, path: str, start: int, end: int, *, exact: bool, timeout: float, what: str,
+             versioned: bool = False):
+    """One range (see :func:`read_ranges`); raises what ended it. ``versioned`` (S3, GCS): returns
+    ``(bytes, ETag or generation)``."""
+    if backend in ("s3", "gcs"):
+        get = _getter(backend)
+
+        async def run():
+            return await _timed(get(fs, path, start, end, exact, what, versioned), timeout, what, start, end)
+
+        return run_async(fs, run)
+    if versioned:
+        raise ValueError(f"no versioned reads on a {backend} filesystem")
+    if backend == "local":
+        _local_check(path, what)
+    return _check_len(fs.cat_file(path, start=start, end=end), start, end, exact, what)
+
+
+# ================================================================================ the spool
+
+# A spool entry is <key>.<start>-<end>.<xxh3-64 of its bytes>, <key> the object name with "/" as "__";
+# one being written is .tmp-<pid>-<thread>-<entry>. Nothing else in the folder is read or removed.
+_SPOOL_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
+_SPOOL_ENTRY = re.compile(r"(?P<key>[A-Za-z0-9_][A-Za-z0-9._-]*)\.(?P<start>0|[1-9][0-9]{0,18})-"
+                          r"(?P<end>0|[1-9][0-9]{0,18})\.(?P<hash>[0-9a-f]{16})\Z")
+_SPOOL_TMP = re.compile(r"\.tmp-[0-9]{1,20}-[0-9]{1,24}-(?P<entry>.+)\Z")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ENTRY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def spool_key(key: str) -> str | None:
+    """The spool's form of an object key (``/`` → ``__``), or None for a key it does not hold."""
+    k = key.replace("/", "__")
+    return k if _SPOOL_KEY.match(k) else None
+
+
+def spool_entry_key(name: str) -> str | None:
+    """The object key of a spool entry or of one being written, or None for any other name."""
+    t = _SPOOL_TMP.match(name)
+    m = _SPOOL_ENTRY.match(t.group("entry") if t else name)
+    return None if m is None else m.group("key").replace("__", "/")
+
+
+def _unlink_at(name: str, dfd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass  # gone already, or not ours to remove: the spool is only a cache
+
+
+def _read_fd(fd: int, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        b = os.read(fd, min(n - got, 8 << 20))
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+class RangeFetcher(retry.Deadlines):
+    """Fetches byte ranges of objects on ``fs``; see the module docstring.
+
+    ``retries``: a failed chunk is asked for at most ``retries`` more times; ``retry_time``: no retry
+    starts later than this many seconds after the fetch began; ``request_timeout``: seconds one range
+    request may take, answer included (S3, GCS); ``deadline`` / :meth:`time_limit`: the caller's
+    limit for everything (a follower's per-step deadline). ``spool_dir``: the resumption spool, a
+    folder of our own (a symlink, or a folder owned by another user, is not used)."""
+
+    def __init__(self, fs, *, chunk_size: int = DEFAULT_CHUNK, retries: int = retry.DEFAULT_RETRIES,
+                 backoff: float = retry.DEFAULT_BACKOFF, spool_dir: str | None = None, stats: FetchStats | None = None,
+                 on_bytes=None, batch: int = 16, request_timeout: float | None = None,
+                 retry_time: float | None = None):
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         self.fs = fs
+        self.backend = backend_of(fs)
         self.chunk_size = chunk_size
         self.retries = retries
         self.backoff = backoff
         self.spool_dir = spool_dir
         self.stats = stats if stats is not None else FetchStats()
         self.on_bytes = on_bytes
-        self.batch = batch
+        self.batch = max(1, batch)
         self._lock = threading.Lock()
+        self._init_deadlines(request_timeout, retry_time)
+        self._refused = None
 
-    # -- spool: one file per finished chunk, named <key>.<start>-<end>.<xxh3-64 of the bytes>
-    @staticmethod
-    def _spool_stem(key: str, start: int, end: int) -> str:
-        return f"{key.replace('/', '__')}.{start}-{end}."
-
-    def _spool_index(self) -> dict:
+    # -- the spool folder: opened without following a symlink, used through its descriptor only
+    def _spool_open(self, create: bool) -> int | None:
         if not self.spool_dir:
-            return {}
+            return None
         try:
-            return {n.rsplit(".", 1)[0] + ".": n for n in os.listdir(self.spool_dir) if not n.startswith(".")}
+            fd = os.open(self.spool_dir, _DIR_FLAGS)
         except FileNotFoundError:
-            return {}
+            if not create:
+                return None
+            try:
+                os.mkdir(self.spool_dir, 0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                return None
+            try:
+                fd = os.open(self.spool_dir, _DIR_FLAGS)
+            except OSError as exc:
+                return self._refuse(f"{type(exc).__name__}: {exc}")
+        except OSError as exc:   # ELOOP: a symlink; ENOTDIR: not a folder
+            return self._refuse("it is a symbolic link" if exc.errno == errno.ELOOP else
+                                f"{type(exc).__name__}: {exc}")
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            return self._refuse("it is not a folder owned by this user")
+        return fd
 
-    def _spool_get(self, index, key, start, end):
-        name = index.get(self._spool_stem(key, start, end))
+    def _refuse(self, why: str):
+        if self._refused != why:
+            self._refused = why
+            warnings.warn(f"not using the resumption spool {self.spool_dir}: {why}", stacklevel=3)
+        return None
+
+    @staticmethod
+    def _spool_index(dfd: int | None) -> dict:
+        if dfd is None:
+            return {}
+        index = {}
+        try:
+            names = os.listdir(dfd)
+        except OSError:
+            return {}
+        for n in names:
+            m = _SPOOL_ENTRY.match(n)
+            if m is not None:
+                index.setdefault((m.group("key"), int(m.group("start")), int(m.group("end"))), n)
+        return index
+
+    def _spool_get(self, dfd, index, key, start, end):
+        """A spooled chunk, used only if it is a regular file of exactly ``end - start`` bytes whose
+        hash is in its name; anything else found under its name is removed (and fetched again)."""
+        sk = spool_key(key)
+        name = None if sk is None else index.get((sk, start, end))
         if name is None:
             return None
-        p = os.path.join(self.spool_dir, name)
+        want = end - start
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            fd = os.open(name, _ENTRY_FLAGS, dir_fd=dfd)
         except OSError:
+            _unlink_at(name, dfd)     # a symlink, or gone
             return None
-        if len(data) != end - start or xxhash.xxh3_64_hexdigest(data) != name.rsplit(".", 1)[1]:
-            _unlink(p)  # damaged: fetch it again
+        try:
+            st = os.fstat(fd)
+            data = _read_fd(fd, want) if stat.S_ISREG(st.st_mode) and st.st_size == want else None
+        except OSError:
+            data = None
+        finally:
+            os.close(fd)
+        if data is None or len(data) != want or xxhash.xxh3_64_hexdigest(data) != name.rsplit(".", 1)[1]:
+            _unlink_at(name, dfd)     # damaged or not a chunk: fetch it again
             return None
         return data
 
-    def _spool_put(self, key, start, end, data) -> None:
-        if not self.spool_dir:
+    def _spool_put(self, dfd, key, start, end, data) -> None:
+        sk = spool_key(key)
+        if dfd is None or sk is None:
             return
-        name = self._spool_stem(key, start, end) + xxhash.xxh3_64_hexdigest(data)
-        tmp = os.path.join(self.spool_dir, f".tmp-{os.getpid()}-{threading.get_ident()}-{name}")
+        name = f"{sk}.{start}-{end}.{xxhash.xxh3_64_hexdigest(data)}"
+        tmp = f".tmp-{os.getpid()}-{threading.get_ident()}-{name}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            os.makedirs(self.spool_dir, exist_ok=True)
-            with open(tmp, "wb") as f:
+            try:
+                fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+            except FileExistsError:
+                _unlink_at(tmp, dfd)  # left by a crashed run of this pid and thread id
+                fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, os.path.join(self.spool_dir, name))
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError:
-            _unlink(tmp)  # the spool is an optimisation: a full disk must not fail the download
+            _unlink_at(tmp, dfd)      # the spool is an optimisation: a full disk must not fail the download
 
     def forget(self, keep=lambda key: False) -> None:
-        """Remove spooled chunks whose object key ``keep`` rejects (called after a step commits)."""
-        if not self.spool_dir or not os.path.isdir(self.spool_dir):
+        """Remove spooled chunks (and chunks being written) whose object key ``keep`` rejects (called
+        after a step commits). Only the spool's own entries are ever removed."""
+        dfd = self._spool_open(create=False)
+        if dfd is None:
             return
-        for n in os.listdir(self.spool_dir):
-            key = n.rsplit(".", 2)[0].replace("__", "/") if not n.startswith(".") else ""
-            if not keep(key):
-                _unlink(os.path.join(self.spool_dir, n))
+        try:
+            for n in os.listdir(dfd):
+                key = spool_entry_key(n)
+                if key is not None and not keep(key):
+                    _unlink_at(n, dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
 
     # -- fetching
     def fetch(self, requests) -> list:
@@ -164,11 +576,27 @@ class RangeFetcher:
         return [ps[0] if len(ps) == 1 else b"".join(ps) for ps in parts]
 
     def _fetch_pieces(self, pieces) -> list:
+        spool = [self._spool_open(create=False), False]   # [folder descriptor, creation tried]
+        try:
+            return self._fetch_with(pieces, spool)
+        finally:
+            if spool[0] is not None:
+                os.close(spool[0])
+
+    def _put(self, spool, key, s, e, data) -> None:
+        if not self.spool_dir:
+            return
+        if spool[0] is None and not spool[1]:
+            spool[1] = True
+            spool[0] = self._spool_open(create=True)
+        self._spool_put(spool[0], key, s, e, data)
+
+    def _fetch_with(self, pieces, spool) -> list:
         out = [None] * len(pieces)
-        index = self._spool_index()
+        index = self._spool_index(spool[0])
         pending = []
         for j, (_, _, s, e, key) in enumerate(pieces):
-            data = self._spool_get(index, key, s, e) if index else None
+            data = self._spool_get(spool[0], index, key, s, e) if index else None
             if data is not None:
                 out[j] = data
                 with self._lock:
@@ -178,20 +606,20 @@ class RangeFetcher:
                 pending.append(j)
             else:
                 out[j] = b""
+        started = time.monotonic()
         attempt = 0
         while pending:
-            failed = []
+            failed = []   # (piece, error) of the chunks a retry may cure
             for b in range(0, len(pending), self.batch):
                 group = pending[b: b + self.batch]
+                timeout = self.timeout_for(pieces[group[0]][4])
                 with self._lock:
                     self.stats.requests += len(group)
                     if attempt:
                         self.stats.retries += len(group)
-                try:
-                    res = self.fs.cat_ranges([pieces[j][1] for j in group], [pieces[j][2] for j in group],
-                                             [pieces[j][3] for j in group], on_error="return")
-                except Exception as exc:  # noqa: BLE001 - a whole batch failed: classify like one range
-                    res = [exc] * len(group)
+                res = read_ranges(self.fs, self.backend, [(pieces[j][1], pieces[j][2], pieces[j][3], pieces[j][4])
+                                                          for j in group], exact=True, timeout=timeout,
+                                  concurrency=len(group))
                 fatal = None   # raised after the good chunks of this batch are kept (and spooled)
                 for j, r in zip(group, res):
                     _, path, s, e, key = pieces[j]
@@ -200,31 +628,38 @@ class RangeFetcher:
                             continue
                         if isinstance(r, FileNotFoundError):
                             fatal = MissingError(f"{key}: the object is missing from the store")
+                        elif retry.is_transient(r):
+                            failed.append((j, r))
                         elif isinstance(r, ArcError):
                             fatal = r
-                        elif retry.is_transient(r) and attempt < self.retries:
-                            failed.append(j)
                         else:
                             fatal = TransportError(f"{key}: bytes {s}..{e}: {type(r).__name__}: {r}"
                                                    f"{f' (after {attempt} retries)' if attempt else ''}")
                             fatal.__cause__ = r
                         continue
-                    if len(r) != e - s:
-                        fatal = fatal or TruncatedError(f"{key}: got {len(r)} bytes at offset {s}, expected "
-                                                        f"{e - s}: the object is shorter than its manifest says")
+                    if len(r) != e - s:   # read_ranges guarantees it; never accept a wrong length
+                        fatal = fatal or TransportError(f"{key}: got {len(r)} bytes for a range of {e - s} at "
+                                                        f"offset {s}")
                         continue
                     out[j] = r
                     with self._lock:
                         self.stats.bytes += len(r)
-                    self._spool_put(key, s, e, r)
+                    self._put(spool, key, s, e, r)
                     if self.on_bytes is not None:
                         self.on_bytes(len(r))
                 if fatal is not None:
                     raise fatal
-            pending = failed
-            if pending:
+            if failed:
+                delay = retry.backoff_delay(attempt + 1, self.backoff)
+                why = self.may_retry(attempt, self.retries, started, delay)
+                if why is not None:
+                    j, r = failed[0]
+                    _, _, s, e, key = pieces[j]
+                    msg = str(r) if isinstance(r, ArcError) else f"{key}: bytes {s}..{e}: {type(r).__name__}: {r}"
+                    raise TransportError(f"{msg}{f' ({why})' if why else ''}") from r
                 attempt += 1
-                time.sleep(retry.backoff_delay(attempt, self.backoff))
+                time.sleep(delay)
+            pending = [j for j, _ in failed]
         return out
 
 
@@ -304,10 +739,3 @@ class ObjectSource:
         if len(pieces) == 1:
             return pieces[0]
         return b"".join(bytes(p) for p in pieces)
-
-
-def _unlink(p):
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass

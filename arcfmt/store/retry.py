@@ -1,6 +1,13 @@
-"""Which store errors are worth retrying, and retrying them with capped exponential backoff + jitter."""
+"""Which store errors are worth retrying, and retrying them with capped exponential backoff + jitter.
+
+This is the stream layer's one retry layer: with ``retries=N`` an operation sends at most N + 1
+requests, and stops early once ``retry_time`` seconds have passed since its first attempt (no new
+attempt starts after that) or the caller's deadline would pass. The client libraries' own retries
+are turned off where arcfmt builds the filesystem itself (``Store``), so they do not multiply.
+"""
 from __future__ import annotations
 
+import contextlib
 import errno
 import random
 import time
@@ -8,10 +15,15 @@ import time
 from ..errors import ArcError
 from .errors import MissingError, TransportError
 
+DEFAULT_RETRIES = 5
+DEFAULT_BACKOFF = 0.2
+DEFAULT_REQUEST_TIMEOUT = 60.0   # seconds one request may take, from sending it to the last byte of its answer
+DEFAULT_RETRY_TIME = 120.0       # seconds after an operation's first attempt during which retries may start
+
 _PERMANENT_TYPES = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
                     ArcError, ValueError, TypeError, KeyError, AttributeError, NotImplementedError, MemoryError)
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENAMETOOLONG,
-                     errno.EISDIR, errno.ENOTDIR, errno.ENOSPC, errno.EROFS}
+                     errno.EISDIR, errno.ENOTDIR, errno.ENOSPC, errno.EROFS, errno.ELOOP, errno.ENXIO}
 _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ParamValidationError",
                     "DefaultCredentialsError", "RefreshError", "InvalidConfigError"}
 _NETWORK_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "google", "gcsfs", "s3fs",
@@ -20,7 +32,10 @@ _RETRY_HTTP = {408, 425, 429, 500, 502, 503, 504}
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for errors a retry may cure: connection resets, timeouts, throttling, 5xx answers."""
+    """True for errors a retry may cure: connection resets, timeouts, throttling, 5xx answers, answers
+    that did not match the request (``TransportError(transient=True)``)."""
+    if isinstance(exc, TransportError):
+        return exc.transient
     if isinstance(exc, _PERMANENT_TYPES):
         return False
     if type(exc).__name__ in _PERMANENT_NAMES:
@@ -41,9 +56,78 @@ def backoff_delay(attempt: int, base: float, cap: float = 5.0) -> float:
     return d / 2 + random.random() * d / 2
 
 
-def call(fn, what: str, *, retries: int = 5, backoff: float = 0.2, stats=None, missing_ok=False):
+def describe(exc: BaseException) -> str:
+    """One line for an error in a message: an arcfmt error's own message, else ``Type: message``."""
+    return str(exc) if isinstance(exc, ArcError) else f"{type(exc).__name__}: {exc}"
+
+
+class Deadlines:
+    """Per-request and caller deadlines, shared by ``Store`` and ``RangeFetcher``.
+
+    ``request_timeout``: seconds one request may take (connection, headers and the whole body); a
+    request past it is abandoned and counts as a transient error. ``retry_time``: seconds after an
+    operation's first attempt during which a retry may still start. ``deadline``: an absolute
+    ``time.monotonic()`` time set by the caller (see :meth:`time_limit`): no request runs past it and
+    an operation still unfinished then fails with ``TransportError`` (not retried).
+    """
+
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    retry_time: float = DEFAULT_RETRY_TIME
+    deadline: float | None = None
+
+    def _init_deadlines(self, request_timeout, retry_time) -> None:
+        rt = DEFAULT_REQUEST_TIMEOUT if request_timeout is None else float(request_timeout)
+        rr = DEFAULT_RETRY_TIME if retry_time is None else float(retry_time)
+        if not rt > 0:
+            raise ValueError("request_timeout must be positive")
+        if not rr >= 0:
+            raise ValueError("retry_time must not be negative")
+        self.request_timeout = rt
+        self.retry_time = rr
+        self.deadline = None
+
+    @contextlib.contextmanager
+    def time_limit(self, seconds: float | None):
+        """Within the block, every request and retry of this object ends by ``seconds`` from now (None:
+        no limit beyond the per-request one). Nested limits keep the earliest."""
+        prev = self.deadline
+        if seconds is not None:
+            t = time.monotonic() + float(seconds)
+            self.deadline = t if prev is None else min(prev, t)
+        try:
+            yield
+        finally:
+            self.deadline = prev
+
+    def timeout_for(self, what: str) -> float:
+        """Seconds the next request may take: ``request_timeout``, cut to what is left of the deadline."""
+        t = self.request_timeout
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError(f"{what}: the caller's deadline has passed")
+            t = min(t, left)
+        return t
+
+    def may_retry(self, attempt: int, retries: int, started: float, delay: float) -> str | None:
+        """None if retry number ``attempt + 1`` may start after sleeping ``delay``; else why not."""
+        if attempt >= retries:
+            return f"after {attempt} retries" if attempt else ""
+        now = time.monotonic()
+        if now + delay - started > self.retry_time:
+            return f"after {attempt} retries; its {self.retry_time:g} s of retry time are spent"
+        if self.deadline is not None and now + delay >= self.deadline:
+            return f"after {attempt} retries; the caller's deadline would pass"
+        return None
+
+
+def call(fn, what: str, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFAULT_BACKOFF, stats=None,
+         missing_ok=False, limits: Deadlines | None = None):
     """``fn()`` with retries of transient errors; a missing object is ``MissingError`` (or ``None``
-    with ``missing_ok``); anything still failing is ``TransportError`` naming ``what``."""
+    with ``missing_ok``); anything still failing is ``TransportError`` naming ``what``. ``limits``
+    (a :class:`Deadlines`) caps the total retry time and the caller's deadline."""
+    limits = limits if limits is not None else Deadlines()
+    started = time.monotonic()
     attempt = 0
     while True:
         try:
@@ -52,13 +136,21 @@ def call(fn, what: str, *, retries: int = 5, backoff: float = 0.2, stats=None, m
             if missing_ok:
                 return None
             raise MissingError(f"{what}: no such object") from None
-        except ArcError:
-            raise
+        except ArcError as exc:
+            if not is_transient(exc):
+                raise
+            err = exc
         except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_transient(exc) or attempt >= retries:
-                raise TransportError(f"{what}: {type(exc).__name__}: {exc}"
-                                     f"{f' (after {attempt} retries)' if attempt else ''}") from exc
-            attempt += 1
-            if stats is not None:
-                stats.retries += 1
-            time.sleep(backoff_delay(attempt, backoff))
+            if not is_transient(exc):
+                raise TransportError(f"{what}: {describe(exc)}") from exc
+            err = exc
+        delay = backoff_delay(attempt + 1, backoff)
+        why = limits.may_retry(attempt, retries, started, delay)
+        if why is not None:
+            msg = describe(err) if isinstance(err, ArcError) and str(err).startswith(what) else \
+                f"{what}: {describe(err)}"
+            raise TransportError(f"{msg}{f' ({why})' if why else ''}") from err
+        attempt += 1
+        if stats is not None:
+            stats.retries += 1
+        time.sleep(delay)

@@ -1,0 +1,413 @@
+"""The one decode-and-verify path (SPEC.md §12.3): every consumer of decoded bytes is a sink of it.
+
+Readers turn a file into a sequence of :class:`Item` (a checked tensor header, its checked base and a
+loader per block); :func:`run` decodes the blocks — on the calling thread and helper threads — hashes
+each tensor's bytes in order as they complete, and hands a tensor to its sink's ``commit`` only once
+its hash matches ``target_hash``. The checks themselves (base, tensor hash, digests) live here once:
+a new consumer (a new file, an in-place file, live arrays, a GPU engine) is a new sink, never a new
+copy of them.
+
+A sink's ``open(th)`` returns a per-tensor object with ``buffer(b, encoding, base_block, drain)``
+(where block ``b``'s elements go: a flat unsigned array of the block's length), ``done(b, arr)``
+(block ``b`` is decoded and hashed, called in order) and ``commit()`` (the tensor verified; its
+return value is what :func:`run` yields). Buffers may be private staging memory: nothing is exposed
+before ``commit``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from . import records, transforms
+from .arrays import as_uint, release
+from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
+from .integrity import model_digest, tensor_hash
+from .parallel import SHARED_MIN_ELEMS
+
+# Decoded output not backed by a base of the same size that a decoder allocates by default: at least
+# this much, or OUTPUT_PER_FILE_BYTE times the file's size (SPEC.md §17: a small file can declare huge
+# tensors; a caller who expects more says so with max_output_bytes).
+DEFAULT_MIN_OUTPUT = 256 << 20
+OUTPUT_PER_FILE_BYTE = 16
+
+
+def default_output_budget(file_size: int) -> int:
+    return max(DEFAULT_MIN_OUTPUT, OUTPUT_PER_FILE_BYTE * file_size)
+
+
+# --------------------------------------------------------------------------------------- checks
+
+def check_base(th: records.TensorHeader, base) -> np.ndarray | None:
+    """§12.3 step 1: the base tensor's flat unsigned view, once it is the one the file names."""
+    if not th.needs_base:
+        return None
+    if base is None:
+        raise WrongBaseError(f"tensor {th.name!r} needs its base, which was not given")
+    dt, shape, u = as_uint(base)
+    if dt is not th.dtype or tuple(shape) != th.shape:
+        raise WrongBaseError(f"base tensor {th.name!r} is {dt.name}{list(shape)}, the file expects "
+                             f"{th.dtype.name}{list(th.shape)}")
+    got = tensor_hash(u)
+    if got != th.base_hash:
+        raise WrongBaseError(f"base tensor {th.name!r} does not match the base this delta was made from "
+                             f"(hash {got:016x}, expected {th.base_hash:016x})")
+    return u
+
+
+def verify_hash(th: records.TensorHeader, digest: int) -> None:
+    """§12.3 step 3."""
+    if digest != th.target_hash:
+        raise VerificationError(f"tensor {th.name!r}: reconstructed bytes do not match the target hash")
+
+
+def digest_entries(headers, which: str = "target") -> list:
+    """Model-digest entries (§13.2) of tensor headers: their target hashes, or (``"base"``) the base
+    hashes of those that need a base."""
+    if which == "target":
+        return [(h.name.encode("utf-8"), h.dtype.code, h.shape, h.target_hash) for h in headers]
+    return [(h.name.encode("utf-8"), h.dtype.code, h.shape, h.base_hash) for h in headers if h.needs_base]
+
+
+def check_digests(headers, index: records.Index) -> None:
+    """§12.3 step 4 for a file whose every tensor is reconstructed (``headers``: all of them).
+
+    Both digests are functions of the tensor headers, and every tensor is verified against its
+    ``target_hash`` before it is exposed, so checking them from the headers — before any block is
+    decoded — is the same check, made before anything is written.
+    """
+    if model_digest(digest_entries(headers)) != index.target_digest:
+        raise VerificationError("the rebuilt model does not match the target digest in the index")
+    base = digest_entries(headers, "base")
+    if (model_digest(base) if base else bytes(16)) != index.base_digest:
+        raise CorruptError("the base digest in the index does not match the tensors' base hashes")
+
+
+def decode_block(th: records.TensorHeader, b: int, loaded, base_block, out: np.ndarray) -> None:
+    """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block."""
+    info, payload = loaded
+    if info.encoding == transforms.UNCHANGED and out is base_block:
+        return  # in place: the bytes are already there
+    where = f"tensor {th.name!r} block {b}"
+    streams = records.decode_block_streams(payload, info, where)
+    try:
+        transforms.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out)
+    except ArcError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------- items
+
+@dataclass
+class Item:
+    """One tensor to rebuild: its header, its checked base (flat unsigned view or None), one loader
+    per block returning ``(BlockInfo, payload)`` (called on any thread, in any order), and the
+    blocks' encodings when the index gives them before loading."""
+
+    th: records.TensorHeader
+    base_u: np.ndarray | None
+    loaders: Iterable[Callable[[], tuple]]
+    encodings: list | None = None
+
+
+DRAIN = object()  # in an item sequence: finish every block in flight before the next item is taken
+
+
+# --------------------------------------------------------------------------------------- scheduler
+
+class _Job:
+    __slots__ = ("fn", "args", "state", "error", "event")
+
+    def __init__(self, fn, args):
+        self.fn, self.args, self.state, self.error = fn, args, 0, None  # 0 new, 1 running, 2 done
+        self.event = None
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller, in order
+            self.error = exc
+
+
+class _Workers:
+    """The calling thread plus ``n − 1`` helpers over one queue. The caller runs a queued job itself
+    when it needs a result that no helper has started, so every core decodes and nobody hands small
+    jobs across threads for nothing."""
+
+    def __init__(self, n: int):
+        self.queue = deque()
+        self.cond = threading.Condition()
+        self.stopped = False
+        self.threads = [threading.Thread(target=self._loop, name="arcfmt-decode", daemon=True)
+                        for _ in range(max(0, n - 1))]
+        for t in self.threads:
+            t.start()
+
+    def _take(self, job=None):
+        """A new job to run now (``job`` itself if it is still queued), marked running; else None."""
+        q = self.queue
+        while q and q[0].state != 0:
+            q.popleft()
+        if job is not None:
+            if job.state == 0:
+                job.state = 1
+                return job
+        if q:
+            j = q.popleft()
+            j.state = 1
+            return j
+        return None
+
+    def _finish(self, job) -> None:
+        with self.cond:
+            job.state = 2
+            self.cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                job = self._take()
+                while job is None and not self.stopped:
+                    self.cond.wait()
+                    job = self._take()
+                if job is None:
+                    return
+            job.run()
+            self._finish(job)
+
+    def submit(self, job: _Job, shared: bool) -> None:
+        if not shared or not self.threads:
+            job.state = 1
+            job.run()
+            job.state = 2
+            return
+        with self.cond:
+            self.queue.append(job)
+            self.cond.notify()
+
+    def wait(self, job: _Job) -> None:
+        while True:
+            with self.cond:
+                if job.state == 2:
+                    return
+                mine = self._take(job)
+                if mine is None:
+                    self.cond.wait()
+                    continue
+            mine.run()
+            self._finish(mine)
+
+    def close(self) -> None:
+        """Drop queued jobs and wait for running ones: no buffer is written after this returns."""
+        with self.cond:
+            self.stopped = True
+            for j in self.queue:
+                if j.state == 0:
+                    j.state = 2
+            self.queue.clear()
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join()
+
+
+class _Tensor:
+    __slots__ = ("item", "out", "hash", "left", "single")
+
+    def __init__(self, item, out):
+        self.item, self.out = item, out
+        self.single = item.th.block_count == 1
+        self.hash = None if self.single else xxhash.xxh3_64()
+        self.left = item.th.block_count
+
+
+def _decode_job(th, b, load, base_block, arr, hashed: list | None) -> None:
+    decode_block(th, b, load(), base_block, arr)
+    if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
+        hashed.append(tensor_hash(arr))
+
+
+def run(items: Iterable, sink, *, workers: int = 1, window: int | None = None) -> Iterator:
+    """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
+
+    On any failure nothing more is committed, every thread has stopped touching the sink's buffers,
+    and the error is raised. The sink's own ``finish()`` (if any) runs after the last commit.
+    """
+    pool = _Workers(workers)
+    window = window or max(2, 2 * workers)
+    pending = deque()  # (tensor, b, job, arr, base_block, hashed)
+    ready = []
+
+    def complete_one():
+        t, b, job, arr, base_block, hashed = pending.popleft()
+        pool.wait(job)
+        if job.error is not None:
+            raise job.error
+        th = t.item.th
+        if t.single:
+            verify_hash(th, hashed[0])
+        else:
+            t.hash.update(memoryview(arr).cast("B"))
+        t.out.done(b, arr)
+        if base_block is not None and base_block is not arr:
+            release(base_block)
+        t.left -= 1
+        if t.left == 0:
+            if not t.single:
+                verify_hash(th, t.hash.intdigest())
+            ready.append(t.out.commit())
+
+    def drain():
+        while pending:
+            complete_one()
+
+    try:
+        for item in items:
+            if item is DRAIN:
+                drain()
+                yield from _flush(ready)
+                continue
+            th = item.th
+            t = _Tensor(item, sink.open(th))
+            if th.block_count == 0:
+                verify_hash(th, tensor_hash(np.empty(0, th.dtype.uint)))
+                ready.append(t.out.commit())
+            for b, load in enumerate(item.loaders):
+                s, e = th.block_range(b)
+                base_block = None if item.base_u is None else item.base_u[s:e]
+                enc = None if item.encodings is None else item.encodings[b]
+                arr = t.out.buffer(b, enc, base_block, drain)
+                hashed = [] if t.single else None
+                job = _Job(_decode_job, (th, b, load, base_block, arr, hashed))
+                pending.append((t, b, job, arr, base_block, hashed))
+                pool.submit(job, shared=e - s >= SHARED_MIN_ELEMS)
+                while pending and (len(pending) >= window or pending[0][2].state == 2):
+                    complete_one()
+                yield from _flush(ready)
+        drain()
+        yield from _flush(ready)
+        finish = getattr(sink, "finish", None)
+        if finish is not None:
+            finish()
+    finally:
+        pool.close()
+
+
+def _flush(ready: list):
+    while ready:
+        yield ready.pop(0)
+
+
+# --------------------------------------------------------------------------------------- array sinks
+
+class ArraySink:
+    """New arrays: each tensor's output is allocated within the caller's budget and yielded as
+    ``(name, array)`` once verified. ``headers``: allocate these up front in one arena (a whole
+    decode faults its pages in once, with huge pages where the kernel gives them)."""
+
+    def __init__(self, budget: int, headers=None):
+        self.budget = [budget]
+        self.arena = {}
+        if headers:
+            self.arena = dict(zip((h.name for h in headers), allocate_all(headers, self.budget)))
+
+    def open(self, th):
+        out = self.arena.pop(th.name, None)
+        if out is None:
+            out = allocate_all([th], self.budget)[0]
+        return _ArrayTensor(th, out)
+
+
+class _ArrayTensor:
+    __slots__ = ("th", "flat")
+
+    def __init__(self, th, flat):
+        self.th, self.flat = th, flat
+
+    def buffer(self, b, encoding, base_block, drain):
+        s, e = self.th.block_range(b)
+        return self.flat[s:e]
+
+    def done(self, b, arr) -> None:
+        pass
+
+    def commit(self):
+        return self.th.name, self.flat.view(self.th.dtype.numpy).reshape(self.th.shape)
+
+
+class LiveSink:
+    """Live arrays updated in place (a rollout engine's CPU weights). Changed blocks are staged in
+    private memory and copied into the live array only once the whole tensor verified; unchanged
+    blocks are never written. ``live``: name → writeable C-contiguous flat unsigned view; tensors not
+    in it (new, or of another dtype or shape) go to ``fresh``, an :class:`ArraySink`."""
+
+    def __init__(self, live: dict, arrays, fresh: ArraySink):
+        self.live, self.arrays, self.fresh = live, arrays, fresh
+
+    def open(self, th):
+        flat = self.live.get(th.name)
+        if flat is None:
+            return self.fresh.open(th)
+        return _LiveTensor(th, flat, self.arrays[th.name])
+
+
+class _LiveTensor:
+    __slots__ = ("th", "flat", "array", "staged")
+
+    def __init__(self, th, flat, array):
+        self.th, self.flat, self.array, self.staged = th, flat, array, []
+
+    def buffer(self, b, encoding, base_block, drain):
+        if encoding == transforms.UNCHANGED and base_block is not None:
+            return base_block  # decode_block leaves it as it is
+        s, e = self.th.block_range(b)
+        out = np.empty(e - s, self.th.dtype.uint)
+        self.staged.append((s, e, out))
+        return out
+
+    def done(self, b, arr) -> None:
+        pass
+
+    def commit(self):
+        for s, e, out in self.staged:
+            self.flat[s:e] = out
+        self.staged = []
+        return self.th.name, self.array
+
+
+# --------------------------------------------------------------------------------------- memory
+
+def allocate_all(headers: list, budget: list) -> list:
+    """Output buffers for several tensors, each refused (LimitError) past the caller's budget.
+
+    They are 64-byte aligned views into one allocation: the kernel maps (and zeroes) one region, with
+    huge pages where it can, instead of one per tensor — page faults are a large share of decoding.
+    """
+    need, offsets, total, used = [], [], 0, 0  # used: tensor bytes, counted against the budget
+    for th in headers:
+        n = th.size * th.dtype.itemsize
+        if n > budget[0] - used:
+            raise LimitError(f"tensor {th.name!r} needs {n} bytes of output, more than the {budget[0] - used} "
+                             f"left of this decoder's output budget (raise max_output_bytes if you expect "
+                             f"that much)")
+        offsets.append(total)
+        need.append(n)
+        used += n
+        total += n + (-n % 64)  # alignment padding is not output
+    try:
+        arena = np.empty(max(total, 1), np.uint8)
+    except MemoryError:
+        raise LimitError(f"cannot allocate {total} bytes of output") from None
+    budget[0] -= used
+    return [arena[o:o + n].view(th.dtype.uint) for th, o, n in zip(headers, offsets, need)]
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40

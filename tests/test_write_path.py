@@ -1,0 +1,401 @@
+"""The one verified write path: nothing unverified is exposed, nothing outside is touched.
+
+Regression tests for each way the decode → verify → write sequence once lost the promise: digests
+skipped in place, output budgets, base files with odd layouts, files beside the weights, modes and
+owners, clean-up of entries that are not ours, planted links, a tensor in two shards, a spool that
+eats the disk, and SIGKILL at every deterministic point of ``apply --in-place``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import arcfmt
+from arcfmt import pipeline, staging
+from arcfmt.checkpoint import apply_delta, encode_checkpoints
+from arcfmt.demo import make_model_pair, save_sharded
+from arcfmt.errors import CorruptError, FileAccessError, LimitError, VerificationError
+from arcfmt.safetensors_io import open_checkpoint, read_file, write_file
+from conftest import parse_file, reassemble
+from conftest_faults import KillPoints
+
+
+def digest_tree(path) -> dict:
+    path = str(path)
+    if os.path.isfile(path):
+        return {"": hashlib.sha256(open(path, "rb").read()).hexdigest()}
+    return {n: hashlib.sha256(open(os.path.join(path, n), "rb").read()).hexdigest()
+            for n in sorted(os.listdir(path)) if os.path.isfile(os.path.join(path, n))}
+
+
+def pair_arrays(seed=0, n=4000):
+    rng = np.random.default_rng(seed)
+    base = {"w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(64).astype(np.float32)}
+    target = {"w": base["w"] * np.float32(1.001), "b": base["b"].copy()}
+    return base, target
+
+
+# ------------------------------------------------------------------------------ digests, budgets
+
+@pytest.mark.parametrize("which, err", [("target_digest", VerificationError), ("base_digest", CorruptError)])
+def test_apply_in_place_checks_both_digests_like_decode(which, err):
+    """A file whose index digest is wrong (records re-chained, so only the digest check can tell) is
+    refused by decode, by StreamReader and by apply_in_place, which then leaves the live arrays as they were."""
+    base, target = pair_arrays()
+    bad = reassemble(parse_file(arcfmt.encode(base, target)), **{which: bytes(16)})
+    with pytest.raises(err):
+        arcfmt.decode(base, bad)
+    with pytest.raises(err):
+        import io
+        list(arcfmt.StreamReader(io.BytesIO(bad), base))
+    live = {k: v.copy() for k, v in base.items()}
+    with pytest.raises(err):
+        list(arcfmt.apply_in_place(live, bad))
+    assert all(live[k].tobytes() == base[k].tobytes() for k in base)
+
+
+def test_small_file_cannot_allocate_gigabytes_by_default(monkeypatch):
+    """A keyframe of zeros is tiny and declares a large tensor: the default budget (scaled to the file)
+    refuses it with a LimitError that names the parameter; the caller who expects it says so. A delta
+    whose output a base backs is not limited by default."""
+    monkeypatch.setattr(pipeline, "DEFAULT_MIN_OUTPUT", 1 << 20)
+    z = {"z": np.zeros(1 << 20, np.float32)}          # 4 MiB, a file of a few hundred bytes
+    kf = arcfmt.encode(None, z, effort="fast")
+    assert len(kf) * pipeline.OUTPUT_PER_FILE_BYTE < 4 << 20
+    with pytest.raises(LimitError, match="max_output_bytes"):
+        arcfmt.decode(None, kf)
+    import io
+    with pytest.raises(LimitError, match="max_output_bytes"):
+        list(arcfmt.StreamReader(io.BytesIO(kf)))
+    assert arcfmt.decode(None, kf, max_output_bytes=4 << 20)["z"].tobytes() == z["z"].tobytes()
+    d = arcfmt.encode(z, {"z": z["z"] + 1})
+    assert arcfmt.decode(z, d)["z"].tobytes() == (z["z"] + 1).tobytes()
+
+
+def test_unchanged_tensor_whose_target_hash_differs_is_refused_in_place():
+    """All blocks unchanged but a target hash that is not the base's: never reported as applied."""
+    import arcfmt.records as R
+    from arcfmt import layout as L
+    from conftest import Rec
+    base, target = pair_arrays()
+    p = parse_file(arcfmt.encode(base, target))
+    recs = []
+    for r in p.recs:
+        if r.type == L.TENS and r.name == "b":
+            th = R.parse_tensor(r.payload, "t")
+            th.target_hash ^= 1
+            r = Rec(L.TENS, R.build_tensor(th), name="b")
+        recs.append(r)
+    entries = []
+    for r in recs:
+        if r.type == L.TENS:
+            th = R.parse_tensor(r.payload, "t")
+            entries.append((th.name.encode(), th.dtype.code, th.shape, th.target_hash))
+    from arcfmt.integrity import model_digest
+    bad = reassemble(p, recs, target_digest=model_digest(entries))
+    live = {k: v.copy() for k, v in base.items()}
+    with pytest.raises(VerificationError, match="'b'"):
+        list(arcfmt.apply_in_place(live, bad))
+    assert all(live[k].tobytes() == base[k].tobytes() for k in base)
+
+
+# ------------------------------------------------------------------------------ checkpoints on disk
+
+def _write_odd_file(path, tensors: dict, order, gap=24):
+    """A safetensors file whose header lists tensors in ``order`` while their data lie in reverse,
+    with ``gap`` unused bytes before and between them (valid: safetensors allows holes)."""
+    header, blobs, pos = {}, [], gap
+    for name in reversed(order):
+        raw = tensors[name].tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [pos, pos + len(raw)]}
+        blobs.append((pos, raw))
+        pos += len(raw) + gap
+    h = json.dumps({n: header[n] for n in order}).encode()
+    data = bytearray(pos)
+    for at, raw in blobs:
+        data[at: at + len(raw)] = raw
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + bytes(data))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_base_with_gaps_and_out_of_order_tensors_gives_a_readable_output(tmp_path, in_place):
+    base, target = pair_arrays()
+    b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+    _write_odd_file(b, base, ["w", "b"])
+    write_file(t, target)
+    d = tmp_path / "d.arc"
+    encode_checkpoints(b, t, d)
+    out = b if in_place else tmp_path / "o.safetensors"
+    apply_delta(b, d, None if in_place else out, in_place=in_place)
+    f = read_file(str(out))  # its own header matches its data
+    got = open_checkpoint(out).tensors()
+    assert set(got) == set(target) and all(got[k].tobytes() == target[k].tobytes() for k in target)
+    assert os.path.getsize(out) == f.data_start + sum(t.end - t.begin for t in f.tensors)
+
+
+def _folder_pair(tmp_path, shards=3):
+    base, target = make_model_pair(seed=3, layers=2, d=64, vocab=500)
+    b, t = tmp_path / "b", tmp_path / "t"
+    save_sharded(b, base, shards=shards)
+    save_sharded(t, target, shards=shards)
+    d = tmp_path / "d.arc"
+    encode_checkpoints(b, t, d)
+    return b, t, d
+
+
+def test_files_beside_the_weights_survive_apply(tmp_path):
+    """config.json, a tokenizer folder and a link beside the shards: kept in place, copied to a new folder."""
+    b, t, d = _folder_pair(tmp_path)
+    (b / "config.json").write_text('{"a": 1}')
+    (b / "tok").mkdir()
+    (b / "tok" / "vocab.txt").write_text("x y")
+    os.symlink("config.json", b / "cfg-link")
+    apply_delta(b, d, tmp_path / "o")
+    apply_delta(b, d, in_place=True)
+    for root in (b, tmp_path / "o"):
+        assert (root / "config.json").read_text() == '{"a": 1}'
+        assert (root / "tok" / "vocab.txt").read_text() == "x y"
+        assert os.readlink(root / "cfg-link") == "config.json"
+        weights = {k: v for k, v in digest_tree(root).items() if k.endswith((".safetensors", ".json"))
+                   and k != "config.json"}
+        assert weights == digest_tree(t)
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_in_place_keeps_modes_and_owner(tmp_path, kind):
+    """Private weights stay private: the file (or folder and every file in it) keeps mode and owner."""
+    if kind == "file":
+        base, target = pair_arrays()
+        b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+        write_file(b, base)
+        write_file(t, target)
+        d = tmp_path / "d.arc"
+        encode_checkpoints(b, t, d)
+        os.chmod(b, 0o600)
+        paths = [b]
+    else:
+        b, t, d = _folder_pair(tmp_path)
+        os.chmod(b, 0o700)
+        paths = [b] + [b / n for n in os.listdir(b)]
+        for p in paths[1:]:
+            os.chmod(p, 0o600)
+    if os.geteuid() == 0:
+        for p in paths:
+            os.chown(p, 1234, 4321)
+    before = {str(p): os.stat(p) for p in paths}
+    apply_delta(b, d, in_place=True)
+    assert digest_tree(b) == digest_tree(t)
+    for p in paths:
+        st, old = os.stat(p), before[str(p)]
+        assert stat.S_IMODE(st.st_mode) == stat.S_IMODE(old.st_mode), p
+        assert (st.st_uid, st.st_gid) == (old.st_uid, old.st_gid), p
+
+
+def test_recover_removes_only_its_own_entries(tmp_path):
+    """Clean-up removes the staging entries of *this* destination left by dead processes, and a
+    planted link is unlinked, its target never touched; a sibling destination's staging stays."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    dest = tmp_path / "b"
+    dest.mkdir()
+    mine = tmp_path / f"{staging.TMP_TAG}{dead.pid}-deadbeef-b"
+    os.symlink(victim, mine)
+    mine_dir = tmp_path / f"{staging.TMP_TAG}{dead.pid}-0badf00d-b"
+    mine_dir.mkdir()
+    (mine_dir / "x").write_text("x")
+    other = tmp_path / f"{staging.TMP_TAG}{dead.pid}-deadbeef-a-b"   # the staging of a folder named "a-b"
+    other.mkdir()
+    planted_old = tmp_path / f"{staging.OLD_TAG}b"
+    os.symlink(victim, planted_old)
+    staging.recover(str(dest))
+    assert not os.path.lexists(mine) and not os.path.lexists(mine_dir)
+    assert other.is_dir() and os.path.islink(planted_old)
+    assert (victim / "precious").read_text() == "keep" and dest.is_dir()
+
+
+def test_disk_full_is_an_error_never_a_crash(tmp_path):
+    """An output that cannot fit: one typed error naming the destination, nothing left behind."""
+    b, t, d = _folder_pair(tmp_path)
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with pytest.raises((LimitError, FileAccessError)):
+            apply_delta(b, d, small / "o")
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+# ------------------------------------------------------------------------------ the follower
+
+def test_follower_lock_is_never_followed_through_a_planted_link(tmp_path):
+    base, _ = pair_arrays()
+    pub = arcfmt.Publisher(str(tmp_path / "stream"), shard=0, num_shards=1)
+    pub.publish(0, base)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, tmp_path / ".arcfmt-lock-f")
+    with pytest.raises(FileAccessError):
+        arcfmt.Follower(str(tmp_path / "stream"), into=tmp_path / "f").sync()
+    assert victim.read_text() == "keep" and not (tmp_path / "f").exists()
+
+
+def test_follower_refuses_a_tensor_in_two_shards(tmp_path, monkeypatch):
+    """A step whose shards both carry tensor "a" (a bucket writer can commit such a step) is corrupt."""
+    from arcfmt.store import layout as SL
+    base, _ = pair_arrays()
+    url = str(tmp_path / "stream")
+    real = SL.Descriptor.digest_entries
+
+    def disguised(self):  # the publisher's own duplicate check, blinded
+        return [(e[0] + (b"#%d" % self.shard),) + tuple(e[1:]) for e in real(self)]
+
+    monkeypatch.setattr(SL.Descriptor, "digest_entries", disguised)
+    arcfmt.Publisher(url, shard=0, num_shards=2).publish(0, base)
+    arcfmt.Publisher(url, shard=1, num_shards=2).publish(0, {"w": base["w"]})
+    monkeypatch.setattr(SL.Descriptor, "digest_entries", real)
+    for tensors in (None, ["w"]):
+        with pytest.raises(CorruptError, match="two shards"):
+            arcfmt.Follower(url, into=tmp_path / "f", tensors=tensors).sync()
+        assert not (tmp_path / "f").exists()
+
+
+def test_follower_gives_up_its_spool_before_refusing_a_step(tmp_path, monkeypatch):
+    """The space check counts the follower's own spool: a step that fits once the spool is dropped
+    is applied; one that does not fit is refused and the folder is untouched."""
+    import arcfmt.store.follower as F
+    base, target = pair_arrays()
+    url = str(tmp_path / "stream")
+    pub = arcfmt.Publisher(url, shard=0, num_shards=1)
+    pub.publish(0, base)
+    fol = arcfmt.Follower(url, into=tmp_path / "f")
+    fol.sync()
+    pub.publish(1, target)
+    os.makedirs(fol.spool_dir, exist_ok=True)
+    junk = os.path.join(fol.spool_dir, "steps__000000000001__x.0-10.0123456789abcdef")
+    with open(junk, "wb") as f:
+        f.write(b"0123456789")
+    real = shutil.disk_usage
+
+    def usage(path):
+        u = real(path)
+        spool = fol.spool_dir is not None and os.path.isdir(fol.spool_dir) and os.listdir(fol.spool_dir)
+        return u._replace(free=1 if spool else u.free)
+
+    monkeypatch.setattr(F.shutil, "disk_usage", usage)
+    (u,) = fol.sync()
+    assert u.step == 1 and not os.path.exists(junk)
+    pub.publish(2, base)
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda p: real(p)._replace(free=1))
+    before = digest_tree(tmp_path / "f")
+    with pytest.raises(LimitError, match="bytes free"):
+        fol.sync()
+    assert digest_tree(tmp_path / "f") == before
+
+
+def test_follower_keeps_the_users_files_and_modes(tmp_path):
+    base, target = pair_arrays()
+    url = str(tmp_path / "stream")
+    pub = arcfmt.Publisher(url, shard=0, num_shards=1)
+    pub.publish(0, base)
+    into = tmp_path / "f"
+    fol = arcfmt.Follower(url, into=into)
+    fol.sync()
+    (into / "config.json").write_text("{}")
+    os.chmod(into, 0o700)
+    for n in os.listdir(into):
+        os.chmod(into / n, 0o600)
+    pub.publish(1, target)
+    (u,) = fol.sync()
+    assert (into / "config.json").read_text() == "{}"
+    assert stat.S_IMODE(os.stat(into).st_mode) == 0o700
+    assert {stat.S_IMODE(os.stat(into / n).st_mode) for n in os.listdir(into)} == {0o600}
+
+
+# ------------------------------------------------------------------------------ SIGKILL at every point
+
+WATCHED = [(os, "fsync"), (os, "rename"), (os, "replace"), (os, "link"), (os, "unlink"), (os, "pwrite"),
+           (os, "posix_fallocate"), (os, "mkdir"), (shutil, "rmtree"), (shutil, "copy2"),
+           (staging, "exchange_dirs")]
+
+
+def _apply_killed(base, delta, kill_at) -> tuple[int, list]:
+    """Fork, arm the kill points, apply in place; ``(exit status, point names)`` — the names only come
+    back from a run that was not killed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        try:
+            kp = KillPoints(kill_at)
+            for obj, attr in WATCHED:
+                kp.watch(obj, attr)
+            apply_delta(str(base), str(delta), in_place=True, workers=2)
+            os.write(w, json.dumps(kp.names).encode())
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    _, status = os.waitpid(pid, 0)
+    return status, json.loads(out) if out else []
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, kind):
+    """SIGKILL before and after every fsync, rename, link, unlink, write, space reservation, folder
+    exchange and removal of ``apply --in-place``: the base is then the old or the new model, never a
+    mix, with its modes; the next run's recovery leaves nothing beside it."""
+    if kind == "file":
+        base, target = make_model_pair(seed=5, layers=1, d=64, vocab=300)
+        b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+        write_file(b, base)
+        write_file(t, target)
+        d = tmp_path / "d.arc"
+        encode_checkpoints(b, t, d)
+    else:
+        b, t, d = _folder_pair(tmp_path)
+        (b / "config.json").write_text("{}")
+    pristine = tmp_path / "pristine"
+    (shutil.copytree if kind == "folder" else shutil.copy2)(b, pristine, **({"symlinks": True} if kind == "folder" else {}))
+    old, new = digest_tree(b), None
+    status, names = _apply_killed(b, d, None)
+    assert status == 0 and names
+    new = digest_tree(b)
+    assert {k: v for k, v in new.items() if k != "config.json"} == digest_tree(t)
+    seen = set()
+    for k in range(1, len(names) + 1):
+        shutil.rmtree(b) if kind == "folder" else os.unlink(b)
+        (shutil.copytree if kind == "folder" else shutil.copy2)(pristine, b)
+        os.chmod(b, 0o700 if kind == "folder" else 0o600)
+        if kind == "folder":
+            for n in os.listdir(b):
+                os.chmod(b / n, 0o600)
+        status, _ = _apply_killed(b, d, k)
+        assert os.WIFSIGNALED(status), (k, names[k - 1], status)
+        state = digest_tree(b)   # what an engine reading the base right now would see
+        assert state in (old, new), (k, names[k - 1])
+        seen.add("old" if state == old else "new")
+        assert stat.S_IMODE(os.stat(b).st_mode) == (0o700 if kind == "folder" else 0o600), (k, names[k - 1])
+        if kind == "folder":
+            assert {stat.S_IMODE(os.stat(b / n).st_mode) for n in os.listdir(b)} == {0o600}, (k, names[k - 1])
+            assert (b / "config.json").read_text() == "{}"
+        staging.recover(str(b))
+        assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n], (k, names[k - 1])
+    assert seen == {"old", "new"}
