@@ -31,7 +31,6 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
     A path ``out`` that exists is refused unless ``force``, and one that is the same file as an input
     (through links too, each shard of a folder) always: arcfmt.outputs.check_output."""
     from . import outputs
-    from .errors import os_error
 
     base_path = base_path if base_path is not None and not keyframe else None
     for p in (target_path, base_path):
@@ -89,12 +88,13 @@ class ApplyResult:
 
 
 def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place: bool = False,
-                workers=None, progress=None) -> ApplyResult:
+                workers=None, progress=None, max_output_bytes: int | None = None) -> ApplyResult:
     """Rebuild the target checkpoint from the one at ``base_path`` and an arcfmt file.
 
     ``out_path``: where the target goes (same layout as the base). ``in_place``: replace the base
-    itself, crash-safely, keeping its modes and owner. Every base tensor and both digests are checked
-    before anything is written; the output is staged beside its destination, re-opened and checked,
+    itself, crash-safely, keeping its modes and owner. ``max_output_bytes``: the most tensor bytes
+    the output may hold (default: what the base backs plus a bound scaled to the delta's size, so a
+    small file cannot fill a disk). Every base tensor and both digests are checked before anything is written; the output is staged beside its destination, re-opened and checked,
     and only then swapped in. Files beside the weights in a folder (config, tokenizer) come along.
     """
     if in_place == (out_path is not None):
@@ -113,9 +113,10 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
         except OSError as exc:
             raise os_error(exc, "read", os.fspath(delta)) from None
         with f:
-            return apply_delta(base_path, DeltaReader(f, workers=workers), out_path, in_place=in_place,
-                               workers=workers, progress=progress)
-    reader = delta if isinstance(delta, DeltaReader) else DeltaReader(delta, workers=workers)
+            return apply_delta(base_path, DeltaReader(f, workers=workers, max_output_bytes=max_output_bytes),
+                               out_path, in_place=in_place, workers=workers, progress=progress)
+    reader = delta if isinstance(delta, DeltaReader) else DeltaReader(delta, workers=workers,
+                                                                      max_output_bytes=max_output_bytes)
     plan = plan_apply(base, reader)
     parent = os.path.dirname(os.path.abspath(dest))
     need = sum(lay.size for lay in plan.layouts) + sum(os.path.getsize(f.path) for f in plan.copies if not in_place)
@@ -159,6 +160,8 @@ def plan_apply(base: Checkpoint, reader: DeltaReader) -> ApplyPlan:
     base file keeps its tensors (those the delta has), new tensors go into the last file."""
     base_arrays = base.tensors()
     _, bases, _ = reader.selection(base_arrays, workers=reader.workers)
+    headers = [reader.header(n) for n in reader.names]
+    pipeline.check_budget(headers, reader.output_budget(headers), "this delta")
     changed = {n for n in reader.names
                if not reader.header(n).needs_base
                or any(b.encoding != transforms.UNCHANGED for b in reader.entries[n].blocks)}

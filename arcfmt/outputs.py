@@ -9,6 +9,8 @@
   then is fsynced and renamed over it. It keeps the replaced file's mode (and owner where permitted);
   a new file gets the default mode under the umask. Without ``force`` the rename refuses to replace
   a file that appeared meanwhile (renameat2 RENAME_NOREPLACE, or a hard link where that is missing).
+- A folder output (``folder=True``, for checkpoint folders) follows the same rules, and one that holds
+  an input is refused as well: replacing it would remove that input.
 - OS errors name the caller's path (``cannot read|write PATH: reason``, category ``io``), never the
   temporary file.
 """
@@ -69,13 +71,16 @@ def _identities(inputs) -> dict:
     return ids
 
 
-def check_output(path, inputs=(), force: bool = False) -> str:
+def check_output(path, inputs=(), force: bool = False, *, folder: bool = False,
+                 hint: str = "use --force to replace it") -> str:
     """The path to write ``path`` to, after the checks in the module docstring.
 
     ``inputs``: the paths the command reads (None entries are skipped; folders count with each file in
-    them). Raises InputError (category ``input``) for an existing output without ``force``, for an
-    output that is one of the inputs, and for something that is not a regular file or a symbolic link;
-    FileAccessError (``io``) for a folder at ``path`` or a missing or unusable parent folder.
+    them). Raises InputError (category ``input``) for an existing output without ``force`` (the message
+    ends with ``hint``), for an output that is one of the inputs, and for something that is not a
+    regular file (``folder``: a folder) or a symbolic link; FileAccessError (``io``) for a folder at a
+    file's ``path`` or a missing or unusable parent folder. ``folder``: the output is a folder; one
+    that holds an input (or a hard link to one) is refused too, since replacing it would remove it.
     """
     path = os.fspath(path)
     if not path:
@@ -87,9 +92,9 @@ def check_output(path, inputs=(), force: bool = False) -> str:
     except OSError as exc:
         raise os_error(exc, "write", path) from None
     if lst is None:
-        if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        if not folder and (path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep))):
             raise os_error(_error(errno.EISDIR), "write", path)  # names a folder, and there is none
-        parent = os.path.dirname(os.path.abspath(path))
+        parent = os.path.dirname(os.path.abspath(path.rstrip(os.sep) or os.sep))
         try:
             pst = os.stat(parent)
         except OSError as exc:
@@ -107,18 +112,49 @@ def check_output(path, inputs=(), force: bool = False) -> str:
             inp = ids[(st.st_dev, st.st_ino)]
             what = "one of the inputs" if inp == path else f"the same file as the input {inp}"
             raise InputError(f"{path} is {what}: refusing to overwrite an input (even with --force)")
+    if folder and followed is not None and stat.S_ISDIR(followed.st_mode):
+        inside = _input_inside(path, inputs, ids)
+        if inside is not None:
+            raise InputError(f"{path} holds the input {inside}: refusing to replace it (even with --force)")
     if stat.S_ISLNK(lst.st_mode):
         if not force:
-            raise InputError(f"{path} already exists (a symbolic link); use --force to replace the link "
-                             "itself (what it points to is left alone)")
+            raise InputError(f"{path} already exists (a symbolic link); {hint} (the link itself: what it "
+                             "points to is left alone)")
         return path
-    if stat.S_ISDIR(lst.st_mode):
+    if folder:
+        if not stat.S_ISDIR(lst.st_mode):
+            raise InputError(f"{path} exists and is not a folder: refusing to replace it")
+    elif stat.S_ISDIR(lst.st_mode):
         raise os_error(_error(errno.EISDIR), "write", path)
-    if not stat.S_ISREG(lst.st_mode):
+    elif not stat.S_ISREG(lst.st_mode):
         raise InputError(f"{path} exists and is not a regular file: refusing to replace it")
     if not force:
-        raise InputError(f"{path} already exists; use --force to replace it")
+        raise InputError(f"{path} already exists; {hint}")
     return path
+
+
+def _input_inside(path: str, inputs, ids: dict):
+    """An input at or below the folder ``path`` (by resolved path), or an entry of ``path`` that is
+    the same file as an input; else None."""
+    root = os.path.realpath(path)
+    for p in inputs:
+        if p is None:
+            continue
+        rp = os.path.realpath(os.fspath(p))
+        if rp == root or rp.startswith(root.rstrip(os.sep) + os.sep):
+            return os.fspath(p)
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return None
+    for n in names:
+        try:
+            st = os.stat(os.path.join(path, n))
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in ids:
+            return ids[(st.st_dev, st.st_ino)]
+    return None
 
 
 class _OutputFile(io.BufferedWriter):

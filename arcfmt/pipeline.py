@@ -406,6 +406,15 @@ def allocate_all(headers: list, budget: list) -> list:
     return [arena[o:o + n].view(th.dtype.uint) for th, o, n in zip(headers, offsets, need)]
 
 
+def check_budget(headers, budget: int, where: str) -> None:
+    """Refuse (LimitError) a selection whose output exceeds ``budget`` before anything is allocated
+    or written — for outputs on disk too (an apply, a follower's step)."""
+    need = sum(h.size * h.dtype.itemsize for h in headers)
+    if need > budget:
+        raise LimitError(f"{where} would write {need} bytes of tensors, more than the {budget} this "
+                         f"file may make (raise max_output_bytes if you expect that much)")
+
+
 def physical_memory() -> int:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -4,7 +4,10 @@ and a fork server for processes that are killed with SIGKILL.
 - :class:`FaultProxy` — a thread-based HTTP/1.1 proxy on 127.0.0.1 in front of a real S3 server. A
   ``rule(request)`` decides, request by request, to pass it, answer an S3-style 5xx, reset the
   connection (before forwarding, or after the server has acted on it), delay the answer, corrupt a
-  byte of the answer's body, or call a hook (kill a client process, wait at a barrier). Clients
+  byte of the answer's body, or call a hook (kill a client process, wait at a barrier) — or misbehave
+  on the wire the way broken servers and caching proxies do: ignore the range and stream an endless
+  body, trickle the answer a byte at a time, answer a range with the whole object (``200``), answer a
+  ``206`` longer than asked or starting before the asked offset, or cut the body short. Clients
   (s3fs/botocore) talk to it as to any endpoint; nothing in a client library is mocked.
 - :class:`Zygote` — a child Python process that imports arcfmt and s3fs once, then forks one
   grandchild per job (a publisher or a follower), so that a test can start dozens of processes
@@ -43,6 +46,7 @@ class Request:
     t: float                    # time.monotonic() when it arrived
     action: str = "pass"
     status: int | None = None   # the upstream's status (None: not forwarded or no answer)
+    sent: int = 0               # body bytes the proxy sent to the client for this request
 
     @property
     def path(self) -> str:
@@ -69,7 +73,8 @@ class Request:
         return f"<#{self.n} {self.method} {self.path}{rng} -> {self.action}/{self.status}>"
 
 
-def act(do: str = "pass", *, status: int = 503, seconds: float = 0.0, before=None, after=None) -> dict:
+def act(do: str = "pass", *, status: int = 503, seconds: float = 0.0, before=None, after=None, extra: int = 0,
+        earlier: int = 0) -> dict:
     """An action for a rule to return.
 
     ``do``: ``pass``; ``status`` (answer ``status`` with an S3 XML error, not forwarded); ``reset``
@@ -77,8 +82,67 @@ def act(do: str = "pass", *, status: int = 503, seconds: float = 0.0, before=Non
     the client's connection instead of relaying); ``delay`` (forward, hold the answer ``seconds``);
     ``corrupt`` (forward, flip one byte in the middle of the answer's body). ``before``/``after``:
     called with the request before forwarding / once the server has answered (before relaying).
+
+    Wire faults (S3 requests are signed, Range included, so the request always reaches the server as
+    sent; a ranged answer is then rewritten as a misbehaving server or caching proxy would send it):
+
+    - ``endless``: not forwarded; answer ``200`` with a chunked body of zero bytes that never ends
+      (until the client hangs up, or ``seconds``, default 60, pass): a server ignoring the Range;
+    - ``trickle``: forward; relay the status line and headers at once, then the body one byte every
+      ``seconds`` (each well inside the client's read timeout, so only a total deadline ends it);
+    - ``whole``: forward; a ``206 bytes a-b/T`` answer becomes ``200`` with ``Content-Length: T``: the
+      asked bytes at their place in the object, filler bytes (``0xA5``) everywhere else — a whole-object
+      answer to a range request (the filler makes a client that slices wrongly fail its checks);
+    - ``longer``: forward; a ``206`` answer gets ``extra`` filler bytes after the asked ones and
+      ``earlier`` filler bytes before them, with a Content-Range that says so;
+    - ``cut``: forward; relay the headers and only the first half of the body, then close.
     """
-    return {"do": do, "status": status, "seconds": seconds, "before": before, "after": after}
+    return {"do": do, "status": status, "seconds": seconds, "before": before, "after": after, "extra": extra,
+            "earlier": earlier}
+
+
+FILLER = 0xA5
+_CONTENT_RANGE = __import__("re").compile(rb"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _dechunk(raw: bytes) -> bytes:
+    """The data of a raw chunked body (as ``_read_chunked`` returns it)."""
+    out, pos = [], 0
+    while True:
+        eol = raw.index(b"\n", pos)
+        size = int(raw[pos:eol].split(b";", 1)[0].strip() or b"0", 16)
+        pos = eol + 1
+        if size == 0:
+            return b"".join(out)
+        out.append(raw[pos: pos + size])
+        pos += size + 2
+
+
+def _rewrite(rlines, rh, rbody, a) -> tuple:
+    """``whole`` / ``longer``: rewrite a 206 answer (status line, headers, body); others pass as they are."""
+    if not rlines[0].split(b" ", 2)[1] == b"206":
+        return rlines, rbody
+    data = _dechunk(rbody) if "chunked" in rh.get("transfer-encoding", "").lower() else rbody
+    m = _CONTENT_RANGE.match(rh.get("content-range", "").encode())
+    if m is None:
+        return rlines, rbody
+    first, last = int(m.group(1)), int(m.group(2))
+    total = int(m.group(3)) if m.group(3) != b"*" else last + 1
+    fill = bytes([FILLER])
+    if a["do"] == "whole":
+        status = b"HTTP/1.1 200 OK\r\n"
+        body = fill * first + data + fill * (total - last - 1)
+        extra_headers = [f"Content-Length: {len(body)}\r\n".encode()]
+    else:
+        earlier = min(a["earlier"], first)
+        body = fill * earlier + data + fill * a["extra"]
+        new_first, new_last = first - earlier, last + a["extra"]
+        status = rlines[0]
+        extra_headers = [f"Content-Length: {len(body)}\r\n".encode(),
+                         f"Content-Range: bytes {new_first}-{new_last}/{max(total, new_last + 1)}\r\n".encode()]
+    keep = [ln for ln in rlines[1:-1] if ln.split(b":", 1)[0].strip().lower()
+            not in (b"content-length", b"content-range", b"transfer-encoding")]
+    return [status] + keep + extra_headers + [b"\r\n"], body
 
 
 _S3_CODES = {500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout",
@@ -240,6 +304,9 @@ class FaultProxy:
                 if a["do"] == "reset":
                     _reset(c)
                     return
+                if a["do"] == "endless":
+                    self._endless(c, req, a["seconds"] or 60.0)
+                    return
                 if a["do"] == "status":
                     code = a["status"]
                     msg = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{_S3_CODES.get(code, str(code))}'
@@ -285,7 +352,23 @@ class FaultProxy:
                     b = bytearray(rbody)
                     b[len(b) // 2] ^= 0x20
                     rbody = bytes(b)
+                if a["do"] in ("whole", "longer"):
+                    rlines, rbody = _rewrite(rlines, rh, rbody, a)
+                if a["do"] == "trickle":
+                    c.sendall(b"".join(rlines))
+                    for i in range(len(rbody)):
+                        if self._closed:
+                            return
+                        time.sleep(a["seconds"])
+                        c.sendall(rbody[i: i + 1])
+                        req.sent += 1
+                    continue
+                if a["do"] == "cut":
+                    c.sendall(b"".join(rlines) + rbody[: len(rbody) // 2])
+                    req.sent += len(rbody) // 2
+                    return
                 c.sendall(b"".join(rlines) + rbody)
+                req.sent += len(rbody)
                 if until_close or rh.get("connection", "").lower() == "close" or \
                         h.get("connection", "").lower() == "close":
                     return
@@ -299,6 +382,23 @@ class FaultProxy:
                     up.close()
             with self._lock:
                 self._conns.discard(c)
+
+
+    def _endless(self, c, req, seconds: float) -> None:
+        """Answer 200 with a chunked body of zero bytes until the client hangs up or ``seconds`` pass."""
+        data = bytes(1 << 16)
+        frame = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+        deadline = time.monotonic() + seconds
+        try:
+            c.settimeout(seconds)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nETag: \"endless\"\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n")
+            while not self._closed and time.monotonic() < deadline:
+                c.settimeout(max(0.05, deadline - time.monotonic()))
+                c.sendall(frame)
+                req.sent += len(data)
+        except OSError:       # the client hung up (or stopped reading until the time was up)
+            return
 
 
 def s3_options(endpoint: str, *, read_timeout: float | None = None) -> dict:

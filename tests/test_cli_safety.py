@@ -126,6 +126,31 @@ def test_python_api_refuses_the_same_way(models, tmp_path, snapshot):
     assert not leftovers(tmp_path)
 
 
+def test_check_output_for_folders(models, tmp_path):
+    """The rules for a folder output (what apply -o uses): an existing one needs force, one that is or
+    holds an input is refused even so, a file where a folder goes is refused."""
+    from arcfmt.outputs import check_output
+
+    bd, delta = models / "bd", models / "d.arc"
+    assert check_output(tmp_path / "new", [bd, delta], folder=True) == str(tmp_path / "new")
+    (tmp_path / "old").mkdir()
+    with pytest.raises(arcfmt.InputError, match="already exists; use --in-place"):
+        check_output(tmp_path / "old", [bd, delta], folder=True, hint="use --in-place")
+    assert check_output(tmp_path / "old", [bd, delta], True, folder=True) == str(tmp_path / "old")
+    for out in (bd, models):  # the base folder; a folder that holds the delta (and the base)
+        with pytest.raises(arcfmt.InputError, match="refusing"):
+            check_output(out, [bd, delta], True, folder=True)
+    (tmp_path / "holder").mkdir()
+    os.link(delta, tmp_path / "holder" / "a-hard-link")
+    with pytest.raises(arcfmt.InputError, match=f"holds the input {delta}"):
+        check_output(tmp_path / "holder", [bd, delta], True, folder=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(arcfmt.InputError, match="not a folder"):
+        check_output(tmp_path / "file", [bd, delta], True, folder=True)
+    with pytest.raises(arcfmt.FileAccessError, match="No such file or directory"):
+        check_output(tmp_path / "no" / "out", [bd, delta], folder=True)
+
+
 def test_output_appearing_while_encoding_is_not_replaced(models, tmp_path, snapshot):
     """Without force, the final rename itself refuses to replace a file that appeared meanwhile."""
     out = tmp_path / "late.arc"

@@ -346,6 +346,9 @@ def test_cli_writes_the_report(files):
     assert os.listdir(out.parent) == ["r.html"]            # the temporary file was renamed away
 
     p = run("report", files / "step31.arc", "--base", files / "step0030.safetensors", "-o", out, "--json")
+    assert p.returncode == 1 and "--force" in p.stderr and os.listdir(out.parent) == ["r.html"]
+    p = run("report", files / "step31.arc", "--base", files / "step0030.safetensors", "-o", out, "--json",
+            "--force")
     assert p.returncode == 0, p.stderr
     fig = json.loads(p.stdout)
     d = arcfmt.DeltaReader(open(files / "step31.arc", "rb")).describe()
@@ -363,14 +366,14 @@ def test_cli_refuses_a_corrupt_file(files, tmp_path):
     bad.write_bytes(bytes(data))
     out = tmp_path / "r.html"
     out.write_text("old")
-    p = run("report", bad, "-o", out)
+    p = run("report", bad, "-o", out, "--force")
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("arcfmt: error (") and p.stderr.count("\n") == 1, p.stderr
     assert out.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["bad.arc", "r.html"]
 
     p = run("report", tmp_path / "missing.arc", "-o", out)
-    assert p.returncode == 1 and p.stderr.startswith("arcfmt: error (input): cannot read")
-    p = run("report", files / "step31.arc", "--base", bad, "-o", out)   # a base that is no checkpoint
+    assert p.returncode == 1 and p.stderr.startswith("arcfmt: error (io): cannot read")
+    p = run("report", files / "step31.arc", "--base", bad, "-o", out, "--force")   # a base that is no checkpoint
     assert p.returncode == 1 and p.stderr.count("\n") == 1
     p = run("report", files / "step31.arc")                            # -o is required
     assert p.returncode == 2

@@ -399,3 +399,28 @@ def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, k
         staging.recover(str(b))
         assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n], (k, names[k - 1])
     assert seen == {"old", "new"}
+
+
+def test_apply_and_follow_bound_what_a_small_file_may_write(tmp_path, monkeypatch):
+    """A tiny delta whose new tensor is 4 MiB of zeros: apply refuses it by default (before writing
+    anything), takes it when the caller raises max_output_bytes; a follower likewise."""
+    monkeypatch.setattr(pipeline, "DEFAULT_MIN_OUTPUT", 1 << 20)
+    base, _ = pair_arrays()
+    target = {**base, "z": np.zeros(1 << 20, np.float32)}
+    b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+    write_file(b, base)
+    write_file(t, target)
+    d = tmp_path / "d.arc"
+    encode_checkpoints(b, t, d, effort="fast")
+    with pytest.raises(LimitError, match="max_output_bytes"):
+        apply_delta(b, d, tmp_path / "o.safetensors")
+    assert not os.path.exists(tmp_path / "o.safetensors")
+    apply_delta(b, d, tmp_path / "o.safetensors", max_output_bytes=8 << 20)
+    assert digest_tree(tmp_path / "o.safetensors") == digest_tree(t)
+    url = str(tmp_path / "stream")
+    arcfmt.Publisher(url, shard=0, num_shards=1, effort="fast").publish(0, target)
+    with pytest.raises(LimitError, match="max_output_bytes"):
+        arcfmt.Follower(url, into=tmp_path / "f").sync()
+    assert not (tmp_path / "f").exists()
+    (u,) = arcfmt.Follower(url, into=tmp_path / "f", max_output_bytes=8 << 20).sync()
+    assert u.step == 0

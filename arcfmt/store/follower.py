@@ -105,13 +105,15 @@ class Follower:
     ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
     ``concurrency``: range requests in flight at once; finished batches are spooled, so an interrupted
     download loses at most one batch. ``memory_budget``: record bytes held in memory at once; a shard
-    with more is fetched and rebuilt a group of tensors at a time.
+    with more is fetched and rebuilt a group of tensors at a time. ``max_output_bytes``: the most
+    tensor bytes one shard's object may make (default: what the folder's base backs plus a bound
+    scaled to the object's size, so a tiny object cannot fill the disk).
     """
 
     def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
                  chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
                  retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None,
-                 concurrency: int = 16, memory_budget: int = 256 << 20):
+                 concurrency: int = 16, memory_budget: int = 256 << 20, max_output_bytes: int | None = None):
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff)
         self.url = url
         self.into = os.path.abspath(os.fspath(into)).rstrip("/")
@@ -120,6 +122,7 @@ class Follower:
         self.patterns = N.tensor_patterns(tensors)
         self.max_gap = max_gap
         self.memory_budget = memory_budget
+        self.max_output_bytes = max_output_bytes
         self.overhead = overhead
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.progress = progress
@@ -344,6 +347,8 @@ class Follower:
                 if kind == "keyframe" and p.reader.header(e.name).needs_base:
                     raise CorruptError(f"{p.obj.name}: tensor {e.name!r} of a keyframe object needs a base")
             bases.update(p.reader.selection(base, [e.name for e in p.wanted], workers=self.workers)[1])
+            headers = [p.reader.header(e.name) for e in p.wanted]
+            pipeline.check_budget(headers, p.reader.output_budget(headers), p.obj.name)
         verified_model = self.patterns is None
         if verified_model:
             headers = [p.reader.header(n) for p in plans for n in p.reader.names]
@@ -407,7 +412,7 @@ class Follower:
                 p.source.add(a, next(datas))
 
     def _open_reader(self, m: Manifest, kind: str, p: _ShardPlan) -> DeltaReader:
-        r = DeltaReader(p.source, workers=self.workers)
+        r = DeltaReader(p.source, workers=self.workers, max_output_bytes=self.max_output_bytes)
         where = p.obj.name
         if r.target_step != m.step:
             raise CorruptError(f"{where}: its META says target step {r.target_step}, the manifest {m.step}")

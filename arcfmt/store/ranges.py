@@ -301,13 +301,17 @@ def _check_len(data, start, end, exact, what):
     return data
 
 
-def _local_check(path, what) -> None:
-    """A local stream object must be a regular file (a FIFO or a device would block or never end)."""
+def _local_check(path, start, end, exact, what) -> None:
+    """A local stream object must be a regular file (a FIFO or a device would block or never end), at
+    least ``end`` bytes long for an exact read."""
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory", path)
     if not stat.S_ISREG(st.st_mode):
         raise TransportError(f"{what}: {path} is not a regular file")
+    if exact and st.st_size < end:
+        raise TruncatedError(f"{what}: the object is {st.st_size} bytes, shorter than its manifest says (a read "
+                             f"of bytes {start}..{end})")
 
 
 def read_ranges(fs, backend: str, items, *, exact: bool, timeout: float, concurrency: int = WIRE_CONCURRENCY) -> list:
@@ -338,7 +342,7 @@ def read_ranges(fs, backend: str, items, *, exact: bool, timeout: float, concurr
     for i, (p, s, e, w) in enumerate(items):
         if backend == "local":
             try:
-                _local_check(p, w)
+                _local_check(p, s, e, exact, w)
             except Exception as exc:  # noqa: BLE001 - reported for this item
                 out[i] = exc
                 continue
@@ -374,7 +378,7 @@ def read_one(fs, backend: str, path: str, start: int, end: int, *, exact: bool, 
     if versioned:
         raise ValueError(f"no versioned reads on a {backend} filesystem")
     if backend == "local":
-        _local_check(path, what)
+        _local_check(path, start, end, exact, what)
     return _check_len(fs.cat_file(path, start=start, end=end), start, end, exact, what)
 
 
@@ -468,9 +472,12 @@ class RangeFetcher(retry.Deadlines):
                 fd = os.open(self.spool_dir, _DIR_FLAGS)
             except OSError as exc:
                 return self._refuse(f"{type(exc).__name__}: {exc}")
-        except OSError as exc:   # ELOOP: a symlink; ENOTDIR: not a folder
-            return self._refuse("it is a symbolic link" if exc.errno == errno.ELOOP else
-                                f"{type(exc).__name__}: {exc}")
+        except OSError as exc:   # ELOOP or ENOTDIR: a symlink, or not a folder
+            try:
+                link = stat.S_ISLNK(os.lstat(self.spool_dir).st_mode)
+            except OSError:
+                link = False
+            return self._refuse("it is a symbolic link" if link else f"{type(exc).__name__}: {exc}")
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             os.close(fd)
