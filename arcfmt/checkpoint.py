@@ -11,7 +11,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 
-from . import pipeline, transforms
+from . import outputs, pipeline, transforms
 from .checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json
 from .errors import ArcError, InputError, LimitError, os_error
 from .reader import DeltaReader
@@ -105,8 +105,9 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     if not base.is_dir and os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(base_path))
     recover(dest)
-    if not in_place and os.path.lexists(dest):
-        raise InputError(f"{dest} already exists (use --in-place to update the base itself)")
+    if not in_place:
+        dest = outputs.check_output(dest, [base_path, delta if isinstance(delta, (str, os.PathLike)) else None],
+                                    force=False, folder=base.is_dir, hint="use --in-place to update the base itself")
     if isinstance(delta, (str, os.PathLike)):
         try:
             f = open(delta, "rb")

@@ -302,7 +302,7 @@ class CheckpointSink:
         self.bytes_written = 0
 
     def _open_file(self, lay: ShardLayout) -> OutputFile:
-        out = OutputFile(self.stage.file(lay.file), lay.size, display=self.stage.dest,
+        out = OutputFile(self.stage.file(lay.file), lay.size, display=self.stage.display,
                          owner=self.stage.owner_of(lay.file))
         out.write(len(lay.header).to_bytes(8, "little") + lay.header)
         return out

@@ -87,6 +87,7 @@ class Stage:
     """
 
     def __init__(self, dest: str, *, folder: bool, like: str | None = None, keep_owner: bool = True):
+        self.display = os.fspath(dest)   # errors name the user's path
         self.dest = os.path.abspath(dest)
         self.folder = folder
         self.parent = os.path.dirname(self.dest)
@@ -100,7 +101,7 @@ class Stage:
             try:
                 os.mkdir(self.path, 0o700)  # private until it is complete
             except OSError as exc:
-                raise os_error(exc, "write", self.dest) from None
+                raise os_error(exc, "write", self.display) from None
 
     def file(self, name: str | None = None) -> str:
         """The staging path of file ``name`` of a folder (or of the file itself)."""
@@ -179,7 +180,7 @@ class Stage:
                 os.replace(self.path, self.dest)
             fsync_dir(self.parent)
         except OSError as exc:
-            raise os_error(exc, "write", self.dest) from None
+            raise os_error(exc, "write", self.display) from None
 
     def abort(self) -> None:
         remove_entry(self.path)
