@@ -9,8 +9,10 @@ from .reader import BufferSource, DeltaReader, FileSource, StreamReader
 from .store import Follower, Publisher
 from .writer import DeltaWriter
 
-__version__ = "0.1.0"
-FORMAT_VERSION = (1, 0)
+from .layout import MAJOR as _MAJOR, MINOR as _MINOR
+
+__version__ = "0.1.0"                 # the one place (pyproject.toml reads it: [tool.setuptools.dynamic])
+FORMAT_VERSION = (_MAJOR, _MINOR)     # the version every file is written as (SPEC.md §16)
 
 __all__ = [
     "encode", "decode", "apply_in_place", "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 
-from . import __version__
+from . import FORMAT_VERSION, __version__
 from .errors import ArcError
 
 EPILOG = """examples:
@@ -338,7 +338,7 @@ def cmd_follow(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arcfmt", description="Lossless weight deltas for RL weight sync (SPEC.md).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"arcfmt {__version__} (format 1.0)")
+    p.add_argument("--version", action="version", version=f"arcfmt {__version__} (format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 

@@ -102,3 +102,21 @@ def test_errors_are_one_line_with_exit_codes(ckpts, tmp_path):
     p = run("--help", check_rc=0)
     assert "examples:" in p.stdout and "exit codes" in p.stdout and "--force" in p.stdout
     assert "--force" in run("encode", "--help", check_rc=0).stdout
+
+
+def test_versions_have_one_source():
+    """The package version and the format version each come from one place: what --version says,
+    what the metadata says and what every file is written as agree."""
+    import importlib.metadata
+
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import records
+    p = subprocess.run([sys.executable, "-m", "arcfmt", "--version"], capture_output=True, text=True)
+    major, minor = arcfmt.FORMAT_VERSION
+    assert p.stdout.strip() == f"arcfmt {arcfmt.__version__} (format {major}.{minor})"
+    assert importlib.metadata.version("arcfmt") == arcfmt.__version__
+    data = arcfmt.encode(None, {"a": np.zeros(3, np.float32)})
+    assert records.check_header(data[:16]) == arcfmt.FORMAT_VERSION
+    assert arcfmt.DeltaReader(data).describe()["format_version"] == f"{major}.{minor}"
