@@ -13,7 +13,7 @@ from construct import (
 import numpy as np
 from construct.core import ConstructError, StreamError, stream_read, stream_write
 
-from .errors import CorruptError, LimitError
+from .errors import CorruptError, InputError, LimitError
 
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
@@ -404,7 +404,7 @@ def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHea
 
 def varint_bytes(v: int) -> bytes:
     if not 0 <= v < 1 << 64:
-        raise ValueError(f"varint out of range: {v}")
+        raise InputError(f"value {v} does not fit a varint (0..2**64-1)")
     out = bytearray()
     while v > 0x7F:
         out.append(v & 0x7F | 0x80)

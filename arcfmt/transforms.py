@@ -10,7 +10,7 @@ import numpy as np
 
 from . import ctx_delta as ctx
 from .dtypes import BF16, DType
-from .errors import CorruptError, UnsupportedError
+from .errors import InputError, CorruptError, UnsupportedError
 from .planes import _value_dtype, bytes_for, from_planes, gaps, to_planes, ungap
 
 UNCHANGED, XOR, BF16_DELTA, FLOAT_DELTA, KEYFRAME, CTX_DELTA = 0, 1, 2, 3, 4, 5
@@ -133,7 +133,7 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
     """One given encoding (for tests and conformance vectors); raises if it cannot code this block."""
     check_encoding(dt, encoding)
     if NEEDS_BASE[encoding] and base is None:
-        raise ValueError(f"encoding {NAMES[encoding]} needs a base")
+        raise InputError(f"encoding {NAMES[encoding]} needs a base")
     if encoding == KEYFRAME:
         return encode_keyframe(dt, target)
     if encoding == XOR:
@@ -141,7 +141,7 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
     positions = np.flatnonzero(base != target)
     if encoding == UNCHANGED or positions.size == 0:
         if positions.size:
-            raise ValueError("block changed: it cannot be coded as unchanged")
+            raise InputError("block changed: it cannot be coded as unchanged")
         return EncodedBlock(UNCHANGED, [], [], 0)
     if encoding == CTX_DELTA:
         return _ctx_block(dt, base, target, positions)

@@ -98,8 +98,14 @@ class DeltaWriter:
                  force_codec: str | None = None):
         """``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
         encoding and every stream to one codec: for tests and conformance vectors, not for size."""
-        if not 1 <= block_elems <= L.MAX_BLOCK_ELEMS:
+        for what, step in (("base_step", base_step), ("target_step", target_step)):
+            if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                     or not 0 <= step < L.NO_STEP):
+                raise InputError(f"{what} must be an integer in 0..2**64-2 or None, not {step!r}")
+        if not isinstance(block_elems, int) or not 1 <= block_elems <= L.MAX_BLOCK_ELEMS:
             raise InputError(f"block_elems must be in 1..{L.MAX_BLOCK_ELEMS}")
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise InputError(f"workers must be a positive integer, not {workers!r}")
         if isinstance(effort, str) and effort not in codecs.EFFORTS:
             raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}")
         try:
