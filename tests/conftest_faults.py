@@ -120,7 +120,7 @@ def _dechunk(raw: bytes) -> bytes:
 
 def _rewrite(rlines, rh, rbody, a) -> tuple:
     """``whole`` / ``longer``: rewrite a 206 answer (status line, headers, body); others pass as they are."""
-    if not rlines[0].split(b" ", 2)[1] == b"206":
+    if rlines[0].split(b" ", 2)[1] != b"206":
         return rlines, rbody
     data = _dechunk(rbody) if "chunked" in rh.get("transfer-encoding", "").lower() else rbody
     m = _CONTENT_RANGE.match(rh.get("content-range", "").encode())

@@ -21,21 +21,29 @@ import json
 import os
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-pytest.register_assert_rewrite("conftest_store", "conftest_faults")
 
-from conftest_faults import FaultProxy, act, s3_fs, s3_options  # noqa: E402
-from conftest_store import Remote, _unique, assert_folder, publish_step, trajectory  # noqa: E402
+from conftest_faults import FaultProxy, act, s3_fs, s3_options
+from conftest_store import Remote, _unique, assert_folder, publish_step, trajectory
 
-from arcfmt.errors import ArcError, ChecksumError, CorruptError, LimitError, TruncatedError  # noqa: E402
-from arcfmt.store import Follower, Publisher, TransportError  # noqa: E402
-from arcfmt.store import layout as SL, names as N, ranges as R  # noqa: E402
-from arcfmt.store.commit import Store  # noqa: E402
-from arcfmt.store.layout import MAX_HEAD_BYTES  # noqa: E402
-from arcfmt.store.ranges import FetchStats, RangeFetcher  # noqa: E402
+from arcfmt.errors import (
+    ArcError,
+    ChecksumError,
+    CorruptError,
+    LimitError,
+    TruncatedError,
+)
+from arcfmt.store import Follower, Publisher, TransportError
+from arcfmt.store import layout as SL
+from arcfmt.store import names as N
+from arcfmt.store import ranges as R
+from arcfmt.store.commit import Store
+from arcfmt.store.layout import MAX_HEAD_BYTES
+from arcfmt.store.ranges import FetchStats, RangeFetcher
 
 pytest_plugins = ["conftest_store", "conftest_faults"]
 
@@ -226,7 +234,7 @@ def test_endless_body_is_read_only_to_the_limit(s3_stream, tmp_path):
 def test_endless_data_bodies_are_bounded(s3_stream, tmp_path):
     """Endless bodies for every range read: each read takes at most the asked bytes (plus what precedes
     them in a whole-object answer) and the step is refused by its checks, never applied."""
-    remote, traj = s3_stream
+    remote, _ = s3_stream
     with _proxy(remote, lambda r: act("endless") if _is_data_get(r) else None) as proxy:
         fol = Follower(remote.url, tmp_path / "f", storage_options=s3_options(proxy.endpoint), chunk_size=CHUNK,
                        retries=1, backoff=0.01)
@@ -265,7 +273,7 @@ def test_longer_answers_are_sliced(s3_stream, tmp_path, extra, earlier):
     """``206`` answers longer than asked, or starting before the asked offset (filler around the real
     bytes): the follower keeps exactly the asked bytes and applies the steps bit for bit."""
     remote, traj = s3_stream
-    rule = lambda r: act("longer", extra=extra, earlier=earlier) if _is_data_get(r) else None  # noqa: E731
+    rule = lambda r: act("longer", extra=extra, earlier=earlier) if _is_data_get(r) else None
     with _proxy(remote, rule) as proxy:
         fol = Follower(remote.url, tmp_path / "f", storage_options=s3_options(proxy.endpoint), chunk_size=CHUNK)
         ups = fol.sync()
@@ -278,7 +286,7 @@ def test_bodies_cut_short_are_retried(s3_stream, tmp_path):
     """The first answer of every range request ends halfway: retried (by arcfmt alone: the filesystem
     it builds has the client libraries' retries off), then applied."""
     remote, traj = s3_stream
-    rule = lambda r: act("cut") if _is_data_get(r) and r.attempt == 0 else None  # noqa: E731
+    rule = lambda r: act("cut") if _is_data_get(r) and r.attempt == 0 else None
     with _proxy(remote, rule) as proxy:
         fol = Follower(remote.url, tmp_path / "f", storage_options=s3_options(proxy.endpoint), chunk_size=CHUNK,
                        backoff=0.01)
@@ -303,7 +311,7 @@ def test_trickling_answers_hit_the_request_deadline(s3_stream, tmp_path):
     each request is abandoned at its total deadline and retried; a read whose every attempt trickles
     ends after ``retries`` retries, in bounded time."""
     remote, traj = s3_stream
-    rule = lambda r: act("trickle", seconds=0.05) if _is_data_get(r) and r.attempt == 0 else None  # noqa: E731
+    rule = lambda r: act("trickle", seconds=0.05) if _is_data_get(r) and r.attempt == 0 else None
     with _proxy(remote, rule) as proxy:
         so = s3_options(proxy.endpoint)
         fol = Follower(remote.url, tmp_path / "f", storage_options=so, chunk_size=1 << 20, backoff=0.01)
@@ -339,9 +347,8 @@ def test_a_callers_deadline_ends_a_fetch(s3_stream):
         o = m.shards[0].object("delta")
         f = RangeFetcher(fs, retries=50, backoff=0.01, request_timeout=30)
         t0 = time.monotonic()
-        with f.time_limit(1.5):
-            with pytest.raises(TransportError, match="deadline"):
-                f.fetch([(st.path(o.name), 0, o.size, o.name)])
+        with f.time_limit(1.5), pytest.raises(TransportError, match="deadline"):
+            f.fetch([(st.path(o.name), 0, o.size, o.name)])
         assert time.monotonic() - t0 < 4
         assert f.deadline is None
 
@@ -416,7 +423,7 @@ class MemFS(MemoryFileSystem):
     """A memory filesystem of its own that counts range requests."""
 
     protocol = ("wiremem",)
-    calls = []
+    calls: ClassVar[list] = []
 
     def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kw):
         MemFS.calls.extend(zip(paths, starts, ends))
@@ -506,10 +513,11 @@ def test_a_symlink_planted_as_the_spool_folder_is_not_followed(memfs, tmp_path):
     (target / decoy).write_bytes(b"\x00" * 1024)
     spool = tmp_path / "spool"
     os.symlink(target, spool)
+    f = RangeFetcher(memfs, chunk_size=1024, spool_dir=str(spool))
     with pytest.warns(UserWarning, match="symbolic link"):
-        f = RangeFetcher(memfs, chunk_size=1024, spool_dir=str(spool))
-        assert f.fetch([("/w/a", 0, 4096, KEY)]) == [BLOB]
-        f.forget(keep=lambda key: False)
+        got = f.fetch([("/w/a", 0, 4096, KEY)])
+    assert got == [BLOB]
+    f.forget(keep=lambda key: False)
     assert sorted(os.listdir(target)) == sorted(["notes.txt", decoy])
     assert (target / "notes.txt").read_bytes() == b"keep me"
     assert os.path.islink(spool)

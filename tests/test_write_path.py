@@ -424,3 +424,25 @@ def test_apply_and_follow_bound_what_a_small_file_may_write(tmp_path, monkeypatc
     assert not (tmp_path / "f").exists()
     (u,) = arcfmt.Follower(url, into=tmp_path / "f", max_output_bytes=8 << 20).sync()
     assert u.step == 0
+
+
+def test_follower_state_that_is_a_fifo_or_a_link_is_refused_not_waited_on(tmp_path):
+    base, target = pair_arrays()
+    url = str(tmp_path / "stream")
+    pub = arcfmt.Publisher(url, shard=0, num_shards=1)
+    pub.publish(0, base)
+    into = tmp_path / "f"
+    arcfmt.Follower(url, into=into).sync()
+    pub.publish(1, target)
+    from arcfmt.store.follower import STATE_NAME
+    state = into / STATE_NAME
+    saved = state.read_bytes()
+    state.unlink()
+    os.mkfifo(state)
+    with pytest.raises(arcfmt.InputError, match="not a regular file"):
+        arcfmt.Follower(url, into=into).sync()
+    state.unlink()
+    (tmp_path / "elsewhere.json").write_bytes(saved)
+    os.symlink(tmp_path / "elsewhere.json", state)
+    with pytest.raises(arcfmt.InputError):
+        arcfmt.Follower(url, into=into).sync()

@@ -1,7 +1,7 @@
 """A stream's objects on one fsspec filesystem, with the two atomic operations commits need.
 
 - ``create(name, data)``: make an object only if it does not exist yet (S3 ``If-None-Match: *`` via
-  s3fs ``mode="create"``; GCS ``ifGenerationMatch=0`` via gcsfs ``mode="create"``; local files: write
+  s3fs ``mode="create"``; GCS ``ifGenerationMatch=0`` on one multipart upload; local files: write
   a temporary file, then ``link()`` it to the name, which fails if the name exists; ``memory://``: a
   process-wide lock). Returns False when the object already existed — whatever error the store used
   to say so (SeaweedFS answers 412 without the ``Condition`` element, which s3fs turns into
@@ -9,6 +9,11 @@
 - ``replace(name, data, token)``: compare-and-swap against the version ``read_versioned`` returned
   (S3 ``If-Match: <ETag>``; GCS ``ifGenerationMatch=<generation>`` on a multipart upload; local
   files: ``flock`` + check + write-then-rename).
+
+Reads go through :func:`arcfmt.store.ranges.read_one` / ``read_ranges``: never more than
+``limit + 1`` bytes of any answer, every request within ``request_timeout`` seconds. There is one
+retry layer, this one (``retries``, ``retry_time``, see :mod:`arcfmt.store.retry`): a filesystem built
+here from a URL has its client libraries' retries turned off (:func:`open_fs`).
 
 Any other fsspec backend gets a check-then-write fallback that is *not* atomic; a warning says so.
 """
@@ -28,7 +33,8 @@ import fsspec
 
 from ..checkpoint import _fsync_dir
 from ..errors import ArcError, InputError, LimitError
-from . import names as N, retry
+from . import names as N
+from . import retry
 from .errors import MissingError, TransportError
 from .layout import MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, digest128
 from .ranges import _ERROR_BODY, WIRE_CONCURRENCY, backend_of, read_one, read_ranges
@@ -63,12 +69,14 @@ def open_fs(url: str, storage_options: dict | None = None):
     proto = url.split("://", 1)[0].lower() if "://" in url else "file"
     own_s3 = proto in ("s3", "s3a")
     if own_s3:
-        cfg = dict(so.get("config_kwargs") or {})
-        cfg.setdefault("retries", {"total_max_attempts": 1})
-        so["config_kwargs"] = cfg
-        so.setdefault("skip_instance_cache", True)   # s3fs's retries are set on this instance below
+        cfg = so.get("config_kwargs") or {}
+        if isinstance(cfg, dict):           # anything else: s3fs says what is wrong with it
+            cfg = dict(cfg)
+            cfg.setdefault("retries", {"total_max_attempts": 1})
+            so["config_kwargs"] = cfg
+        so.setdefault("skip_instance_cache", True)   # an instance of our own: its s3fs retries are set below
     fs, root = fsspec.core.url_to_fs(url, **so)
-    if own_s3 and backend_of(fs) == "s3" and hasattr(fs, "retries"):
+    if own_s3 and so["skip_instance_cache"] and backend_of(fs) == "s3" and hasattr(fs, "retries"):
         fs.retries = 1
     return fs, root
 
@@ -462,4 +470,4 @@ def _unlink(p):
         pass
 
 
-__all__ = ["Store", "MissingError"]
+__all__ = ["MissingError", "Store"]

@@ -14,6 +14,7 @@ import fcntl
 import fnmatch
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 
@@ -107,14 +108,21 @@ class Follower:
     download loses at most one batch. ``memory_budget``: record bytes held in memory at once; a shard
     with more is fetched and rebuilt a group of tensors at a time. ``max_output_bytes``: the most
     tensor bytes one shard's object may make (default: what the folder's base backs plus a bound
-    scaled to the object's size, so a tiny object cannot fill the disk).
+    scaled to the object's size, so a tiny object cannot fill the disk). ``request_timeout``: the
+    deadline of one request, body included (a trickling server is abandoned and retried);
+    ``retry_time``: no retry starts later than this after an operation's first attempt;
+    ``step_timeout``: the deadline of a whole step's downloads (None: none).
     """
 
     def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
                  chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
                  retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None,
-                 concurrency: int = 16, memory_budget: int = 256 << 20, max_output_bytes: int | None = None):
-        self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff)
+                 concurrency: int = 16, memory_budget: int = 256 << 20, max_output_bytes: int | None = None,
+                 request_timeout: float | None = None, retry_time: float | None = None,
+                 step_timeout: float | None = None):
+        self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff,
+                           request_timeout=request_timeout, retry_time=retry_time)
+        self.step_timeout = step_timeout
         self.url = url
         self.into = os.path.abspath(os.fspath(into)).rstrip("/")
         if not os.path.basename(self.into):
@@ -133,7 +141,7 @@ class Follower:
         self.stats = FetchStats()
         self.fetcher = RangeFetcher(self.store.fs, chunk_size=chunk_size, retries=retries, backoff=backoff,
                                     spool_dir=self.spool_dir, stats=self.stats, on_bytes=self._on_bytes,
-                                    batch=concurrency)
+                                    batch=concurrency, request_timeout=request_timeout, retry_time=retry_time)
 
     # ------------------------------------------------------------------------------ small helpers
     def _emit(self, **event) -> None:
@@ -171,8 +179,7 @@ class Follower:
         """The folder's stream state (``step``, ``manifest``, ``tensors``), or None for a new folder."""
         p = os.path.join(self.into, STATE_NAME)
         try:
-            with open(p, "rb") as f:
-                raw = f.read(1 << 20)
+            raw = _read_regular(p, 1 << 20)
         except FileNotFoundError:
             if os.path.isdir(self.into) and any(not n.startswith(".") for n in os.listdir(self.into)):
                 raise InputError(f"{self.into} is not empty and was not made by 'arcfmt follow'; "
@@ -303,7 +310,8 @@ class Follower:
     # ------------------------------------------------------------------------------ one step
     def _apply(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
         try:
-            return self._apply_step(m, kind, head, cur)
+            with self.store.time_limit(self.step_timeout), self.fetcher.time_limit(self.step_timeout):
+                return self._apply_step(m, kind, head, cur)
         except (FormatError, VerificationError):
             # Bytes that failed a check may sit in the spool (a damaged object, a byte flipped in
             # transit): drop this step's chunks, or every later attempt would reuse them and fail again.
@@ -512,6 +520,23 @@ def _parse_tail(tail: bytes, obj) -> records.Index:
     payload = memoryview(tail)[FL.RECORD_HEADER_SIZE: trailer.index_size]
     records.verify_record(head, tail[:FL.RECORD_HEADER_SIZE], payload, obj.index_offset)
     return records.parse_index(payload, obj.index_offset)
+
+
+def _read_regular(path: str, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of a file that must be a regular file reached without a link (a FIFO,
+    device or planted link at the state's name is refused, never read or waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InputError(f"{path} is not a valid follower state ({exc.strerror}); remove it to start over") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file; remove it to start over")
+        return os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
 
 
 def _step_of_key(key: str) -> int:

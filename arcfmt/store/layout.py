@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from .. import dtypes, layout as FL
+from .. import dtypes
+from .. import layout as FL
 from ..errors import CorruptError, LimitError, UnsupportedVersionError
 from . import names as N
 

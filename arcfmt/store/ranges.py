@@ -59,7 +59,7 @@ class FetchStats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def minus(self, other: "FetchStats") -> "FetchStats":
+    def minus(self, other: FetchStats) -> FetchStats:
         return FetchStats(**{k: v - getattr(other, k) for k, v in asdict(self).items()})
 
 
@@ -271,7 +271,7 @@ async def _timed(coro, timeout, what, start, end):
     t0 = time.monotonic()
     try:
         return await asyncio.wait_for(coro, timeout)
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         if time.monotonic() - t0 < timeout * 0.99:
             raise                                   # the client's own socket timeout: transient as it is
         raise TransportError(f"{what}: no complete answer within {timeout:g} s (bytes {start}..{end})",
@@ -463,6 +463,8 @@ class RangeFetcher(retry.Deadlines):
             if not create:
                 return None
             try:
+                parent = os.path.dirname(os.path.abspath(self.spool_dir))
+                os.makedirs(parent, exist_ok=True)
                 os.mkdir(self.spool_dir, 0o700)
             except FileExistsError:
                 pass
@@ -488,7 +490,6 @@ class RangeFetcher(retry.Deadlines):
         if self._refused != why:
             self._refused = why
             warnings.warn(f"not using the resumption spool {self.spool_dir}: {why}", stacklevel=3)
-        return None
 
     @staticmethod
     def _spool_index(dfd: int | None) -> dict:
@@ -629,7 +630,7 @@ class RangeFetcher(retry.Deadlines):
                                   concurrency=len(group))
                 fatal = None   # raised after the good chunks of this batch are kept (and spooled)
                 for j, r in zip(group, res):
-                    _, path, s, e, key = pieces[j]
+                    _, _, s, e, key = pieces[j]
                     if isinstance(r, BaseException):
                         if fatal is not None:
                             continue

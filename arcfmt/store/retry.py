@@ -140,7 +140,7 @@ def call(fn, what: str, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFA
             if not is_transient(exc):
                 raise
             err = exc
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:
             if not is_transient(exc):
                 raise TransportError(f"{what}: {describe(exc)}") from exc
             err = exc
