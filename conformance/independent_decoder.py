@@ -1725,7 +1725,9 @@ def check_object_ref(ref, kind, step, shard, num_shards, what):
     name = get_str(ref, "name", what)
     size = get_int(ref, "size", what, MIN_OBJECT_SIZE, MAX_OBJECT_SIZE)
     h = get_hex(ref, "xxh3_128", 32, what)
-    get_int(ref, "index_offset", what, FIRST_RECORD_OFFSET, size - 56)
+    index_offset = get_int(ref, "index_offset", what, FIRST_RECORD_OFFSET, size - 56)
+    if size - index_offset > 16 + MAX_RECORD_PAYLOAD + 40:  # one INDX record and the trailer (S4)
+        fail("limit", f"{what}: a tail of {size - index_offset} bytes is more than an INDX record and a trailer")
     get_hex(ref, "tail_xxh3_64", 16, what)
     base_step = None
     if kind == "delta":

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import pytest
+
+pytest.register_assert_rewrite("conftest_store", "conftest_faults")  # helper modules the tests import
 import xxhash
 from hypothesis import HealthCheck, settings
 

@@ -30,7 +30,6 @@ import time
 import numpy as np
 import pytest
 
-pytest.register_assert_rewrite("conftest_store", "conftest_faults")
 
 from conftest_faults import FaultProxy, act, s3_fs, s3_options
 from conftest_store import Remote, _unique, assert_folder, split, trajectory

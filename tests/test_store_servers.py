@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-pytest.register_assert_rewrite("conftest_store")
 
 from arcfmt.store import ConflictError, Follower, Publisher
 from arcfmt.store import names as N

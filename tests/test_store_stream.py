@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-pytest.register_assert_rewrite("conftest_store")
 
 from arcfmt.errors import ChecksumError, CorruptError, InputError, TruncatedError, WrongBaseError
 from arcfmt.safetensors_io import write_file

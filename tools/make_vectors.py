@@ -1266,6 +1266,11 @@ def object_vectors():
     nv("n_stream_manifest_index_offset", "an index offset past the end of its object", ["S4"], "manifest",
        edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__(
            "index_offset", m["shards"][0]["delta"]["size"])), "corrupt")
+    nv("n_stream_manifest_huge_tail", "an object of 2**63-1 bytes whose index starts at 52: a tail no INDX "
+       "record can fill", ["S4", "S12"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: (m["shards"][0]["delta"].__setitem__("size", 2**63 - 1),
+                                                     m["shards"][0]["delta"].__setitem__("index_offset", 52))),
+       "limit")
     nv("n_stream_descriptor_no_objects", "a descriptor with neither a delta nor a keyframe", ["S5"], "descriptor",
        edit("descriptor", "descriptor", lambda m: (m.__setitem__("delta", None), m.__setitem__("keyframe", None))),
        "corrupt")
@@ -1359,6 +1364,7 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_stream_manifest_upper_hex", ["R-S-JSON"]), ("n_stream_manifest_duplicate_files", ["R-S-NAMES"]),
     ("n_stream_manifest_tensor_sum", ["R-S-OBJECTS"]), ("n_stream_manifest_keyframe_step", ["R-S-OBJECTS"]),
     ("n_stream_manifest_small_object", ["R-S-OBJECTS"]), ("n_stream_manifest_index_offset", ["R-S-OBJECTS"]),
+    ("n_stream_manifest_huge_tail", ["R-S-TAIL"]),
 ]
 
 
