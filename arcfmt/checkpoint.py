@@ -173,9 +173,10 @@ def plan_apply(base: Checkpoint, reader: DeltaReader) -> ApplyPlan:
     placed = {n for _, names in groups for n in names}
     groups[-1][1].extend(n for n in reader.names if n not in placed)
     layouts, copies, names = [], [], {}
-    for f, ns in groups:
+    keep_one = base.is_dir and not any(ns for _, ns in groups)  # a folder keeps one file, if empty
+    for k, (f, ns) in enumerate(groups):
         fname = os.path.basename(f.path)
-        if not ns and base.is_dir:
+        if not ns and base.is_dir and not (keep_one and k == len(groups) - 1):
             continue  # every tensor of this shard is gone
         names[fname] = ns
         same = [(t.name, t.dtype, tuple(t.shape)) for t in f.tensors] == \

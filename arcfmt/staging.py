@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import re
 import shutil
@@ -248,11 +249,17 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def exchange_dirs(a: str, b: str) -> None:
-    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE), else a recoverable two-step."""
+@functools.lru_cache(maxsize=1)
+def _renameat2():
+    """libc's renameat2, looked up once (find_library runs ldconfig: milliseconds a call)."""
     libc_name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name else None
-    fn = getattr(libc, "renameat2", None) if libc else None
+    return getattr(libc, "renameat2", None) if libc else None
+
+
+def exchange_dirs(a: str, b: str) -> None:
+    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE), else a recoverable two-step."""
+    fn = _renameat2()
     if fn is not None:
         res = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
         if res == 0:

@@ -24,8 +24,8 @@ from arcfmt.checkpoint import apply_delta, encode_checkpoints
 from arcfmt.demo import make_model_pair, save_sharded
 from arcfmt.errors import CorruptError, FileAccessError, LimitError, VerificationError
 from arcfmt.safetensors_io import open_checkpoint, read_file, write_file
-from conftest import parse_file, reassemble
-from conftest_faults import KillPoints
+from support.faults import KillPoints
+from support.records import Rec, assemble, parse_file
 
 
 def digest_tree(path) -> dict:
@@ -50,7 +50,7 @@ def test_apply_in_place_checks_both_digests_like_decode(which, err):
     """A file whose index digest is wrong (records re-chained, so only the digest check can tell) is
     refused by decode, by StreamReader and by apply_in_place, which then leaves the live arrays as they were."""
     base, target = pair_arrays()
-    bad = reassemble(parse_file(arcfmt.encode(base, target)), **{which: bytes(16)})
+    bad = assemble(parse_file(arcfmt.encode(base, target)), **{which: bytes(16)})
     with pytest.raises(err):
         arcfmt.decode(base, bad)
     with pytest.raises(err):
@@ -84,7 +84,6 @@ def test_unchanged_tensor_whose_target_hash_differs_is_refused_in_place():
     """All blocks unchanged but a target hash that is not the base's: never reported as applied."""
     import arcfmt.records as R
     from arcfmt import layout as L
-    from conftest import Rec
     base, target = pair_arrays()
     p = parse_file(arcfmt.encode(base, target))
     recs = []
@@ -100,7 +99,7 @@ def test_unchanged_tensor_whose_target_hash_differs_is_refused_in_place():
             th = R.parse_tensor(r.payload, "t")
             entries.append((th.name.encode(), th.dtype.code, th.shape, th.target_hash))
     from arcfmt.integrity import model_digest
-    bad = reassemble(p, recs, target_digest=model_digest(entries))
+    bad = assemble(p, recs, target_digest=model_digest(entries))
     live = {k: v.copy() for k, v in base.items()}
     with pytest.raises(VerificationError, match="'b'"):
         list(arcfmt.apply_in_place(live, bad))
@@ -357,6 +356,7 @@ def _apply_killed(base, delta, kill_at) -> tuple[int, list]:
     return status, json.loads(out) if out else []
 
 
+@pytest.mark.kill
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, kind):
     """SIGKILL before and after every fsync, rename, link, unlink, write, space reservation, folder
@@ -446,3 +446,26 @@ def test_follower_state_that_is_a_fifo_or_a_link_is_refused_not_waited_on(tmp_pa
     os.symlink(tmp_path / "elsewhere.json", state)
     with pytest.raises(arcfmt.InputError):
         arcfmt.Follower(url, into=into).sync()
+
+
+def test_a_shard_with_no_tensors_is_followed(tmp_path):
+    """Found by the fuzzer: a step with an empty shard crashed the follower."""
+    url = "memory://empty-shard-" + os.path.basename(str(tmp_path))
+    arcfmt.Publisher(url, shard=0, num_shards=2).publish(1, {})
+    arcfmt.Publisher(url, shard=1, num_shards=2).publish(1, {"w": np.ones(3, np.float32)})
+    (u,) = arcfmt.Follower(url, into=tmp_path / "m").sync()
+    assert u.step == 1 and u.verified_model
+    assert open_checkpoint(tmp_path / "m").tensors()["w"].tobytes() == np.ones(3, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_folder_whose_every_tensor_goes_stays_a_checkpoint(tmp_path, in_place):
+    """Found by the fuzzer: an empty target left a folder without any safetensors file."""
+    (tmp_path / "base").mkdir()
+    write_file(tmp_path / "base" / "model-00001-of-00001.safetensors", {"w": np.ones(4, np.float32)})
+    write_file(tmp_path / "target.safetensors", {})
+    d = tmp_path / "d.arc"
+    encode_checkpoints(tmp_path / "base", tmp_path / "target.safetensors", d)
+    out = tmp_path / "base" if in_place else tmp_path / "out"
+    apply_delta(tmp_path / "base", d, None if in_place else out, in_place=in_place)
+    assert open_checkpoint(out).tensors() == {}

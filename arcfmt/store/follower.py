@@ -23,7 +23,8 @@ import xxhash
 from .. import layout as FL, pipeline, records, transforms
 from ..checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json, write_new_file
 from ..errors import (
-    ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError, os_error,
+    ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError, WrongBaseError,
+    os_error,
 )
 from ..integrity import model_digest
 from ..reader import DeltaReader
@@ -33,7 +34,7 @@ from . import names as N
 from .commit import Store
 from .errors import MissingError
 from .layout import (
-    HEADER_META_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, VERSION, Head, Manifest, canonical, digest128, parse_head,
+    MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, VERSION, Head, Manifest, canonical, digest128, parse_head,
     parse_json, parse_manifest,
 )
 from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats, ObjectSource, RangeFetcher, coalesce
@@ -312,9 +313,9 @@ class Follower:
         try:
             with self.store.time_limit(self.step_timeout), self.fetcher.time_limit(self.step_timeout):
                 return self._apply_step(m, kind, head, cur)
-        except (FormatError, VerificationError):
+        except (FormatError, VerificationError, WrongBaseError):
             # Bytes that failed a check may sit in the spool (a damaged object, a byte flipped in
-            # transit): drop this step's chunks, or every later attempt would reuse them and fail again.
+            # transit, a base hash flipped in the object): drop this step's chunks, or every later attempt would reuse them and fail again.
             self.fetcher.forget(keep=lambda key: _step_of_key(key) != m.step)
             raise
 
@@ -335,8 +336,8 @@ class Follower:
             if len(p.groups) == 1:
                 first.append((p, _needed_ranges(p.wanted)))
             elif p.groups:
-                first.append((p, [(0, HEADER_META_BYTES)] + [(e.tens_offset, e.tens_offset + e.tens_size)
-                                                             for e in p.wanted]))
+                first.append((p, [(0, FL.FIRST_RECORD_OFFSET)] + [(e.tens_offset, e.tens_offset + e.tens_size)
+                                                                  for e in p.wanted]))
         self._prefetch([(p, coalesce(rs, max_gap=self.max_gap, overhead=self.overhead)) for p, rs in first])
         for p in plans:
             if p.wanted:
@@ -359,7 +360,7 @@ class Follower:
             pipeline.check_budget(headers, p.reader.output_budget(headers), p.obj.name)
         verified_model = self.patterns is None
         if verified_model:
-            headers = [p.reader.header(n) for p in plans for n in p.reader.names]
+            headers = [p.reader.header(n) for p in plans if p.reader is not None for n in p.reader.names]
             if model_digest(pipeline.digest_entries(headers)).hex() != m.model_digest:
                 raise VerificationError(f"step {m.step}: the rebuilt model does not match the manifest's "
                                         f"model digest")
@@ -448,7 +449,7 @@ class Follower:
                     yield r.item(e.name, bases[e.name])
                 if len(p.groups) > 1:
                     yield pipeline.DRAIN
-                    p.source.drop(HEADER_META_BYTES, p.obj.index_offset)   # bounded memory
+                    p.source.drop(FL.FIRST_RECORD_OFFSET, p.obj.index_offset)   # bounded memory
 
     def _check_space(self, m: Manifest, need: int) -> None:
         """The step's files must fit beside the folder; this follower's own spool (resumable chunks)
@@ -500,7 +501,7 @@ def _groups(wanted, budget: int) -> list:
 def _needed_ranges(wanted) -> list:
     if not wanted:
         return []
-    out = [(0, HEADER_META_BYTES)]
+    out = [(0, FL.FIRST_RECORD_OFFSET)]
     for e in wanted:
         out.append((e.tens_offset, e.tens_offset + e.tens_size))
         out.extend((b.offset, b.offset + b.size) for b in e.blocks)
