@@ -8,7 +8,6 @@ from . import pipeline
 from .arrays import as_numpy
 from .errors import InputError
 from .reader import DeltaReader
-from .transforms import UNCHANGED
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 
 
@@ -65,7 +64,7 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_outp
     sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(reader.output_budget(fresh)))
     items = []
     for n in wanted:
-        if n in live and all(r.encoding == UNCHANGED for r in reader.entries[n].blocks):
+        if n in live and not reader.changes(n):
             # its bytes are the base's, whose hash was just checked: the target hash must be that one
             pipeline.verify_hash(reader.header(n), reader.header(n).base_hash)
             continue

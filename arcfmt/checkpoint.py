@@ -11,7 +11,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 
-from . import outputs, pipeline, transforms
+from . import outputs, pipeline
 from .checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json
 from .errors import ArcError, InputError, LimitError, os_error
 from .reader import DeltaReader
@@ -163,9 +163,7 @@ def plan_apply(base: Checkpoint, reader: DeltaReader) -> ApplyPlan:
     _, bases, _ = reader.selection(base_arrays, workers=reader.workers)
     headers = [reader.header(n) for n in reader.names]
     pipeline.check_budget(headers, reader.output_budget(headers), "this delta")
-    changed = {n for n in reader.names
-               if not reader.header(n).needs_base
-               or any(b.encoding != transforms.UNCHANGED for b in reader.entries[n].blocks)}
+    changed = {n for n in reader.names if reader.changes(n)}
     wanted = set(reader.names)
     groups = []
     for f in base.files:

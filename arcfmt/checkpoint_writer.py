@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError, VerificationError, os_error
-from .safetensors_io import build_header, layout_specs, read_file
+from .safetensors_io import build_header, data_start, frame_header, layout_specs, read_file
 from .staging import Owner, Stage
 
 DIRECT_IO = True          # write new files with O_DIRECT where the filesystem takes it
@@ -258,7 +258,7 @@ class ShardLayout:
     def __post_init__(self):
         self.specs = layout_specs(self.items)
         self.header = build_header(self.specs, self.metadata)
-        self.data_start = 8 + len(self.header)
+        self.data_start = data_start(self.header)
         self.size = self.data_start + (self.specs[-1].end if self.specs else 0)
 
     @property
@@ -304,7 +304,7 @@ class CheckpointSink:
     def _open_file(self, lay: ShardLayout) -> OutputFile:
         out = OutputFile(self.stage.file(lay.file), lay.size, display=self.stage.display,
                          owner=self.stage.owner_of(lay.file))
-        out.write(len(lay.header).to_bytes(8, "little") + lay.header)
+        out.write(frame_header(lay.header))
         return out
 
     def _finish_file(self, lay, out) -> None:

@@ -1,4 +1,11 @@
-"""Bytes-to-bytes codecs of SPEC.md §9: bounded decoding and smallest-wins encoding."""
+"""Bytes-to-bytes codecs of SPEC.md §9: one object per codec, registered in one table; bounded
+decoding and smallest-wins encoding.
+
+A codec (:class:`Codec`) has an id (the ``u8`` of a stream table entry and of the INDX codec field), a
+name, ``compress(data, setting)`` and ``decode(stored, length)``, which produces exactly ``length``
+bytes and never more (SPEC.md §9). The module functions (:func:`decode`, :func:`encode_smallest`,
+:func:`encode_with`) look codecs up in the table; :func:`register` adds one.
+"""
 from __future__ import annotations
 
 import bz2
@@ -7,12 +14,13 @@ import threading
 
 import zstandard
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from .errors import CorruptError, LimitError, UnsupportedError
 from .layout import MAX_WINDOW, MAX_XZ_MEMORY
 
 RAW, ZSTD, XZ, BZ2 = 0, 1, 2, 3
-NAMES = {RAW: "raw", ZSTD: "zstd", XZ: "xz", BZ2: "bz2"}
-BY_NAME = {v: k for k, v in NAMES.items()}
 
 # Codec trials per effort level: (codec, setting). Lower ids win ties.
 EFFORTS = {
@@ -56,21 +64,200 @@ def _zstd_decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def compress(codec: int, data, setting: int):
-    if codec == RAW:
+# ------------------------------------------------------------------------------------ the table
+
+class Codec:
+    """A codec of SPEC.md §9. Subclass it, set ``id`` and ``name``, and :func:`register` an instance."""
+
+    id: ClassVar[int]
+    name: ClassVar[str]
+    default_setting: ClassVar[int] = 0  # the setting of ``encode_with`` (force_codec)
+    overhead: ClassVar[int] = 0  # bytes it costs at least beyond a zstd frame: not tried where it cannot win
+
+    def compress(self, data, setting: int):
+        raise NotImplementedError
+
+    def decode(self, stored, length: int):
+        """Exactly ``length`` bytes from ``stored``, never producing more (CorruptError, LimitError)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<codec {self.id} {self.name}>"
+
+
+_by_id: dict[int, Codec] = {}
+_by_name: dict[str, Codec] = {}
+
+
+def register(codec):
+    """Add a codec (instance, or subclass: instantiated) to the table; returns what it was given."""
+    c = codec() if isinstance(codec, type) else codec
+    if not isinstance(c.id, int) or not 0 <= c.id <= 255:
+        raise ValueError(f"codec id {c.id!r} is not a u8")
+    if c.id in _by_id or c.name in _by_name:
+        raise ValueError(f"codec id {c.id} or name {c.name!r} is taken")
+    _by_id[c.id] = c
+    _by_name[c.name] = c
+    return codec
+
+
+def unregister(codec) -> None:
+    c = _by_name.get(codec) if isinstance(codec, str) else _by_id.get(getattr(codec, "id", codec))
+    if c is None:
+        raise KeyError(codec)
+    del _by_id[c.id], _by_name[c.name]
+
+
+def get(codec_id: int) -> Codec:
+    """The codec of an id; UnsupportedError for an unknown one (SPEC.md §8 check 5)."""
+    try:
+        return _by_id[codec_id]
+    except KeyError:
+        raise UnsupportedError(f"unknown codec id {codec_id}") from None
+
+
+def find(codec_id) -> Codec | None:
+    return _by_id.get(codec_id)
+
+
+def by_name(name: str) -> Codec:
+    """The codec of a SPEC.md name; KeyError for an unknown one."""
+    return _by_name[name]
+
+
+def registered():
+    """Every registered codec, by id."""
+    return iter(sorted(_by_id.values(), key=lambda c: c.id))
+
+
+class _View(Mapping):
+    """A read-only mapping over the live table."""
+
+    def __init__(self, key, value):
+        self._key, self._value = key, value
+
+    def _items(self):
+        return {self._key(c): self._value(c) for c in registered()}
+
+    def __getitem__(self, k):
+        return self._items()[k]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __len__(self):
+        return len(_by_id)
+
+
+NAMES = _View(lambda c: c.id, lambda c: c.name)    # id → name
+BY_NAME = _View(lambda c: c.name, lambda c: c.id)  # name → id
+
+
+# ------------------------------------------------------------------------------------ the codecs
+
+@register
+class Raw(Codec):
+    id, name = RAW, "raw"
+
+    def compress(self, data, setting):
         return data
-    if codec == ZSTD:
+
+    def decode(self, stored, length):
+        if len(stored) != length:
+            raise CorruptError(f"raw stream holds {len(stored)} bytes, {length} expected")
+        return stored
+
+
+@register
+class Zstd(Codec):
+    id, name, default_setting = ZSTD, "zstd", 19
+
+    def compress(self, data, setting):
         return _zstd_compressor(setting).compress(data)
-    if codec == XZ:
+
+    def decode(self, stored, length):
+        try:
+            params = zstandard.get_frame_parameters(stored)
+        except zstandard.ZstdError as exc:
+            raise CorruptError(f"zstd stream: bad frame header: {exc}") from exc
+        if params.content_size != length:
+            raise CorruptError(f"zstd frame declares {params.content_size} bytes, {length} expected")
+        if params.dict_id:
+            raise CorruptError("zstd frame uses a dictionary")
+        if params.window_size > MAX_WINDOW:
+            raise LimitError(f"zstd window {params.window_size} exceeds {MAX_WINDOW}")
+        try:
+            obj = _zstd_decompressor().decompressobj()
+            out = obj.decompress(stored)
+        except zstandard.ZstdError as exc:
+            raise CorruptError(f"zstd stream: {exc}") from exc
+        return _check_end(out, length, obj.eof, obj.unused_data, "zstd")
+
+
+@register
+class Xz(Codec):
+    id, name, default_setting, overhead = XZ, "xz", 6, _XZ_BZ2_OVERHEAD
+
+    def compress(self, data, setting):
         # The dictionary need not exceed the input: same output size, far cheaper to set up (and to
         # decode) than the preset's 8-64 MiB for the small streams a block has.
         dict_size = max(1 << 12, 1 << max(0, len(data) - 1).bit_length())
         filters = [{"id": lzma.FILTER_LZMA2, "preset": setting,
                     "dict_size": min(dict_size, 1 << 26), **_XZ_TUNING.get(setting, _XZ_PLANES)}]
         return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
-    if codec == BZ2:
+
+    def decode(self, stored, length):
+        try:
+            dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
+            out = dec.decompress(stored, max_length=length + 1)
+        except lzma.LZMAError as exc:
+            if "memory" in str(exc).lower():
+                raise LimitError(f"xz stream needs more than {MAX_XZ_MEMORY} bytes of decoder memory") from exc
+            raise CorruptError(f"xz stream: {exc}") from exc
+        return _check_end(out, length, dec.eof, dec.unused_data, "xz")
+
+
+@register
+class Bz2(Codec):
+    id, name, default_setting, overhead = BZ2, "bz2", 9, _XZ_BZ2_OVERHEAD
+
+    def compress(self, data, setting):
         return bz2.compress(data, setting)
-    raise UnsupportedError(f"unknown codec id {codec}")
+
+    def decode(self, stored, length):
+        try:
+            dec = bz2.BZ2Decompressor()
+            out = dec.decompress(stored, max_length=length + 1)
+        except (OSError, ValueError) as exc:
+            raise CorruptError(f"bz2 stream: {exc}") from exc
+        return _check_end(out, length, dec.eof, dec.unused_data, "bz2")
+
+
+def _check_end(out, length, eof, unused, name):
+    if len(out) > length:
+        raise CorruptError(f"{name} stream decodes to more than the {length} bytes declared")
+    if len(out) < length or not eof:
+        raise CorruptError(f"{name} stream decodes to fewer than the {length} bytes declared")
+    if unused:
+        raise CorruptError(f"{name} stream: {len(unused)} bytes after the end of the stream")
+    return out
+
+
+# ------------------------------------------------------------------------------------ through the table
+
+def compress(codec: int, data, setting: int):
+    return get(codec).compress(data, setting)
+
+
+def decode(codec: int, stored, length: int):
+    """Decode one stream to exactly ``length`` bytes, never producing more (SPEC.md §9). An empty
+    stream must be ``raw`` (checked before the codec's own rules)."""
+    c = _by_id.get(codec)
+    if length == 0 and codec != RAW:
+        raise CorruptError(f"empty stream must use codec raw, not {c.name if c is not None else codec}")
+    if c is None:
+        raise UnsupportedError(f"unknown codec id {codec}")
+    return c.decode(stored, length)
 
 
 def encode_smallest(data, effort="default") -> tuple[int, bytes]:
@@ -85,15 +272,13 @@ def encode_smallest(data, effort="default") -> tuple[int, bytes]:
     if isinstance(effort, str):
         effort = LARGE_EFFORTS.get(effort, EFFORTS[effort]) if len(data) >= LARGE_STREAM else EFFORTS[effort]
     for codec, setting in effort:
-        if codec in (XZ, BZ2) and (len(data) < SMALL_STREAM or len(best) < _XZ_BZ2_OVERHEAD):
+        c = _by_id[codec]
+        if c.overhead and (len(data) < SMALL_STREAM or len(best) < c.overhead):
             continue  # cannot win: its container overhead alone exceeds the best so far
-        out = compress(codec, data, setting)
+        out = c.compress(data, setting)
         if len(out) < len(best):
             best_codec, best = codec, out
     return best_codec, best
-
-
-DEFAULT_SETTING = {RAW: 0, ZSTD: 19, XZ: 6, BZ2: 9}
 
 
 def encode_with(codec: int, data) -> tuple[int, bytes]:
@@ -101,62 +286,5 @@ def encode_with(codec: int, data) -> tuple[int, bytes]:
     data = bytes(data)
     if not data:
         return RAW, b""
-    return codec, compress(codec, data, DEFAULT_SETTING[codec])
-
-
-def decode(codec: int, stored, length: int):
-    """Decode one stream to exactly ``length`` bytes, never producing more (SPEC.md §9)."""
-    if codec == RAW:
-        if len(stored) != length:
-            raise CorruptError(f"raw stream holds {len(stored)} bytes, {length} expected")
-        return stored
-    if length == 0:
-        raise CorruptError(f"empty stream must use codec raw, not {NAMES.get(codec, codec)}")
-    if codec == ZSTD:
-        return _decode_zstd(stored, length)
-    if codec == XZ:
-        try:
-            dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
-            out = dec.decompress(stored, max_length=length + 1)
-        except lzma.LZMAError as exc:
-            if "memory" in str(exc).lower():
-                raise LimitError(f"xz stream needs more than {MAX_XZ_MEMORY} bytes of decoder memory") from exc
-            raise CorruptError(f"xz stream: {exc}") from exc
-        return _check_end(out, length, dec.eof, dec.unused_data, "xz")
-    if codec == BZ2:
-        try:
-            dec = bz2.BZ2Decompressor()
-            out = dec.decompress(stored, max_length=length + 1)
-        except (OSError, ValueError) as exc:
-            raise CorruptError(f"bz2 stream: {exc}") from exc
-        return _check_end(out, length, dec.eof, dec.unused_data, "bz2")
-    raise UnsupportedError(f"unknown codec id {codec}")
-
-
-def _check_end(out, length, eof, unused, name):
-    if len(out) > length:
-        raise CorruptError(f"{name} stream decodes to more than the {length} bytes declared")
-    if len(out) < length or not eof:
-        raise CorruptError(f"{name} stream decodes to fewer than the {length} bytes declared")
-    if unused:
-        raise CorruptError(f"{name} stream: {len(unused)} bytes after the end of the stream")
-    return out
-
-
-def _decode_zstd(stored, length):
-    try:
-        params = zstandard.get_frame_parameters(stored)
-    except zstandard.ZstdError as exc:
-        raise CorruptError(f"zstd stream: bad frame header: {exc}") from exc
-    if params.content_size != length:
-        raise CorruptError(f"zstd frame declares {params.content_size} bytes, {length} expected")
-    if params.dict_id:
-        raise CorruptError("zstd frame uses a dictionary")
-    if params.window_size > MAX_WINDOW:
-        raise LimitError(f"zstd window {params.window_size} exceeds {MAX_WINDOW}")
-    try:
-        obj = _zstd_decompressor().decompressobj()
-        out = obj.decompress(stored)
-    except zstandard.ZstdError as exc:
-        raise CorruptError(f"zstd stream: {exc}") from exc
-    return _check_end(out, length, obj.eof, obj.unused_data, "zstd")
+    c = get(codec)
+    return codec, c.compress(data, c.default_setting)

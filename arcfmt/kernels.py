@@ -1,98 +1,107 @@
-"""The per-element loops of ctx-delta (SPEC.md §8.6), compiled with numba when it is installed.
+"""The compiled backend of ctx-delta (SPEC.md §8.6): its per-element loops, compiled with numba.
 
 Why: a block's classes come from every element of the base, so encoding and decoding make O(m)
 passes whatever the number of changes. In numpy each pass is several full-size temporaries; compiled,
-it is one read of the base. Each kernel here has a numpy twin in :mod:`arcfmt.ctx_delta` that
-computes exactly the same arrays (tests compare them); ``ARCFMT_JIT=0`` forces the twins.
-Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
+it is one read of the base. :mod:`arcfmt.twins` is the numpy backend: the same public functions
+(:mod:`arcfmt.backend` lists them), computing exactly the same arrays (tests/test_kernels.py compares
+them); :func:`arcfmt.backend.selected` picks one of the two, once. Importing this module imports
+numba; nothing else imports it before a ctx-delta block needs it.
 
+Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
 ``ctx_encode`` and ``ctx_decode`` do a whole block in one call (the GIL is taken once per block, not
-once per step), from the smaller kernels below; when ``ctx_decode`` reports a failed check, the numpy
-twin decodes the block again to word the error.
+once per step), from the smaller kernels below; when ``ctx_decode`` reports a failed check, the
+caller has the numpy twin decode the block again to word the error.
 """
 from __future__ import annotations
 
-import os
-import threading
-
+import numba
 import numpy as np
+from numba.core import types
+from numba.extending import intrinsic
 
-# Status codes the kernels return instead of raising (numba cannot raise our exception types).
-OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
-_KERNELS = ("exponent_counts", "class_words", "word_counts", "select", "rice_decode", "rice_encode",
-            "ctx_decode", "ctx_encode", "changes", "class_cuts")
-_HELPERS = ("_ordered", "_bit_length", "_step_target", "_rice_cost", "_best_rice")
+from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_PADDING
 
-
-def __getattr__(name):
-    """``ENABLED`` and the kernels come into being on first use: importing numba costs ~0.35 s, which
-    a command that never reaches a ctx-delta block should not pay."""
-    if name == "ENABLED" or name in _KERNELS:
-        _load()
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+NAME = "numba"
 
 
-_lock = threading.Lock()
-
-
-def _popcount(x):  # replaced by an LLVM intrinsic when numba loads
-    return bin(int(x)).count("1")
-
-
-def _trailing_zeros(x):  # replaced by an LLVM intrinsic when numba loads
-    return (int(x) & -int(x)).bit_length() - 1
-
-
-def _load() -> None:
-    with _lock:
-        if "ENABLED" not in globals():
-            _load_locked()
-
-
-def _load_locked() -> None:
-    g = globals()
+def _jit(fn):
+    """Compiled on first call, then cached on disk by numba where it finds a writable place."""
     try:
-        if os.environ.get("ARCFMT_JIT", "1") == "0":
-            raise ImportError("disabled by ARCFMT_JIT=0")
-        import numba
-        from numba.core import types
-        from numba.extending import intrinsic
-    except ImportError:  # pragma: no cover - exercised by the ARCFMT_JIT=0 test run
-        g["ENABLED"] = False
-        return
-
-    @intrinsic
-    def popcount(typingctx, x):
-        """One ``popcnt`` instruction (numba has no np.bitwise_count)."""
-        def codegen(context, builder, signature, args):
-            return builder.ctpop(args[0])
-        return types.uint64(types.uint64), codegen
-
-    @intrinsic
-    def trailing_zeros(typingctx, x):
-        """One ``tzcnt``: the index of the lowest set bit (x ≠ 0)."""
-        def codegen(context, builder, signature, args):
-            return builder.cttz(args[0], context.get_constant(types.boolean, False))
-        return types.uint64(types.uint64), codegen
-
-    def jit(fn):  # compiled on first call, then cached on disk by numba where it finds a writable place
-        try:
-            return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
-        except RuntimeError:  # no cache location (read-only install, no writable home): compile per process
-            return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
-
-    g["_popcount"] = popcount
-    g["_trailing_zeros"] = trailing_zeros
-    for name in _HELPERS:  # helpers first: the kernels bind them when they compile
-        g[name] = jit(g[name])
-    for name in _KERNELS:
-        g[name] = jit(g["_" + name])
-    for name in _KERNELS:  # kernels that call kernels (ctx_decode) bind the compiled ones
-        g["_" + name] = g[name]
-    g["ENABLED"] = True
+        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+    except RuntimeError:  # no cache location (read-only install, no writable home): compile per process
+        return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
 
 
+@intrinsic
+def _popcount(typingctx, x):
+    """One ``popcnt`` instruction (numba has no np.bitwise_count)."""
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+    return types.uint64(types.uint64), codegen
+
+
+@intrinsic
+def _trailing_zeros(typingctx, x):
+    """One ``tzcnt``: the index of the lowest set bit (x ≠ 0)."""
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], context.get_constant(types.boolean, False))
+    return types.uint64(types.uint64), codegen
+
+
+# ------------------------------------------------------------------------------------ the backend
+
+def changes(base, target):
+    """Indices where ``base`` and ``target`` differ (int64, increasing)."""
+    if base.dtype.itemsize <= 4:
+        return _changes(base, target)
+    return np.flatnonzero(base != target)
+
+
+def exponent_counts(dt, sample, changed):
+    """Elements of ``sample`` and of ``changed`` per exponent field value."""
+    size = 1 << dt.exp_bits
+    return _exponent_counts(sample, changed, dt.mant_bits, size - 1, size)
+
+
+def class_cuts(ne, ce, max_classes, overhead) -> list:
+    """The exponent-class thresholds of least estimated position bits."""
+    return _class_cuts(ne, ce, max_classes, overhead).tolist()
+
+
+def _args(dt, thresholds):
+    """``edges, mask, shift, emask, half`` of the kernels for this dtype and these thresholds."""
+    bits = 8 * dt.itemsize
+    return (np.asarray([t << dt.mant_bits for t in thresholds], dt.uint), dt.uint.type((1 << (bits - 1)) - 1),
+            dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (bits - 1))
+
+
+def ctx_encode(dt, base, target, positions, thresholds, max_rice):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams)``."""
+    counts, rice, qbits, q, r, s, mw, mag = _ctx_encode(base, target, positions, *_args(dt, thresholds), max_rice)
+    return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
+
+
+def ctx_decode(dt, p, streams, m, base, out) -> int:
+    """A whole block into ``out``: OK, or the status of the first failed check, having written nothing."""
+    return _ctx_decode(
+        base, out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
+        _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64), np.asarray(p.rice, np.int64),
+        *_args(dt, p.thresholds), out is not base)
+
+
+def _bytes_array(buf) -> np.ndarray:
+    """A read-only uint8 view: numba compiles a kernel once per array layout, and streams arrive as
+    bytes, bytearrays or memoryviews, so all are passed alike (one compiled ``ctx_decode`` per type)."""
+    a = np.frombuffer(buf, np.uint8)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+# ------------------------------------------------------------------------------------ the kernels
+
+@_jit
 def _exponent_counts(base, changed, shift, emask, size):
     """Elements of ``base`` and of ``changed`` per exponent field value (four sub-histograms: no
     store stalls)."""
@@ -112,6 +121,7 @@ def _exponent_counts(base, changed, shift, emask, size):
     return ne, ce
 
 
+@_jit
 def _word_counts(words):
     """Members in each word, and through each word."""
     pop = np.empty(words.size, np.int64)
@@ -125,6 +135,7 @@ def _word_counts(words):
     return pop, cum
 
 
+@_jit
 def _select(words, cum, pop, ranks, out):
     """Bit index of each member rank in ``ranks`` (increasing, each below the member count)."""
     w = 0
@@ -149,11 +160,13 @@ def _select(words, cum, pop, ranks, out):
         out[idx] = w * 64 + at
 
 
+@_jit
 def _ordered(u, half):
     x = np.int64(u)
     return x if x < half else (half - 1) - x
 
 
+@_jit
 def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     """Quotient and remainder bit strings → each class's member ranks (concatenated in class order).
 
@@ -195,6 +208,7 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     return OK
 
 
+@_jit
 def _rice_encode(gaps, counts, rice, qbuf, rbuf):
     """Gaps (class order) → quotient bit string and remainder bit string, into zeroed buffers."""
     qpos = 0
@@ -223,6 +237,7 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
         rbuf[rbyte] = np.uint8(acc & np.uint64(0xFF))
 
 
+@_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
                 copy):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
@@ -286,6 +301,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     return OK
 
 
+@_jit
 def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
     """ord(base) + the t-th change's step, its magnitude being the j-th value of the planes."""
     a = np.int64(0)
@@ -297,6 +313,7 @@ def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
     return _ordered(b, half) + step
 
 
+@_jit
 def _class_words(base, mask, edges, counts):
     """Packed membership bitmaps, one row per class (rows of classes without changes stay zero), in
     one pass over the base: each 64-element word is compared with every threshold while in cache.
@@ -327,6 +344,7 @@ def _class_words(base, mask, edges, counts):
     return words
 
 
+@_jit
 def _bit_length(x):
     n = 0
     while x:
@@ -335,6 +353,7 @@ def _bit_length(x):
     return n
 
 
+@_jit
 def _rice_cost(g, lo, hi, r):
     cost = (hi - lo) * r
     for j in range(lo, hi):
@@ -342,6 +361,7 @@ def _rice_cost(g, lo, hi, r):
     return cost
 
 
+@_jit
 def _best_rice(g, lo, hi, max_rice):
     """The smallest Rice parameter of least total bits for gaps ``g[lo:hi]``: a walk down (or up) the
     convex cost from the estimate ``log2(mean · ln 2)``, as the numpy twin does."""
@@ -372,6 +392,7 @@ def _best_rice(g, lo, hi, max_rice):
     return r, c
 
 
+@_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
@@ -460,6 +481,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes
 
 
+@_jit
 def _changes(base, target):
     """Indices where ``base`` and ``target`` differ (``np.flatnonzero(base != target)``), from a
     bitmap built 64 elements at a time: 3x numpy's speed on sparse RL blocks, without the GIL."""
@@ -490,6 +512,7 @@ def _changes(base, target):
     return out
 
 
+@_jit
 def _class_cuts(ne, ce, max_classes, overhead):
     """The exponent-class DP of ``ctx_delta.choose_thresholds``, operation for operation (same float
     expressions in the same order, first minimum on ties), so both give the same thresholds.

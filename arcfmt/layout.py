@@ -1,17 +1,36 @@
-"""Every byte layout of SPEC.md in one place, as construct definitions that both parse and build.
+"""Every byte layout of SPEC.md in one place, each defined once, and every size derived from it.
 
-Payload bytes (compressed streams) never pass through construct: the block structure parses only
-its small header and stream table, and the caller slices the payload as a memoryview.
-Construct is used uncompiled, and every count it loops over is bounded by the bytes available.
+- **Fixed structures** — the file header (§4), the record header (§5), META (§6), the trailer (§11) —
+  and the index (§10) are construct definitions. The size constants below are computed from them.
+  The record header, met once per record, is parsed and built through its ``struct`` form, which is
+  derived from the construct definition (:func:`_packed`), not written out a second time.
+- **TENS (§7) and BLCK (§8)**, met once per tensor and once per block, are defined by the hand-written
+  functions of this module (:func:`parse_tensor_payload`, :func:`build_tensor_payload`,
+  :func:`parse_block_head`, :func:`build_block_head`): that code is their only definition.
+  ``TensorPayload`` and ``BlockPayload`` are constructs that call it, for code that composes constructs.
+  Why not construct for these two: uncompiled it costs 4–7× the hand-written code per record; compiled
+  (``.compile()``, even with every custom field given an emitted parser) still 2–4.5×, and compiled
+  fields no longer check that their bytes are there (``Bytes`` emits an unchecked ``io.read`` and
+  returns fewer bytes; integers raise ``struct.error``, not a construct error). tests/test_layout_fast.py
+  keeps the tables of §7 and §8 as declarative construct structs and checks the definition against
+  them on random inputs, field by field and error by error.
+
+Payload bytes (compressed streams) never pass through construct: a block's structure ends with its
+stream table, and the caller slices the payload as a memoryview. Construct is used uncompiled, and
+every count it loops over is bounded by the bytes available.
 """
 from __future__ import annotations
 
+import re
+import struct as _struct
 
-from construct import (
-    Bytes, Construct, GreedyBytes, If, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
-)
 import numpy as np
-from construct.core import ConstructError, StreamError, stream_read, stream_write
+from construct import (
+    Bytes, Construct, FormatField, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
+)
+from construct.core import (
+    ConstructError, StreamError, stream_read, stream_read_entire, stream_seek, stream_tell, stream_write,
+)
 
 from .errors import CorruptError, InputError, LimitError
 
@@ -19,10 +38,9 @@ MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
 MINOR = 1
-HEADER_SIZE = 16
-TRAILER_SIZE = 40
-RECORD_HEADER_SIZE = 16
 NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
+RECORD_TYPE_SIZE = 4   # a record type: four ASCII letters (§5)
+DIGEST_SIZE = 16       # a model digest, xxh3-128 (§13.2), as the index holds it (§10)
 
 # Limits (SPEC.md §14)
 MAX_NAME_BYTES = 1024
@@ -39,10 +57,20 @@ MAX_XZ_MEMORY = 1 << 27
 
 # Record types (SPEC.md §5)
 META, TENS, BLCK, INDX, NOTE = b"META", b"TENS", b"BLCK", b"INDX", b"note"
+RECORD_TYPE_RE = re.compile(rb"[A-Za-z]{%d}\Z" % RECORD_TYPE_SIZE)  # a valid type: four ASCII letters
+_CRITICAL_FIRST, _CRITICAL_LAST = ord("A"), ord("Z")
+
+
+def is_critical(rtype) -> bool:
+    """A critical record type — its first letter is upper case — which a decoder must know (§5)."""
+    return _CRITICAL_FIRST <= rtype[0] <= _CRITICAL_LAST
+
 
 # TENS flags
 NEEDS_BASE = 0x01
 
+
+# ------------------------------------------------------------------------------------ varints
 
 def read_varint(next_byte) -> int:
     """One canonical varint (SPEC.md §1) from ``next_byte()``; the checks every varint reader shares."""
@@ -57,6 +85,45 @@ def read_varint(next_byte) -> int:
                 raise CorruptError("varint value beyond 2**64-1")
             return value
     raise CorruptError("varint longer than 10 bytes")
+
+
+def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
+    """The varint at ``buf[pos]`` and the position after it: ``read_varint``'s checks and messages."""
+    n = len(buf)
+    if pos < n:
+        b = buf[pos]
+        if b < 0x80:  # one-byte varints: most of them
+            return b, pos + 1
+        value, shift, p = b & 0x7F, 7, pos + 1
+        while p < n and shift < 63:  # up to 9 bytes: no overflow possible
+            b = buf[p]
+            p += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                if b:
+                    return value, p
+                break  # non-minimal: the checked reader below says so
+            shift += 7
+    at = [pos]
+
+    def next_byte():
+        if at[0] >= len(buf):
+            raise CorruptError(f"{what}: structure runs past the end of its bytes")
+        at[0] += 1
+        return buf[at[0] - 1]
+    return read_varint(next_byte), at[0]
+
+
+def varint_bytes(v: int) -> bytes:
+    """The canonical varint of ``v`` (SPEC.md §1); InputError outside 0..2**64-1."""
+    if not 0 <= v < 1 << 64:
+        raise InputError(f"value {v} does not fit a varint (0..2**64-1)")
+    out = bytearray()
+    while v > 0x7F:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
 
 
 class CanonicalVarInt(Construct):
@@ -74,233 +141,140 @@ class CanonicalVarInt(Construct):
 VarInt = CanonicalVarInt()
 
 
-def _read_varint(stream, path) -> int:
-    return VarInt._parse(stream, None, path)
+# ------------------------------------------------------------------------------------ fixed structures
 
-
-def _checked_count(con, context) -> int:
-    """The element count of a counted construct (``count``, ``limit``, ``what``), refused past its limit."""
-    count = con.count(context) if callable(con.count) else con.count
-    if con.limit is not None and count > con.limit:
-        raise LimitError(f"{con.what} {count} exceeds its limit {con.limit}")
-    return count
-
-
-class VarIntArray(Construct):
-    """``count`` canonical varints in one construct (a block's params, a tensor's dims)."""
-
-    def __init__(self, count, limit=None, what="count"):
-        super().__init__()
-        self.count = count
-        self.limit = limit
-        self.what = what
-
-    def _parse(self, stream, context, path):
-        return [_read_varint(stream, path) for _ in range(_checked_count(self, context))]
-
-    def _build(self, obj, stream, context, path):
-        for v in obj:
-            VarInt._build(v, stream, context, path)
-        return obj
-
-
-class BlockParams(VarIntArray):
-    """A block's params: the encoding says how many, possibly only after reading the first of them."""
-
-    def __init__(self, count):
-        super().__init__(count)  # count: (context, params read so far) -> total number of params
-
-    def _parse(self, stream, context, path):
-        out = []
-        while len(out) < self.count(context, out):
-            out.append(_read_varint(stream, path))
-        return out
-
-
-class Name(Construct):
-    """A tensor name: varint byte length (checked against MAX_NAME_BYTES before reading), then the bytes."""
-
-    def _parse(self, stream, context, path):
-        n = _read_varint(stream, path)
-        if n > MAX_NAME_BYTES:
-            raise LimitError(f"tensor name of {n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
-        return stream_read(stream, n, path)
-
-    def _build(self, obj, stream, context, path):
-        VarInt._build(len(obj), stream, context, path)
-        stream_write(stream, obj, len(obj), path)
-        return obj
-
-
-class StreamTable(Construct):
-    """A block's stream table: ``count`` pairs of (codec ``u8``, stored length varint)."""
-
-    def __init__(self, count):
-        super().__init__()
-        self.count = count
-
-    def _parse(self, stream, context, path):
-        count = self.count(context) if callable(self.count) else self.count
-        out = []
-        for _ in range(count):
-            codec = stream_read(stream, 1, path)[0]
-            out.append((codec, _read_varint(stream, path)))
-        return out
-
-    def _build(self, obj, stream, context, path):
-        for codec, length in obj:
-            stream_write(stream, bytes([codec]), 1, path)
-            VarInt._build(length, stream, context, path)
-        return obj
-
-FileHeader = Struct(
-    "magic" / Bytes(8),
+FileHeader = Struct(        # §4
+    "magic" / Bytes(len(MAGIC)),
     "major" / Int16ul,
     "minor" / Int16ul,
     "flags" / Int32ul,
 )
 
-RecordHeader = Struct(
-    "type" / Bytes(4),
+RecordHeader = Struct(      # §5
+    "type" / Bytes(RECORD_TYPE_SIZE),
     "length" / Int32ul,
-    "checksum" / Int64ul,
+    "checksum" / Int64ul,   # xxh3-64 of the header bytes before this field, then the payload
 )
 
-MetaPayload = Struct(
+MetaPayload = Struct(       # §6
     "flags" / Int32ul,
     "base_step" / Int64ul,
     "target_step" / Int64ul,
 )
 
-TensorPayload = Struct(
-    "name" / Name(),
-    "dtype" / Int8ul,
-    "ndim" / Int8ul,
-    "dims" / VarIntArray(this.ndim, MAX_DIMS, "ndim"),
-    "block_elems" / VarInt,
-    "flags" / Int8ul,
-    "base_hash" / If(this.flags & NEEDS_BASE, Int64ul),
-    "target_hash" / Int64ul,
-    "_end" / Tell,
-)
-
-# A block's params and streams are counted by its encoding and dtype (SPEC.md §8): the caller passes
-# ``param_count(encoding, head)`` and ``stream_count(encoding, params)`` as parse keywords; both reject unknown ids
-# before any field that depends on them is read.
-BlockPayload = Struct(
-    "tensor" / VarInt,
-    "block" / VarInt,
-    "encoding" / Int8ul,
-    "params" / BlockParams(lambda ctx, head: ctx._params.param_count(ctx.encoding, head)),
-    "streams" / StreamTable(lambda ctx: ctx._params.stream_count(ctx.encoding, ctx.params)),
-    "_end" / Tell,
-)
-
-
-IndexPayload = Struct(
-    "codec" / Int8ul,
-    "body_length" / VarInt,
-    "body" / GreedyBytes,
-)
-
-class NumpyColumn(Construct):
-    """``count`` fixed-width little-endian values read in one step as a read-only numpy view.
-
-    Keeps large index columns out of per-element construct parsing; the byte count is checked
-    against what the stream holds before anything is allocated.
-    """
-
-    def __init__(self, count, dtype, limit=None, what="count"):
-        super().__init__()
-        self.count = count
-        self.dtype = np.dtype(dtype)
-        self.limit = limit
-        self.what = what
-
-    def _parse(self, stream, context, path):
-        count = _checked_count(self, context)
-        nbytes = count * self.dtype.itemsize
-        here = stream.tell()
-        stream.seek(0, 2)
-        available = stream.tell() - here
-        stream.seek(here)
-        if nbytes > available:
-            raise StreamError(f"column of {count} values needs {nbytes} bytes, {available} left", path=path)
-        return np.frombuffer(stream_read(stream, nbytes, path), self.dtype)
-
-    def _build(self, obj, stream, context, path):
-        data = np.ascontiguousarray(obj, dtype=self.dtype).tobytes()
-        stream_write(stream, data, len(data), path)
-        return obj
-
-
-IndexBody = Struct(
-    "base_digest" / Bytes(16),
-    "target_digest" / Bytes(16),
-    "tensor_count" / Int32ul,
-    "block_count" / Int64ul,
-    "name_lengths" / NumpyColumn(this.tensor_count, "<u4", MAX_TENSORS, "tensor_count"),
-    "names" / Bytes(lambda ctx: int(np.sum(ctx.name_lengths, dtype=np.uint64))),
-    "tens_offsets" / NumpyColumn(this.tensor_count, "<u8"),
-    "tens_sizes" / NumpyColumn(this.tensor_count, "<u4"),
-    "tens_checksums" / NumpyColumn(this.tensor_count, "<u8"),
-    "tens_block_counts" / NumpyColumn(this.tensor_count, "<u8"),
-    "blk_offsets" / NumpyColumn(this.block_count, "<u8"),
-    "blk_sizes" / NumpyColumn(this.block_count, "<u4"),
-    "blk_checksums" / NumpyColumn(this.block_count, "<u8"),
-    "blk_encodings" / NumpyColumn(this.block_count, "u1"),
-    "other_count" / Int32ul,
-    "other_offsets" / NumpyColumn(this.other_count, "<u8", MAX_OTHER_RECORDS, "other_count"),
-    "other_sizes" / NumpyColumn(this.other_count, "<u4"),
-    "other_types" / NumpyColumn(this.other_count, "S4"),
-    "_end" / Tell,
-)
-
-Trailer = Struct(
+Trailer = Struct(           # §11
     "index_offset" / Int64ul,
     "index_size" / Int64ul,
     "major" / Int16ul,
     "minor" / Int16ul,
     "flags" / Int32ul,
-    "checksum" / Int64ul,
-    "magic" / Bytes(8),
+    "checksum" / Int64ul,   # xxh3-64 of the trailer bytes before this field
+    "magic" / Bytes(len(TRAILER_MAGIC)),
 )
 
 
-def parse(struct: Construct, data, what: str, **params):
-    """Parse with construct, turning its exceptions into CorruptError that names the structure."""
-    try:
-        return struct.parse(data, **params)
-    except StreamError as exc:
-        raise CorruptError(f"{what}: structure runs past the end of its bytes") from exc
-    except ConstructError as exc:
-        raise CorruptError(f"{what}: {exc}") from exc
+def _offset(con: Struct, field: str) -> int:
+    """Where ``field`` starts in a fixed-size construct Struct."""
+    at = 0
+    for sc in con.subcons:
+        if sc.name == field:
+            return at
+        at += sc.sizeof()
+    raise KeyError(field)
 
 
-# ------------------------------------------------------------------------------------ hot path
-# Hand-unrolled parsers for the three structures met once per record or block. Each accepts and
-# rejects exactly what its construct struct above does (same fields, checks, order and messages);
-# tests/test_layout_fast.py checks that on random inputs. The structs stay the definition and build.
-
-_RECORD_HEAD = __import__("struct").Struct("<4sIQ")
-_U64 = __import__("struct").Struct("<Q")
-
-
-class _Fields:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def parse_record_header(data) -> _Fields:
-    """``RecordHeader.parse`` for a 16-byte (or longer) buffer."""
-    if len(data) < 16:
-        return RecordHeader.parse(bytes(data[:16]))
-    rtype, length, checksum = _RECORD_HEAD.unpack_from(data, 0)
-    return _Fields(type=rtype, length=length, checksum=checksum)
+def _packed(con: Struct, stop: str | None = None) -> _struct.Struct:
+    """The ``struct`` form of a construct Struct of fixed-size little-endian fields (up to ``stop``):
+    the same layout, parsed and built in one call."""
+    fmt = "<"
+    for sc in con.subcons:
+        if sc.name == stop:
+            break
+        f = sc.subcon
+        if isinstance(f, FormatField) and f.fmtstr[0] == "<":
+            fmt += f.fmtstr[1:]
+        elif isinstance(f, Bytes) and isinstance(f.length, int):
+            fmt += f"{f.length}s"
+        else:
+            raise TypeError(f"field {sc.name!r} has no fixed little-endian struct form")
+    return _struct.Struct(fmt)
 
 
-def parse_tensor_payload(payload, what: str) -> _Fields:
-    """``parse(TensorPayload, payload, what)``."""
+# Sizes (SPEC.md §3–§12), computed from the definitions above
+HEADER_SIZE = FileHeader.sizeof()                          # 16: the file header (§4)
+RECORD_HEADER_SIZE = RecordHeader.sizeof()                 # 16: a record's size is this + its length (§5)
+RECORD_CHECKED_SIZE = _offset(RecordHeader, "checksum")    # 8: record header bytes its checksum covers (§5)
+META_PAYLOAD_SIZE = MetaPayload.sizeof()                   # 20 (§6)
+META_RECORD_SIZE = RECORD_HEADER_SIZE + META_PAYLOAD_SIZE  # 36: the META record, at offset HEADER_SIZE (§3)
+# 52: header and META; where the records the index locates start (§10 check 5), the least index_offset (§11)
+FIRST_RECORD_OFFSET = HEADER_SIZE + META_RECORD_SIZE
+TRAILER_SIZE = Trailer.sizeof()                            # 40: the file's last bytes (§11)
+TRAILER_CHECKED_SIZE = _offset(Trailer, "checksum")        # 24: trailer bytes its checksum covers (§11)
+# 108: the smallest file — header, META, an INDX record header, trailer (§12.1 step 2)
+MIN_FILE_SIZE = FIRST_RECORD_OFFSET + RECORD_HEADER_SIZE + TRAILER_SIZE
+NO_BASE_DIGEST = bytes(DIGEST_SIZE)  # the base digest of a file in which no tensor needs a base (§10)
+
+
+# ------------------------------------------------------------------------------------ record header
+
+_RECORD_HEAD = _packed(RecordHeader)                        # "<4sLQ"
+_RECORD_CHECKED = _packed(RecordHeader, stop="checksum")    # "<4sL"
+_U64 = _struct.Struct("<Q")
+
+
+class RecordHeaderFields:
+    __slots__ = ("type", "length", "checksum")
+
+    def __init__(self, rtype, length, checksum):
+        self.type, self.length, self.checksum = rtype, length, checksum
+
+
+def parse_record_header(data) -> RecordHeaderFields:
+    """``RecordHeader`` of the first ``RECORD_HEADER_SIZE`` bytes of ``data``."""
+    if len(data) < RECORD_HEADER_SIZE:
+        raise CorruptError("record header: structure runs past the end of its bytes")
+    return RecordHeaderFields(*_RECORD_HEAD.unpack_from(data, 0))
+
+
+def record_checked_bytes(rtype: bytes, length: int) -> bytes:
+    """Bytes ``[0, RECORD_CHECKED_SIZE)`` of a record header (type, length): what its checksum covers
+    ahead of the payload (§5)."""
+    if len(rtype) != RECORD_TYPE_SIZE:
+        raise InputError(f"record type {rtype!r} is not {RECORD_TYPE_SIZE} bytes")
+    return _RECORD_CHECKED.pack(rtype, length)
+
+
+def build_record_header(rtype: bytes, length: int, checksum: int) -> bytes:
+    """``RecordHeader`` built from these fields."""
+    return record_checked_bytes(rtype, length) + _U64.pack(checksum)
+
+
+def frame_record(rtype: bytes, payload, checksum_of) -> bytes:
+    """A whole record: its header, ``checksum_of(checked header bytes, payload)`` in the checksum field,
+    then the payload."""
+    if len(rtype) != RECORD_TYPE_SIZE:
+        raise InputError(f"record type {rtype!r} is not {RECORD_TYPE_SIZE} bytes")
+    checked = _RECORD_CHECKED.pack(rtype, len(payload))
+    return checked + _U64.pack(checksum_of(checked, payload)) + bytes(payload)
+
+
+# ------------------------------------------------------------------------------------ TENS (§7)
+# The definition of the TENS payload:
+#   name_length varint | name | dtype u8 | ndim u8 | dims ndim x varint | block_elems varint | flags u8 |
+#   base_hash u64 (only with NEEDS_BASE) | target_hash u64
+# read with the checks §7 makes while reading: name_length > MAX_NAME_BYTES (limit, before the name),
+# ndim > MAX_DIMS (limit, before the dims), a field past the end (corrupt). ``_end``: bytes consumed.
+
+class TensorFields:
+    __slots__ = ("name", "dtype", "ndim", "dims", "block_elems", "flags", "base_hash", "target_hash", "_end")
+
+    def __init__(self, name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, end):
+        self.name, self.dtype, self.ndim, self.dims, self.block_elems = name, dtype, ndim, dims, block_elems
+        self.flags, self.base_hash, self.target_hash, self._end = flags, base_hash, target_hash, end
+
+
+def parse_tensor_payload(payload, what: str) -> TensorFields:
+    """The fields of a TENS payload; errors are prefixed with ``what``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
     short = f"{what}: structure runs past the end of its bytes"
     n, pos = _varint_at(buf, 0, what)
@@ -333,11 +307,29 @@ def parse_tensor_payload(payload, what: str) -> _Fields:
         raise CorruptError(short)
     target_hash = _U64.unpack_from(buf, pos)[0]
     pos += 8
-    return _Fields(name=name, dtype=dtype, ndim=ndim, dims=dims, block_elems=block_elems, flags=flags,
-                   base_hash=base_hash, target_hash=target_hash, _end=pos)
+    return TensorFields(name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, pos)
 
 
-class _BlockHead:
+def build_tensor_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash, target_hash) -> bytes:
+    """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``)."""
+    parts = [varint_bytes(len(name)), name, bytes((dtype, len(dims)))]
+    parts += [varint_bytes(d) for d in dims]
+    parts += [varint_bytes(block_elems), bytes((flags,))]
+    if flags & NEEDS_BASE:
+        parts.append(base_hash.to_bytes(8, "little"))
+    parts.append(target_hash.to_bytes(8, "little"))
+    return b"".join(parts)
+
+
+# ------------------------------------------------------------------------------------ BLCK (§8)
+# The definition of a BLCK payload's head (the stream data follows it):
+#   tensor varint | block varint | encoding u8 | params: varints, as many as the encoding says |
+#   streams: one (codec u8, stored length varint) per stream, as many as the encoding and dtype say
+# The counts come from the caller: ``param_count(encoding, params read so far)`` (called before each
+# param and once after the last; it rejects an unknown or unfit encoding before any param is read)
+# and ``stream_count(encoding, params)``. ``_end``: where the stream data starts.
+
+class BlockFields:
     __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")
 
     def __init__(self, tensor, block, encoding, params, streams, end):
@@ -345,38 +337,9 @@ class _BlockHead:
             tensor, block, encoding, params, streams, end
 
 
-def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
-    n = len(buf)
-    if pos < n:
-        b = buf[pos]
-        if b < 0x80:  # one-byte varints: most of them
-            return b, pos + 1
-        value, shift, p = b & 0x7F, 7, pos + 1
-        while p < n and shift < 63:  # up to 9 bytes: no overflow possible
-            b = buf[p]
-            p += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                if b:
-                    return value, p
-                break  # non-minimal: the checked reader below says so
-            shift += 7
-    at = [pos]
-
-    def next_byte():
-        if at[0] >= len(buf):
-            raise CorruptError(f"{what}: structure runs past the end of its bytes")
-        at[0] += 1
-        return buf[at[0] - 1]
-    return read_varint(next_byte), at[0]
-
-
-def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHead:
-    """``BlockPayload`` parsed by hand: the hot path of every block read.
-
-    Same fields, same checks in the same order, same keyword callbacks as ``parse(BlockPayload, ...)``
-    (construct costs ~150 µs per block, this ~10 µs); the tests check that both agree on every input.
-    """
+def parse_block_head(payload, what: str, param_count, stream_count) -> BlockFields:
+    """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
+    prefixed with ``what``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
     tensor, pos = _varint_at(buf, 0, what)
     block, pos = _varint_at(buf, pos, what)
@@ -395,39 +358,126 @@ def parse_block_head(payload, what: str, param_count, stream_count) -> _BlockHea
         codec = buf[pos]
         length, pos = _varint_at(buf, pos + 1, what)
         streams.append((codec, length))
-    return _BlockHead(tensor, block, encoding, params, streams, pos)
-
-
-
-# Fast builders: byte-identical to building the structs above (tests/test_layout_fast.py), for the
-# records the writer makes per tensor and per block.
-
-def varint_bytes(v: int) -> bytes:
-    if not 0 <= v < 1 << 64:
-        raise InputError(f"value {v} does not fit a varint (0..2**64-1)")
-    out = bytearray()
-    while v > 0x7F:
-        out.append(v & 0x7F | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def build_tensor_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash, target_hash) -> bytes:
-    """``TensorPayload.build`` of these fields."""
-    parts = [varint_bytes(len(name)), name, bytes((dtype, len(dims)))]
-    parts += [varint_bytes(d) for d in dims]
-    parts += [varint_bytes(block_elems), bytes((flags,))]
-    if flags & NEEDS_BASE:
-        parts.append(base_hash.to_bytes(8, "little"))
-    parts.append(target_hash.to_bytes(8, "little"))
-    return b"".join(parts)
+    return BlockFields(tensor, block, encoding, params, streams, pos)
 
 
 def build_block_head(tensor: int, block: int, encoding: int, params, streams) -> bytes:
-    """``BlockPayload.build`` of these fields (params and stream table as given)."""
+    """The head of a BLCK payload: these fields, params and ``(codec, stored length)`` streams as given."""
     parts = [varint_bytes(tensor), varint_bytes(block), bytes((encoding,))]
     parts += [varint_bytes(p) for p in params]
     for codec, length in streams:
         parts += [bytes((codec,)), varint_bytes(length)]
     return b"".join(parts)
+
+
+class _Defined(Construct):
+    """A construct that parses and builds with one of the hand-written definitions above.
+
+    Parsing reads the rest of the stream and leaves it after the bytes the structure consumed; the
+    parse keywords (BLCK: ``param_count``, ``stream_count``) reach the definition."""
+
+    def __init__(self, parse_fn, build_fn):
+        super().__init__()
+        self._parse_fn = parse_fn
+        self._build_fn = build_fn
+
+    def _parse(self, stream, context, path):
+        start = stream_tell(stream, path)
+        out = self._parse_fn(stream_read_entire(stream, path), context._params)
+        stream_seek(stream, start + out._end, 0, path)
+        return out
+
+    def _build(self, obj, stream, context, path):
+        data = self._build_fn(obj)
+        stream_write(stream, data, len(data), path)
+        return obj
+
+
+TensorPayload = _Defined(
+    lambda data, kw: parse_tensor_payload(data, "TENS"),
+    lambda o: build_tensor_payload(o["name"], o["dtype"], o["dims"], o["block_elems"], o["flags"],
+                                   o.get("base_hash"), o["target_hash"]))
+
+BlockPayload = _Defined(
+    lambda data, kw: parse_block_head(data, "BLCK", kw.param_count, kw.stream_count),
+    lambda o: build_block_head(o["tensor"], o["block"], o["encoding"], o["params"], o["streams"]))
+
+
+# ------------------------------------------------------------------------------------ INDX (§10)
+
+def _checked_count(con, context) -> int:
+    """The element count of a counted construct (``count``, ``limit``, ``what``), refused past its limit."""
+    count = con.count(context) if callable(con.count) else con.count
+    if con.limit is not None and count > con.limit:
+        raise LimitError(f"{con.what} {count} exceeds its limit {con.limit}")
+    return count
+
+
+class NumpyColumn(Construct):
+    """``count`` fixed-width little-endian values read in one step as a read-only numpy view.
+
+    Keeps large index columns out of per-element construct parsing; the byte count is checked
+    against what the stream holds before anything is allocated.
+    """
+
+    def __init__(self, count, dtype, limit=None, what="count"):
+        super().__init__()
+        self.count = count
+        self.dtype = np.dtype(dtype)
+        self.limit = limit
+        self.what = what
+
+    def _parse(self, stream, context, path):
+        count = _checked_count(self, context)
+        nbytes = count * self.dtype.itemsize
+        here = stream.tell()
+        stream.seek(0, 2)
+        available = stream.tell() - here
+        stream.seek(here)
+        if nbytes > available:
+            raise StreamError(f"column of {count} values needs {nbytes} bytes, {available} left", path=path)
+        return np.frombuffer(stream_read(stream, nbytes, path), self.dtype)
+
+    def _build(self, obj, stream, context, path):
+        data = np.ascontiguousarray(obj, dtype=self.dtype).tobytes()
+        stream_write(stream, data, len(data), path)
+        return obj
+
+
+IndexPayload = Struct(
+    "codec" / Int8ul,
+    "body_length" / VarInt,
+    "body" / GreedyBytes,
+)
+
+IndexBody = Struct(
+    "base_digest" / Bytes(DIGEST_SIZE),
+    "target_digest" / Bytes(DIGEST_SIZE),
+    "tensor_count" / Int32ul,
+    "block_count" / Int64ul,
+    "name_lengths" / NumpyColumn(this.tensor_count, "<u4", MAX_TENSORS, "tensor_count"),
+    "names" / Bytes(lambda ctx: int(np.sum(ctx.name_lengths, dtype=np.uint64))),
+    "tens_offsets" / NumpyColumn(this.tensor_count, "<u8"),
+    "tens_sizes" / NumpyColumn(this.tensor_count, "<u4"),
+    "tens_checksums" / NumpyColumn(this.tensor_count, "<u8"),
+    "tens_block_counts" / NumpyColumn(this.tensor_count, "<u8"),
+    "blk_offsets" / NumpyColumn(this.block_count, "<u8"),
+    "blk_sizes" / NumpyColumn(this.block_count, "<u4"),
+    "blk_checksums" / NumpyColumn(this.block_count, "<u8"),
+    "blk_encodings" / NumpyColumn(this.block_count, "u1"),
+    "other_count" / Int32ul,
+    "other_offsets" / NumpyColumn(this.other_count, "<u8", MAX_OTHER_RECORDS, "other_count"),
+    "other_sizes" / NumpyColumn(this.other_count, "<u4"),
+    "other_types" / NumpyColumn(this.other_count, f"S{RECORD_TYPE_SIZE}"),
+    "_end" / Tell,
+)
+
+
+def parse(struct: Construct, data, what: str, **params):
+    """Parse with construct, turning its exceptions into CorruptError that names the structure."""
+    try:
+        return struct.parse(data, **params)
+    except StreamError as exc:
+        raise CorruptError(f"{what}: structure runs past the end of its bytes") from exc
+    except ConstructError as exc:
+        raise CorruptError(f"{what}: {exc}") from exc

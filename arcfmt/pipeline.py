@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from . import records, transforms
+from . import encodings, layout as L, records
 from .arrays import as_uint, release
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import model_digest, tensor_hash
@@ -84,19 +84,19 @@ def check_digests(headers, index: records.Index) -> None:
     if model_digest(digest_entries(headers)) != index.target_digest:
         raise VerificationError("the rebuilt model does not match the target digest in the index")
     base = digest_entries(headers, "base")
-    if (model_digest(base) if base else bytes(16)) != index.base_digest:
+    if (model_digest(base) if base else L.NO_BASE_DIGEST) != index.base_digest:
         raise CorruptError("the base digest in the index does not match the tensors' base hashes")
 
 
 def decode_block(th: records.TensorHeader, b: int, loaded, base_block, out: np.ndarray) -> None:
     """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block."""
     info, payload = loaded
-    if info.encoding == transforms.UNCHANGED and out is base_block:
+    if out is base_block and encodings.keeps_base(info.encoding):
         return  # in place: the bytes are already there
     where = f"tensor {th.name!r} block {b}"
     streams = records.decode_block_streams(payload, info, where)
     try:
-        transforms.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out)
+        encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out)
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
 
@@ -362,7 +362,7 @@ class _LiveTensor:
         self.th, self.flat, self.array, self.staged = th, flat, array, []
 
     def buffer(self, b, encoding, base_block, drain):
-        if encoding == transforms.UNCHANGED and base_block is not None:
+        if base_block is not None and encodings.keeps_base(encoding):
             return base_block  # decode_block leaves it as it is
         s, e = self.th.block_range(b)
         out = np.empty(e - s, self.th.dtype.uint)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import layout as L, pipeline, records, transforms
+from . import codecs, encodings, layout as L, pipeline, records
 from .errors import (
     CorruptError, InputError, MissingTensorError, TruncatedError,
 )
@@ -88,9 +88,8 @@ class DeltaReader:
         if size < L.HEADER_SIZE:
             records.check_header(self.source.read(0, size))
         self.version = records.check_header(self.source.read(0, L.HEADER_SIZE))
-        min_size = L.HEADER_SIZE + records.META_RECORD_SIZE + L.RECORD_HEADER_SIZE + L.TRAILER_SIZE
-        if size < min_size:
-            raise TruncatedError(f"file of {size} bytes is shorter than the smallest arcfmt file ({min_size})")
+        if size < L.MIN_FILE_SIZE:
+            raise TruncatedError(f"file of {size} bytes is shorter than the smallest arcfmt file ({L.MIN_FILE_SIZE})")
         trailer = records.check_trailer(self.source.read(size - L.TRAILER_SIZE, L.TRAILER_SIZE), size)
         if (trailer.major, trailer.minor) != self.version:
             raise CorruptError(f"header says version {self.version[0]}.{self.version[1]}, trailer "
@@ -103,7 +102,7 @@ class DeltaReader:
             if head.type != o.type or head.length != o.size - L.RECORD_HEADER_SIZE:
                 raise CorruptError(f"record at offset {o.offset} is {head.type!r} of {head.length} bytes; "
                                    f"the index says {o.type!r} of {o.size - L.RECORD_HEADER_SIZE}")
-        _, meta = self._read_record(L.HEADER_SIZE, records.META_RECORD_SIZE, L.META)
+        _, meta = self._read_record(L.HEADER_SIZE, L.META_RECORD_SIZE, L.META)
         self.meta = records.parse_meta(meta)
         self.entries = {e.name: e for e in self.index.entries}
         self._ordinal = {e.name: i for i, e in enumerate(self.index.entries)}
@@ -217,6 +216,11 @@ class DeltaReader:
             self.check_digests()
         return wanted, bases, whole
 
+    def changes(self, name: str) -> bool:
+        """Whether the tensor's bytes differ from its base: it needs none, or a block is not the base's."""
+        return not self.header(name).needs_base or not all(
+            encodings.keeps_base(r.encoding) for r in self._entry(name).blocks)
+
     def check_digests(self) -> None:
         """§12.3 step 4, from the tensor headers (see :func:`arcfmt.pipeline.check_digests`)."""
         pipeline.check_digests([self.header(n) for n in self.names], self.index)
@@ -273,9 +277,9 @@ class DeltaReader:
             for b in range(th.block_count):
                 lb = self.load_block(name, b)
                 blocks.append(dict(
-                    encoding=transforms.NAMES[lb.info.encoding], changed=lb.info.changed,
+                    encoding=encodings.get(lb.info.encoding).name, changed=lb.info.changed,
                     record_bytes=e.blocks[b].size,
-                    streams=[dict(codec=codecs_names[s.codec], stored=s.stored, decoded=s.decoded)
+                    streams=[dict(codec=codecs.get(s.codec).name, stored=s.stored, decoded=s.decoded)
                              for s in lb.info.streams]))
             changed = [b["changed"] for b in blocks]
             tensors.append(dict(
@@ -289,9 +293,6 @@ class DeltaReader:
             base_step=self.base_step, target_step=self.target_step,
             base_digest=self.base_digest.hex(), target_digest=self.target_digest.hex(),
             index_bytes=self.source.size - L.TRAILER_SIZE - self.index_offset, tensors=tensors)
-
-
-codecs_names = {0: "raw", 1: "zstd", 2: "xz", 3: "bz2"}
 
 
 # --------------------------------------------------------------------------------------- streaming

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codecs, layout as L, transforms
+from . import codecs, encodings, layout as L
 from .dtypes import DType, from_code
 from .errors import (
     ArcError, BadMagicError, UnsupportedError, ChecksumError, CorruptError, InputError, LimitError, ReservedBitsError,
@@ -15,7 +15,6 @@ from .errors import (
 from .integrity import record_checksum
 
 KNOWN_CRITICAL = {L.META, L.TENS, L.BLCK, L.INDX}
-_TYPE_RE = re.compile(rb"[A-Za-z]{4}\Z")
 _CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
 
 
@@ -27,7 +26,7 @@ def build_header() -> bytes:
 
 def check_header(data) -> tuple[int, int]:
     if len(data) < L.HEADER_SIZE:
-        if bytes(data[:8]) == L.MAGIC[: min(8, len(data))]:
+        if bytes(data[:len(L.MAGIC)]) == L.MAGIC[:len(data)]:
             raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
         raise BadMagicError("not an arcfmt file (bad magic)")
     h = L.FileHeader.parse(bytes(data[: L.HEADER_SIZE]))
@@ -41,23 +40,23 @@ def check_header(data) -> tuple[int, int]:
 
 
 def build_trailer(index_offset: int, index_size: int) -> bytes:
-    body = L.Trailer.build(dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
-                                flags=0, checksum=0, magic=L.TRAILER_MAGIC))
-    return body[:24] + record_checksum(body[:24], b"").to_bytes(8, "little") + body[32:]
+    fields = dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
+                  flags=0, checksum=0, magic=L.TRAILER_MAGIC)
+    fields["checksum"] = record_checksum(L.Trailer.build(fields)[:L.TRAILER_CHECKED_SIZE], b"")
+    return L.Trailer.build(fields)
 
 
 def check_trailer(data, file_size: int):
     t = L.Trailer.parse(bytes(data))
     if t.magic != L.TRAILER_MAGIC:
         raise TruncatedError(f"no trailer at offset {file_size - L.TRAILER_SIZE}: the file is truncated or damaged")
-    if record_checksum(bytes(data[:24]), b"") != t.checksum:
+    if record_checksum(bytes(data[:L.TRAILER_CHECKED_SIZE]), b"") != t.checksum:
         raise ChecksumError(f"trailer checksum mismatch at offset {file_size - L.TRAILER_SIZE}")
     if t.major != L.MAJOR:
         raise UnsupportedVersionError(f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
     if t.flags:
         raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits must be zero")
-    min_index = L.HEADER_SIZE + META_RECORD_SIZE
-    if t.index_offset < min_index or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
+    if t.index_offset < L.FIRST_RECORD_OFFSET or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
         raise CorruptError(f"trailer points at an index [{t.index_offset}, +{t.index_size}) that does not end "
                            f"where the trailer starts ({file_size - L.TRAILER_SIZE})")
     if t.index_size < L.RECORD_HEADER_SIZE:
@@ -70,8 +69,7 @@ def check_trailer(data, file_size: int):
 def build_record(rtype: bytes, payload) -> bytes:
     if len(payload) > L.MAX_RECORD_PAYLOAD:
         raise LimitError(f"record payload of {len(payload)} bytes exceeds {L.MAX_RECORD_PAYLOAD}")
-    head8 = rtype + len(payload).to_bytes(4, "little")
-    return head8 + record_checksum(head8, payload).to_bytes(8, "little") + bytes(payload)
+    return L.frame_record(rtype, payload, record_checksum)
 
 
 @dataclass
@@ -82,13 +80,13 @@ class RecordHead:
 
     @property
     def critical(self) -> bool:
-        return 65 <= self.type[0] <= 90
+        return L.is_critical(self.type)
 
 
 def parse_record_head(data, offset: int) -> RecordHead:
     """Check a 16-byte record header: type letters and payload limit (SPEC.md §5)."""
     h = L.parse_record_header(data)
-    if not _TYPE_RE.match(h.type):
+    if not L.RECORD_TYPE_RE.match(h.type):
         raise CorruptError(f"record at offset {offset}: type {h.type!r} is not four ASCII letters")
     if h.length > L.MAX_RECORD_PAYLOAD:
         raise LimitError(f"record {h.type.decode()} at offset {offset}: payload of {h.length} bytes "
@@ -97,16 +95,13 @@ def parse_record_head(data, offset: int) -> RecordHead:
 
 
 def verify_record(head: RecordHead, head_bytes, payload, offset: int) -> None:
-    if record_checksum(bytes(head_bytes[:8]), payload) != head.checksum:
+    if record_checksum(bytes(head_bytes[:L.RECORD_CHECKED_SIZE]), payload) != head.checksum:
         raise ChecksumError(f"record {head.type.decode()} at offset {offset}: checksum mismatch")
     if head.critical and head.type not in KNOWN_CRITICAL:
         raise UnknownRecordError(f"record at offset {offset}: unknown critical record type {head.type.decode()!r}")
 
 
 # --------------------------------------------------------------------------------------------- META
-
-META_RECORD_SIZE = L.RECORD_HEADER_SIZE + L.MetaPayload.sizeof()
-
 
 @dataclass
 class Meta:
@@ -122,8 +117,8 @@ def build_meta(meta: Meta) -> bytes:
 
 
 def parse_meta(payload) -> Meta:
-    if len(payload) != L.MetaPayload.sizeof():
-        raise CorruptError(f"META payload is {len(payload)} bytes, {L.MetaPayload.sizeof()} expected")
+    if len(payload) != L.META_PAYLOAD_SIZE:
+        raise CorruptError(f"META payload is {len(payload)} bytes, {L.META_PAYLOAD_SIZE} expected")
     m = L.MetaPayload.parse(bytes(payload))
     if m.flags:
         raise ReservedBitsError(f"META flags 0x{m.flags:08x}: reserved bits must be zero")
@@ -280,16 +275,10 @@ class BlockInfo:
 
     @property
     def changed(self) -> int | None:
-        if self.encoding == transforms.UNCHANGED:
-            return 0
-        if self.encoding in (transforms.BF16_DELTA, transforms.FLOAT_DELTA):
-            return self.params[0]
-        if self.encoding == transforms.CTX_DELTA:
-            return transforms.ctx.Params.unpack(self.params).changed
-        return None
+        return encodings.get(self.encoding).changed(self.params)
 
 
-def build_block(tensor: int, block: int, enc: transforms.EncodedBlock, coded: list) -> bytes:
+def build_block(tensor: int, block: int, enc: encodings.EncodedBlock, coded: list) -> bytes:
     """``coded``: one ``(codec, stored_bytes)`` per stream."""
     head = L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
     return b"".join([head] + [bytes(s) for _, s in coded])
@@ -302,12 +291,13 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
     lengths = []
 
     def param_count(encoding, head):
+        enc = encodings.get(encoding)
         if not head:
-            transforms.check_encoding(th.dtype, encoding)
-        return transforms.param_count(encoding, head)
+            enc.check_dtype(th.dtype)
+        return enc.param_count(head)
 
     def stream_count(encoding, params):
-        lengths[:] = transforms.stream_lengths(th.dtype, encoding, params, stop - start)
+        lengths[:] = encodings.get(encoding).stream_lengths(th.dtype, params, stop - start)
         return len(lengths)
 
     try:
@@ -319,13 +309,14 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
                            f"expected tensor {tensor} block {block}")
     if expected_encoding is not None and head.encoding != expected_encoding:
         raise CorruptError(f"{where}: encoding {head.encoding} differs from the index ({expected_encoding})")
-    if transforms.NEEDS_BASE[head.encoding] and not th.needs_base:
-        raise CorruptError(f"{where}: encoding {transforms.NAMES[head.encoding]} needs a base, "
+    enc = encodings.get(head.encoding)
+    if enc.needs_base and not th.needs_base:
+        raise CorruptError(f"{where}: encoding {enc.name} needs a base, "
                            f"but tensor {th.name!r} has none")
     streams = []
     total = 0
     for (codec, length), dec_len in zip(head.streams, lengths):
-        if codec not in codecs.NAMES:
+        if codecs.find(codec) is None:
             raise UnsupportedError(f"{where}: unknown codec id {codec}")
         streams.append(StreamInfo(codec, length, dec_len))
         total += length
@@ -431,11 +422,11 @@ def parse_index(payload, index_offset: int) -> Index:
     if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
         raise CorruptError(f"{where}: tensors and blocks are not located in file order")
     for t in b.other_types.tolist():
-        if not _TYPE_RE.match(t):
+        if not L.RECORD_TYPE_RE.match(t):
             raise CorruptError(f"{where}: record type {t!r} is not four ASCII letters")
         if t in KNOWN_CRITICAL:
             raise CorruptError(f"{where}: a {t.decode()} record is listed among the other records")
-        if 65 <= t[0] <= 90:
+        if L.is_critical(t):
             raise UnknownRecordError(f"{where}: the file holds a critical record of unknown type {t.decode()!r}")
     names = memoryview(b.names)
     entries = []
@@ -467,7 +458,7 @@ def check_tiling(b, index_offset: int, where: str) -> None:
         raise CorruptError(f"{where}: a record size is out of range")
     order = np.argsort(offs, kind="stable")
     offs, sizes = offs[order], sizes[order]
-    start = L.HEADER_SIZE + META_RECORD_SIZE
+    start = L.FIRST_RECORD_OFFSET
     expect = np.empty_like(offs)
     if offs.size:
         expect[0] = start

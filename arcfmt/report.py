@@ -1,7 +1,7 @@
 """A picture of a delta: one self-contained HTML page (inline SVG charts, no script, no external resource).
 
 ``report_figures`` gathers the numbers (everything ``DeltaReader.describe`` gives, grouped by the stream
-roles of SPEC.md §8, plus totals); ``render_html`` draws them; ``render_report`` does both. The page has
+roles of SPEC.md §8 as the encoding registry names them, plus totals); ``render_html`` draws them; ``render_report`` does both. The page has
 a header (identity, size, share of the model), where the bytes go (by stream role, by codec, elements
 by encoding), a bar per tensor of bytes split by stream role, a bar per tensor of the changed fraction,
 the codec chosen for every stream, and a table with the same numbers.
@@ -11,6 +11,7 @@ written into the page.
 """
 from __future__ import annotations
 
+import functools
 import html
 import math
 import os
@@ -18,23 +19,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import __version__, records, transforms
+from . import __version__, encodings, records
 from .arrays import as_uint
-from .dtypes import from_name
+from .dtypes import BY_CODE, from_name
 from .errors import ArcError, InputError
 from .integrity import tensor_hash
 from .reader import DeltaReader
 
 # ------------------------------------------------------------------------------------ stream roles
 
-DELTA_ROLES = ["positions", "steps", "exceptions", "values"]           # §8.3 / §8.4
-XOR_ROLES = [f"xor plane {k}" for k in range(8)]                       # §8.2, byte k of base XOR target
-KEYFRAME_FLOAT_ROLES = ["exponent", "sign+mantissa"]                   # §8.5, float dtypes
-KEYFRAME_OTHER_ROLES = ["elements"]                                    # §8.5, other dtypes
-CTX_ROLES = ["quotients", "remainders", "signs", "magnitudes"]         # §8.6
+# The roles themselves (SPEC.md §8 names of each stream) come from the encodings (arcfmt.encodings).
 HEADERS = "headers"          # TENS records and BLCK headers + stream tables of a tensor
 FILE_OVERHEAD = "file overhead"  # file header, META, INDX, trailer, ancillary records
-ROLE_ORDER = CTX_ROLES + DELTA_ROLES + XOR_ROLES + KEYFRAME_FLOAT_ROLES + KEYFRAME_OTHER_ROLES + [HEADERS, FILE_OVERHEAD]
 
 ROLE_COLORS = {
     "positions": "#4e79a7", "steps": "#59a14f", "exceptions": "#f28e2b", "values": "#e15759",
@@ -43,7 +39,7 @@ ROLE_COLORS = {
     HEADERS: "#bab0ac", FILE_OVERHEAD: "#7f7f7f",
 }
 _XOR_SHADES = ["#4b2a6b", "#6a3d8f", "#8751ad", "#a06cc4", "#b78ad5", "#cba8e2", "#dcc5ec", "#ebdef4"]
-ROLE_COLORS.update(zip(XOR_ROLES, _XOR_SHADES))
+ROLE_COLORS.update((f"xor plane {k}", c) for k, c in enumerate(_XOR_SHADES))
 
 CODEC_COLORS = {"raw": "#c7c7c7", "zstd": "#3f6fa8", "xz": "#d9822b", "bz2": "#3f9a5a", "mixed": "#a05fa8"}
 ENCODING_COLORS = {"unchanged": "#d5d5d5", "xor": "#8751ad", "bf16-delta": "#4e79a7",
@@ -52,24 +48,37 @@ _FALLBACK = "#999999"
 
 
 def stream_roles(dtype_name: str, encoding: str, count: int) -> list[str]:
-    """The SPEC.md §8 name of each stream of a block of ``encoding`` for this dtype."""
-    if encoding in ("bf16-delta", "float-delta"):
-        names = DELTA_ROLES
-    elif encoding == "ctx-delta":
-        names = CTX_ROLES
-    elif encoding == "xor":
-        names = XOR_ROLES
-    elif encoding == "keyframe":
-        names = KEYFRAME_FLOAT_ROLES if from_name(dtype_name).is_float else KEYFRAME_OTHER_ROLES
-    else:
+    """The SPEC.md §8 name of each stream of a block of ``encoding`` for this dtype (the registry's)."""
+    try:
+        enc = encodings.by_name(encoding)
+    except KeyError:
         names = []
+    else:
+        names = [r.name for r in enc.stream_roles(from_name(dtype_name))]
     if len(names) < count:
-        names = list(names) + [f"stream {k}" for k in range(len(names), count)]
-    return list(names[:count])
+        names = names + [f"stream {k}" for k in range(len(names), count)]
+    return names[:count]
+
+
+@functools.lru_cache(maxsize=8)
+def _role_order(table: tuple) -> dict:
+    """Role → rank: the registered encodings' roles in their trial order (floats' first, widest dtype
+    first), then headers and file overhead."""
+    dts = sorted(BY_CODE.values(), key=lambda d: (not d.is_float, -d.itemsize, d.code))
+    order = {}
+    for enc in sorted(table, key=lambda e: (e.trial_rank, e.id)):
+        for dt in dts:
+            if enc.defined_for(dt):
+                for r in enc.stream_roles(dt):
+                    order.setdefault(r.name, len(order))
+    for name in (HEADERS, FILE_OVERHEAD):
+        order.setdefault(name, len(order))
+    return order
 
 
 def _role_key(role: str):
-    return (ROLE_ORDER.index(role), role) if role in ROLE_ORDER else (len(ROLE_ORDER), role)
+    order = _role_order(tuple(encodings.registered()))
+    return (order[role], role) if role in order else (len(order), role)
 
 
 # ------------------------------------------------------------------------------------ figures
@@ -124,14 +133,10 @@ def _block_streams(reader: DeltaReader, name: str, b: int):
     return lb.info, records.decode_block_streams(lb.payload, lb.info, f"tensor {name!r} block {b}")
 
 
-def _xor_changed(reader: DeltaReader, name: str, b: int) -> int:
-    """Changed elements of an ``xor`` block, from its planes alone: an element changed iff a byte is non-zero."""
+def _changed_in_streams(reader: DeltaReader, name: str, b: int, enc) -> int:
+    """Changed elements of a block whose streams alone tell them (``xor``: non-zero planes)."""
     info, streams = _block_streams(reader, name, b)
-    acc = None
-    for s in streams:
-        nz = np.frombuffer(s, np.uint8) != 0
-        acc = nz if acc is None else (acc | nz)
-    return 0 if acc is None else int(np.count_nonzero(acc))
+    return enc.changed_in_streams(reader.header(name).dtype, streams)
 
 
 def _changed_vs_base(reader: DeltaReader, name: str, b: int, base_u: np.ndarray) -> int:
@@ -140,9 +145,8 @@ def _changed_vs_base(reader: DeltaReader, name: str, b: int, base_u: np.ndarray)
     info, streams = _block_streams(reader, name, b)
     s, e = th.block_range(b)
     out = np.empty(e - s, th.dtype.uint)
-    needs = transforms.NEEDS_BASE[info.encoding]
-    transforms.decode_block(th.dtype, info.encoding, info.params, streams, e - s,
-                            base_u[s:e] if needs else None, out)
+    enc = encodings.get(info.encoding)
+    enc.decode(th.dtype, info.params, streams, e - s, base_u[s:e] if enc.needs_base else None, out)
     return int(np.count_nonzero(out != base_u[s:e]))
 
 
@@ -209,9 +213,9 @@ def report_figures(delta, base=None) -> dict:
                 c = blk["changed"]
                 if c is not None:
                     sources.add("file")
-                elif enc == "xor":
-                    c = _xor_changed(reader, name, b)
-                    sources.add("xor planes")
+                elif (coder := encodings.by_name(enc)).changed_in_streams is not None:
+                    c = _changed_in_streams(reader, name, b, coder)
+                    sources.add("+".join(sorted({r.part for r in coder.stream_roles(th.dtype)})) or "streams")
                 elif base_u is not None:
                     c = _changed_vs_base(reader, name, b, base_u)
                     sources.add("base")

@@ -16,6 +16,7 @@ from .errors import InputError, SafetensorsError, UnsupportedError
 from .layout import MAX_DIMS, MAX_TENSOR_ELEMS
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
+HEADER_LENGTH_SIZE = 8                # the u64 little-endian header length every safetensors file opens with
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -51,17 +52,43 @@ class SafetensorsFile:
         return raw.view(spec.dtype.numpy).reshape(spec.shape)
 
 
+# ------------------------------------------------------------------------------------ the header frame
+# A safetensors file: HEADER_LENGTH_SIZE bytes of little-endian header length n, the n-byte JSON header,
+# then the data section. These two functions are the only code that reads or writes that frame.
+
+def frame_header(header: bytes) -> bytes:
+    """The bytes a safetensors file opens with: the header's length, then the header; the data section
+    starts right after them (at :func:`data_start`)."""
+    return len(header).to_bytes(HEADER_LENGTH_SIZE, "little") + header
+
+
+def data_start(header: bytes) -> int:
+    """Where the data section of a file with this header starts."""
+    return HEADER_LENGTH_SIZE + len(header)
+
+
+def read_header(f, size: int, path: str) -> bytes:
+    """The header bytes of the safetensors file open as ``f`` (``size`` bytes long, read from its start),
+    its length checked against the file and ``MAX_HEADER_BYTES`` before it is read."""
+    head = f.read(HEADER_LENGTH_SIZE)
+    if len(head) < HEADER_LENGTH_SIZE:
+        raise SafetensorsError(f"{path}: shorter than the {HEADER_LENGTH_SIZE}-byte header length")
+    n = int.from_bytes(head, "little")
+    if n > MAX_HEADER_BYTES or n > size - HEADER_LENGTH_SIZE:
+        raise SafetensorsError(f"{path}: header length {n} is beyond the file or the {MAX_HEADER_BYTES}-byte limit")
+    header_bytes = f.read(n)
+    if len(header_bytes) != n:
+        raise SafetensorsError(f"{path}: the file ends inside its {n}-byte header")
+    return header_bytes
+
+
+# ------------------------------------------------------------------------------------ files
+
 def read_file(path: str) -> SafetensorsFile:
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SafetensorsError(f"{path}: shorter than the 8-byte header length")
-            n = int.from_bytes(head, "little")
-            if n > MAX_HEADER_BYTES or n > size - 8:
-                raise SafetensorsError(f"{path}: header length {n} is beyond the file or the {MAX_HEADER_BYTES}-byte limit")
-            header_bytes = f.read(n)
+            header_bytes = read_header(f, size, path)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
@@ -74,7 +101,7 @@ def read_file(path: str) -> SafetensorsFile:
     if metadata is not None and (not isinstance(metadata, dict)
                                  or not all(isinstance(v, str) for v in metadata.values())):
         raise SafetensorsError(f"{path}: __metadata__ must map strings to strings")
-    data_size = size - 8 - n
+    data_size = size - data_start(header_bytes)
     specs = []
     for name, info in header.items():
         try:
@@ -103,7 +130,7 @@ def read_file(path: str) -> SafetensorsFile:
     for a, b in zip(specs, specs[1:]):
         if a.end > b.begin:
             raise SafetensorsError(f"{path}: tensors {a.name!r} and {b.name!r} overlap")
-    return SafetensorsFile(path, header_bytes, metadata, specs, 8 + n)
+    return SafetensorsFile(path, header_bytes, metadata, specs, data_start(header_bytes))
 
 
 @dataclass
@@ -199,7 +226,6 @@ def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
     specs = layout_specs(items)
     header = build_header(specs, metadata)
     with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
+        f.write(frame_header(header))
         for s in specs:
             f.write(memoryview(np.ascontiguousarray(flat[s.name])).cast("B"))

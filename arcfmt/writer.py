@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from . import codecs, layout as L, records, transforms
+from . import codecs, encodings, layout as L, records
 from .arrays import as_uint, release
 from .errors import InputError, LimitError
 from .integrity import model_digest, tensor_hash
@@ -44,9 +44,9 @@ def _encode_into(slot: list, *args) -> None:
 def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total."""
     if force_encoding is not None:
-        cands = [transforms.encode_forced(dt, base, target, force_encoding)]
+        cands = [encodings.encode_forced(dt, base, target, force_encoding)]
     else:
-        cands = transforms.encode_candidates(dt, base, target, effort)
+        cands = encodings.candidates(dt, base, target, effort)
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
@@ -109,8 +109,8 @@ class DeltaWriter:
         if isinstance(effort, str) and effort not in codecs.EFFORTS:
             raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}")
         try:
-            self._force_encoding = None if force_encoding is None else transforms.BY_NAME[force_encoding]
-            self._force_codec = None if force_codec is None else codecs.BY_NAME[force_codec]
+            self._force_encoding = None if force_encoding is None else encodings.by_name(force_encoding).id
+            self._force_codec = None if force_codec is None else codecs.by_name(force_codec).id
         except KeyError as exc:
             raise InputError(f"unknown encoding or codec name {exc}") from None
         self._f = fileobj
@@ -140,11 +140,11 @@ class DeltaWriter:
         rec = records.build_record(rtype, payload)
         offset = self._pos
         self._write(rec)
-        return offset, len(rec), int.from_bytes(rec[8:16], "little")
+        return offset, len(rec), L.parse_record_header(rec).checksum
 
     def write_record(self, rtype: bytes, payload: bytes) -> None:
         """Write an ancillary record (lower-case type, SPEC.md §5) between tensors."""
-        if len(rtype) != 4 or not rtype.isalpha() or not rtype.isascii() or not rtype[:1].islower():
+        if not isinstance(rtype, (bytes, bytearray)) or not L.RECORD_TYPE_RE.match(rtype) or L.is_critical(rtype):
             raise InputError(f"extra records must have an ancillary (lower-case first letter) type, not {rtype!r}")
         off, size, _ = self._record(rtype, payload)
         self._others.append(records.OtherRecord(off, size, rtype))
@@ -219,14 +219,14 @@ class DeltaWriter:
         off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
         self._entries[-1].blocks.append(records.BlockRef(off, size, ck, enc.encoding))
         self.stats[-1].blocks.append(BlockStats(
-            transforms.NAMES[enc.encoding], enc.changed, size,
-            [(codecs.NAMES[c], len(s), len(raw)) for (c, s), raw in zip(coded, enc.streams)]))
+            encodings.get(enc.encoding).name, enc.changed, size,
+            [(codecs.get(c).name, len(s), len(raw)) for (c, s), raw in zip(coded, enc.streams)]))
 
     def close(self) -> int:
         """Write the index and trailer; returns the file size. The file object is left open."""
         if self.closed:
             return self.size
-        base_digest = model_digest(self._base_entries) if self._base_entries else bytes(16)
+        base_digest = model_digest(self._base_entries) if self._base_entries else L.NO_BASE_DIGEST
         index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others)
         off, size, _ = self._record(L.INDX, records.build_index(index))
         self._write(records.build_trailer(off, size))

@@ -1,24 +1,26 @@
-"""Shared fixtures and helpers for the arcfmt test suite.
+"""Fixtures and settings of the arcfmt test suite; the shared code lives in ``tests/support/``.
 
-Everything here is deterministic: models come from seeded numpy generators, and hypothesis runs under
+Everything is deterministic: models come from seeded numpy generators, and hypothesis runs under
 the derandomized ``ci`` profile (loaded by default; override with ``HYPOTHESIS_PROFILE=dev``).
+
+Markers (registered in pyproject.toml, ``--strict-markers``): ``servers`` (starts SeaweedFS, moto or
+fake-gcs-server), ``kill`` (SIGKILLs forked processes at kill points) and ``slow``. A test marked
+``servers`` or ``kill`` is ``slow`` too (added below), so ``pytest -m "not slow"`` is the quick tier.
 """
 from __future__ import annotations
 
-import io
 import os
-from dataclasses import dataclass
 
-import ml_dtypes
-import numpy as np
 import pytest
 
-pytest.register_assert_rewrite("conftest_store", "conftest_faults")  # helper modules the tests import
-import xxhash
-from hypothesis import HealthCheck, settings
+pytest.register_assert_rewrite("support")  # before any support module is imported
 
-import arcfmt
-from arcfmt import layout as L, records
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from support.data import medium_model, small_model  # noqa: E402
+
+# The stream tests' fixtures (servers, remotes, trajectories) and the fault tests' (proxy, zygote).
+pytest_plugins = ["support.store", "support.faults"]
 
 # ------------------------------------------------------------------------------------- hypothesis
 
@@ -29,352 +31,42 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# ------------------------------------------------------------------------------------- readers
-
-# The streaming reader of SPEC.md §12.2.
-StreamReader = arcfmt.StreamReader
-
-# ------------------------------------------------------------------------------------- dtypes
+# ------------------------------------------------------------------------------------- markers
 
 
-@dataclass(frozen=True)
-class DT:
-    """One dtype of SPEC.md §2: its name, numpy dtype, width, unsigned view and float layout."""
-
-    name: str
-    code: int
-    np: np.dtype
-    width: int
-    kind: str
-    E: int = 0
-    M: int = 0
-
-    @property
-    def uint(self) -> np.dtype:
-        return np.dtype(f"<u{self.width}")
-
-    @property
-    def is_float(self) -> bool:
-        return self.kind == "float"
-
-    @property
-    def bits(self) -> int:
-        return 8 * self.width
-
-    def __repr__(self) -> str:  # readable pytest ids / hypothesis output
-        return self.name
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects anything
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("servers") or item.get_closest_marker("kill"):
+            item.add_marker(pytest.mark.slow)
 
 
-DTYPES = [
-    DT("BOOL", 1, np.dtype(np.bool_), 1, "bool"),
-    DT("U8", 2, np.dtype("u1"), 1, "uint"),
-    DT("I8", 3, np.dtype("i1"), 1, "int"),
-    DT("U16", 4, np.dtype("<u2"), 2, "uint"),
-    DT("I16", 5, np.dtype("<i2"), 2, "int"),
-    DT("U32", 6, np.dtype("<u4"), 4, "uint"),
-    DT("I32", 7, np.dtype("<i4"), 4, "int"),
-    DT("U64", 8, np.dtype("<u8"), 8, "uint"),
-    DT("I64", 9, np.dtype("<i8"), 8, "int"),
-    DT("F16", 10, np.dtype("<f2"), 2, "float", 5, 10),
-    DT("BF16", 11, np.dtype(ml_dtypes.bfloat16), 2, "float", 8, 7),
-    DT("F32", 12, np.dtype("<f4"), 4, "float", 8, 23),
-    DT("F64", 13, np.dtype("<f8"), 8, "float", 11, 52),
-    DT("F8_E4M3", 14, np.dtype(ml_dtypes.float8_e4m3fn), 1, "float", 4, 3),
-    DT("F8_E5M2", 15, np.dtype(ml_dtypes.float8_e5m2), 1, "float", 5, 2),
-]
-BY_NAME = {d.name: d for d in DTYPES}
-FLOAT_DTYPES = [d for d in DTYPES if d.is_float]
-INT_DTYPES = [d for d in DTYPES if not d.is_float]
+# A fixture a test uses (directly, through another fixture, or with ``request.getfixturevalue``) and
+# the mark it then needs: a test that starts a server or the zygote unmarked fails, so the quick tier
+# never starts one.
+_NEEDS_MARK = {"seaweedfs_server": "servers", "moto_server": "servers", "fake_gcs_server": "servers",
+               "zygote": "kill"}
 
 
-def from_bits(bits, dt: DT) -> np.ndarray:
-    """An array of ``dt`` holding exactly the given raw bit patterns (never converted as values)."""
-    return np.ascontiguousarray(np.asarray(bits, dtype=np.uint64).astype(dt.uint)).view(dt.np)
-
-
-def bits_of(a: np.ndarray) -> np.ndarray:
-    """The raw bit patterns of an array (same shape), for comparisons that never use float ==."""
-    a = np.ascontiguousarray(a)
-    return a.view(np.dtype(f"<u{a.dtype.itemsize}"))
-
-
-def random_bits(rng: np.random.Generator, dt: DT, shape) -> np.ndarray:
-    """Uniformly random bit patterns (every NaN payload, subnormal, ... can appear)."""
-    n = int(np.prod(shape, dtype=np.int64))
-    u = rng.integers(0, 1 << dt.bits, size=n, dtype=np.uint64, endpoint=False) if dt.bits < 64 else \
-        rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
-    return from_bits(u, dt).reshape(shape)
-
-
-def random_values(rng: np.random.Generator, dt: DT, shape) -> np.ndarray:
-    """Weight-like values: normal floats for float dtypes, random bits for the others."""
-    if dt.is_float:
-        return (rng.standard_normal(shape) * 0.05).astype(dt.np)
-    return random_bits(rng, dt, shape)
-
-
-def perturb(rng: np.random.Generator, dt: DT, base: np.ndarray, density: float) -> np.ndarray:
-    """A target from ``base``: about ``density`` of the elements changed.
-
-    Float changes are a mix of small mantissa steps (the common, "kept" case), sign flips, exponent
-    changes and arbitrary new bit patterns; integer changes are arbitrary new bit patterns.
-    """
-    u = bits_of(base).reshape(-1).copy()
-    n = u.size
-    if n == 0 or density <= 0:
-        return u.view(dt.np).reshape(base.shape)
-    k = n if density >= 1 else max(1, int(round(n * density)))
-    pos = rng.choice(n, size=min(k, n), replace=False)
-    t = u.dtype.type
-    kinds = rng.integers(0, 4, size=pos.size) if dt.is_float else np.full(pos.size, 3)
-    for p, kind in zip(pos.tolist(), kinds.tolist()):
-        old = int(u[p])
-        if kind == 0:  # small mantissa step inside the same binade (may wrap into an exception)
-            mask = (1 << dt.M) - 1
-            step = int(rng.integers(1, min(mask, 8) + 1)) * (1 if rng.random() < 0.5 else -1)
-            mant = (old & mask) + step
-            new = (old & ~mask) | (mant & mask) if 0 <= mant <= mask else old ^ 1
-        elif kind == 1:  # sign flip
-            new = old ^ (1 << (dt.bits - 1))
-        elif kind == 2:  # exponent change
-            new = old ^ (1 << dt.M)
-        else:
-            new = int.from_bytes(rng.bytes(dt.width), "little")
-        if new == old:
-            new = old ^ 1
-        u[p] = t(new & ((1 << dt.bits) - 1))
-    return u.view(dt.np).reshape(base.shape)
-
-
-def make_pair(seed: int, dtype="BF16", shapes=((64,),), density: float = 0.05, names=None):
-    """(base, target) dicts of seeded tensors: one tensor per shape, ``density`` of elements changed."""
-    dt = BY_NAME[dtype] if isinstance(dtype, str) else dtype
-    rng = np.random.default_rng(seed)
-    base, target = {}, {}
-    for i, shape in enumerate(shapes):
-        name = names[i] if names else f"layer.{i}.weight"
-        b = random_values(rng, dt, shape)
-        base[name] = b
-        target[name] = perturb(rng, dt, b, density)
-    return base, target
-
-
-# ------------------------------------------------------------------------------------- comparisons
-
-def assert_same_tensor(got, want, name="") -> None:
-    got = np.asarray(got)
-    want = np.asarray(want)
-    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
-    assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), \
-        f"{name}: bytes differ"
-
-
-def assert_bit_exact(got: dict, want: dict) -> None:
-    """Same names, dtypes, shapes and bytes; floats are compared as bit patterns, never with ==."""
-    assert set(got) == set(want), f"names {sorted(got)} != {sorted(want)}"
-    for name in want:
-        assert_same_tensor(got[name], want[name], name)
-
-
-def stream_decode(delta: bytes, base=None) -> dict:
-    """Decode front to back with the streaming reader (no index); returns name -> array."""
-    reader = StreamReader(io.BytesIO(delta), base)
-    out = {}
-    for name, arr in reader:
-        assert name not in out
-        out[name] = arr
-    assert reader.index is not None  # the whole file (index, trailer) was checked
-    return out
-
-
-def roundtrip(base, target, **kw) -> bytes:
-    """Encode, then decode both ways (random access and streaming); both must be bit-exact."""
-    delta = arcfmt.encode(base, target, **kw)
-    assert_bit_exact(arcfmt.decode(base, delta), target)
-    assert_bit_exact(stream_decode(delta, base), target)
-    return delta
-
-
-def encodings_of(delta) -> set:
-    """Every block encoding name used in a file, from ``DeltaReader.describe()``."""
-    desc = arcfmt.DeltaReader(delta).describe()
-    return {b["encoding"] for t in desc["tensors"] for b in t["blocks"]}
-
-
-# ------------------------------------------------------------------------------------- file surgery
-
-def u64(x: int) -> bytes:
-    return int(x).to_bytes(8, "little")
-
-
-def varint(x: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = x & 0x7F
-        x >>= 7
-        if x:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-@dataclass
-class Rec:
-    """One record of a file: its type, payload and where it was (``offset`` of the original file)."""
-
-    type: bytes
-    payload: bytes
-    offset: int = -1
-    raw: bytes | None = None  # if set, written verbatim instead of build_record(type, payload)
-    name: str | None = None   # TENS: the tensor name (kept even if the payload is made unparsable)
-
-    def bytes(self) -> bytes:
-        return self.raw if self.raw is not None else records.build_record(self.type, self.payload)
-
-
-@dataclass
-class Parsed:
-    header: bytes
-    recs: list          # every record from META to INDX inclusive, in file order
-    trailer: bytes
-    index: records.Index
-
-    def find(self, rtype: bytes) -> list:
-        return [r for r in self.recs if r.type == rtype]
-
-
-def parse_file(data: bytes) -> Parsed:
-    """Split a *valid* file into header, records and trailer (no checks beyond the framing)."""
-    data = bytes(data)
-    pos, end = L.HEADER_SIZE, len(data) - L.TRAILER_SIZE
-    recs = []
-    while pos < end:
-        rtype = data[pos: pos + 4]
-        length = int.from_bytes(data[pos + 4: pos + 8], "little")
-        payload = data[pos + 16: pos + 16 + length]
-        rec = Rec(rtype, payload, pos)
-        if rtype == L.TENS:
-            rec.name = records.parse_tensor(payload, "test").name
-        recs.append(rec)
-        pos += 16 + length
-    assert pos == end, "parse_file needs a valid file"
-    index = records.parse_index(recs[-1].payload, recs[-1].offset)
-    return Parsed(data[: L.HEADER_SIZE], recs, data[end:], index)
-
-
-def blck_encoding(payload: bytes) -> int:
-    """The encoding byte of a BLCK payload (after its two varints); 0 if the payload has none."""
-    i = 0
-    try:
-        for _ in range(2):
-            while payload[i] & 0x80:
-                i += 1
-            i += 1
-        return payload[i]
-    except IndexError:
-        return 0
-
-
-def assemble(recs, *, header: bytes | None = None, base_digest=None, target_digest=None,
-             index_payload: bytes | None = None, trailer_fn=None, list_others: bool = True) -> bytes:
-    """Write a file from records: fresh record checksums, a consistent index (§10) and trailer (§11).
-
-    INDX records in ``recs`` are dropped and rebuilt (unless ``index_payload`` is given, which is then
-    used verbatim as the INDX payload). Every record other than META/TENS/BLCK is listed among the
-    index's other records (``list_others=False`` leaves them out). ``trailer_fn(bytes40) -> bytes40``
-    may patch the trailer.
-    """
-    out = bytearray(header if header is not None else records.build_header())
-    entries, others = [], []
-    for r in recs:
-        if r.type == L.INDX:
-            continue
-        off = len(out)
-        rec = r.bytes()
-        out += rec
-        ck = int.from_bytes(rec[8:16], "little")
-        if r.type == L.TENS and r.raw is None:
-            entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
-        elif r.type == L.BLCK and r.raw is None:
-            entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, blck_encoding(r.payload)))
-        elif r.type != L.META and list_others:
-            others.append(records.OtherRecord(off, len(rec), r.type))
-    if index_payload is None:
-        index_payload = records.build_index(records.Index(
-            base_digest if base_digest is not None else bytes(16),
-            target_digest if target_digest is not None else bytes(16), entries, others))
-    index_rec = records.build_record(L.INDX, index_payload)
-    index_offset = len(out)
-    out += index_rec
-    trailer = records.build_trailer(index_offset, len(index_rec))
-    if trailer_fn is not None:
-        trailer = trailer_fn(trailer)
-    out += trailer
-    return bytes(out)
-
-
-def reassemble(parsed: Parsed, recs=None, **kw) -> bytes:
-    """``assemble`` keeping the original file's digests."""
-    kw.setdefault("base_digest", parsed.index.base_digest)
-    kw.setdefault("target_digest", parsed.index.target_digest)
-    return assemble(parsed.recs if recs is None else recs, **kw)
-
-
-def fix_trailer_checksum(trailer: bytes) -> bytes:
-    """Recompute the trailer checksum (xxh3-64 of bytes 0-23, SPEC.md §11)."""
-    t = bytearray(trailer)
-    t[24:32] = u64(xxhash.xxh3_64_intdigest(bytes(t[:24])))
-    return bytes(t)
-
-
-def patch_trailer(data: bytes, offset: int, new: bytes, fix_checksum=True) -> bytes:
-    """Overwrite bytes of the trailer (``offset`` relative to it), optionally fixing its checksum."""
-    d = bytearray(data)
-    t = bytearray(d[-L.TRAILER_SIZE:])
-    t[offset: offset + len(new)] = new
-    if fix_checksum:
-        t = bytearray(fix_trailer_checksum(bytes(t)))
-    d[-L.TRAILER_SIZE:] = t
-    return bytes(d)
-
+@pytest.fixture(autouse=True)
+def _marked_as_it_runs(request):
+    yield
+    missing = {name: mark for name, mark in _NEEDS_MARK.items()
+               if name in request.fixturenames and request.node.get_closest_marker(mark) is None}
+    if missing:
+        pytest.fail(f"{request.node.nodeid} uses {', '.join(missing)} but is not marked "
+                    + " / ".join(sorted({f"@pytest.mark.{m}" for m in missing.values()})), pytrace=False)
 
 # ------------------------------------------------------------------------------------- fixtures
-
-def _small_model():
-    """A few hundred bytes: a note, a 2-block BF16 delta, a keyframe I8 tensor, an unchanged F32."""
-    rng = np.random.default_rng(1234)
-    wb = (rng.standard_normal(8) * 0.1).astype(ml_dtypes.bfloat16)
-    wt = wb.copy()
-    u = bits_of(wt)
-    u[1] += 1          # kept mantissa step
-    u[6] ^= 0x8000     # sign flip: an exception
-    base = {"w": wb, "u": np.array([1.5, -2.0], np.float32)}
-    target = {"w": wt, "k": np.arange(-2, 2, dtype=np.int8), "u": base["u"].copy()}
-    buf = io.BytesIO()
-    with arcfmt.DeltaWriter(buf, base_step=7, target_step=8, block_elems=4, note="t", effort="fast",
-                            workers=1) as w:
-        w.write_tensors((n, base.get(n), target[n]) for n in target)
-    return base, target, buf.getvalue()
 
 
 @pytest.fixture(scope="session")
 def small_file():
     """(base, target, delta bytes) of a small valid file with every record kind."""
-    return _small_model()
+    return small_model()
 
 
 @pytest.fixture(scope="session")
 def medium_file():
     """A larger file: several tensors and dtypes, multi-block, compressed streams, an empty tensor."""
-    rng = np.random.default_rng(99)
-    base, target = {}, {}
-    for i, (dt, shape) in enumerate([("BF16", (40, 16)), ("F32", (300,)), ("I16", (5, 7)), ("U8", (0, 3))]):
-        d = BY_NAME[dt]
-        b = random_values(rng, d, shape)
-        base[f"t{i}"] = b
-        target[f"t{i}"] = perturb(rng, d, b, 0.1)
-    target["new"] = (rng.standard_normal(50)).astype(np.float16)
-    delta = arcfmt.encode(base, target, block_elems=128, effort="default", workers=1)
-    return base, target, delta
+    return medium_model()

@@ -6,7 +6,7 @@ reserved bits, unknown records, limits (§14), decompression bombs (§9), unsupp
 corruption, failed verification and wrong bases (§12.3), for both the random-access reader
 (``arcfmt.decode``) and the streaming reader (``StreamReader``).
 
-Crafted files are rebuilt with fresh record checksums, index and trailer (``conftest.assemble``) so
+Crafted files are rebuilt with fresh record checksums, index and trailer (``support.records.assemble``) so
 that the check under test is the one that fires.
 """
 from __future__ import annotations
@@ -32,10 +32,8 @@ from arcfmt.errors import (
     UnknownRecordError, UnsupportedError, UnsupportedVersionError, VerificationError, WrongBaseError,
 )
 
-from conftest import (
-    Rec, StreamReader, assert_bit_exact, fix_trailer_checksum, parse_file, patch_trailer, reassemble,
-    stream_decode, u64, varint,
-)
+from support.data import StreamReader, assert_bit_exact, stream_decode
+from support.records import Rec, assemble, fix_trailer_checksum, parse_file, patch_trailer, tens_payload, u64, varint
 
 # The categories of SPEC.md §15: a failure must be one of these exact classes (not ArcError itself).
 SPEC_CLASSES = {
@@ -137,17 +135,6 @@ def blck_payload(tensor, block, encoding, params, streams):
     return head + b"".join(bytes(st) for _, st in streams)
 
 
-def tens_payload(name, dtype, dims, block_elems, flags, base_hash=None, target_hash=0, *, ndim=None,
-                 name_len=None):
-    raw = name.encode() if isinstance(name, str) else name
-    out = varint(len(raw) if name_len is None else name_len) + raw
-    out += bytes([dtype, len(dims) if ndim is None else ndim])
-    out += b"".join(varint(d) for d in dims) + varint(block_elems) + bytes([flags])
-    if flags & 1:
-        out += u64(base_hash or 0)
-    return out + u64(target_hash)
-
-
 def replace(parsed, pred, new_payload=None, **fields):
     """Copy of the records with the first record matching ``pred`` replaced."""
     out = []
@@ -212,7 +199,7 @@ def test_fixture_files_are_valid(small_file, medium_file):
         assert_bit_exact(ra(d, base), target)
         assert_bit_exact(sr(d, base), target)
         p = parse_file(d)
-        assert reassemble(p) == d  # the crafting helper reproduces the writer byte for byte
+        assert assemble(p) == d  # the crafting helper reproduces the writer byte for byte
     p = parse_file(small_file[2])
     assert [r.type for r in p.recs][:2] == [L.META, L.NOTE]
     assert len(small_file[2]) < 600
@@ -437,7 +424,7 @@ def test_reserved_bits_meta_flags(small_file, reader, bit):
     p = parse_file(d)
     meta = p.recs[0]
     payload = (1 << bit).to_bytes(4, "little") + meta.payload[4:]
-    expect(ReservedBitsError, reader, reassemble(p, replace(p, lambda r: r.type == L.META, payload)), base)
+    expect(ReservedBitsError, reader, assemble(p, replace(p, lambda r: r.type == L.META, payload)), base)
 
 
 @pytest.mark.parametrize("bit", range(1, 8))
@@ -452,7 +439,7 @@ def test_reserved_bits_tens_flags(small_file, reader, tensor, bit):
     assert rec.payload[flags_at] == (1 if th.needs_base else 0)
     payload = bytearray(rec.payload)
     payload[flags_at] |= 1 << bit
-    f = reassemble(p, replace(p, lambda r: r is rec, bytes(payload)))
+    f = assemble(p, replace(p, lambda r: r is rec, bytes(payload)))
     expect(ReservedBitsError, reader, f, base)
 
 
@@ -467,9 +454,9 @@ def test_unknown_critical_record(small_file, reader, where, rtype):
     base, _, d = small_file
     p = parse_file(d)
     at = {"after_meta": 0, "after_tens": rec_index(p, L.TENS), "before_indx": len(p.recs) - 2}[where]
-    f = reassemble(p, insert_after(p, at, Rec(rtype, b"future feature")))
+    f = assemble(p, insert_after(p, at, Rec(rtype, b"future feature")))
     expect(UnknownRecordError, reader, f, base)
-    f = reassemble(p, insert_after(p, at, Rec(rtype, b"")))
+    f = assemble(p, insert_after(p, at, Rec(rtype, b"")))
     expect(UnknownRecordError, reader, f, base)
 
 
@@ -478,9 +465,9 @@ def test_every_record_must_be_in_the_index(small_file, reader):
     """§10 tiling / §12.2: a record the index does not list (here the written note) is `corrupt`."""
     base, target, d = small_file
     p = parse_file(d)
-    assert_bit_exact(reader(reassemble(p), base), target)
-    expect(CorruptError, reader, reassemble(p, list_others=False), base)
-    f = reassemble(p, insert_after(p, 0, Rec(b"zzzz", b"extra")), list_others=False)
+    assert_bit_exact(reader(assemble(p), base), target)
+    expect(CorruptError, reader, assemble(p, list_others=False), base)
+    f = assemble(p, insert_after(p, 0, Rec(b"zzzz", b"extra")), list_others=False)
     expect(CorruptError, reader, f, base)
 
 
@@ -494,7 +481,7 @@ def test_index_other_records_checked(small_file, reader):
                           (b"META", CorruptError), (b"INDX", CorruptError), (b"Note", UnknownRecordError)):
         others = [records.OtherRecord(note.offset, note.size, bad_type)]
         payload = records.build_index(records.Index(idx.base_digest, idx.target_digest, idx.entries, others))
-        f = reassemble(p, index_payload=payload)
+        f = assemble(p, index_payload=payload)
         if reader is ra or exc is CorruptError:
             expect(exc, reader, f, base)
         else:
@@ -504,7 +491,7 @@ def test_index_other_records_checked(small_file, reader):
                   records.OtherRecord(note.offset + 1, note.size, b"note"),
                   records.OtherRecord(note.offset, note.size + 1, b"note")):
         payload = records.build_index(records.Index(idx.base_digest, idx.target_digest, idx.entries, [other]))
-        f = reassemble(p, index_payload=payload)
+        f = assemble(p, index_payload=payload)
         if reader is sr or other.type == b"note":
             expect(CorruptError, reader, f, base)
 
@@ -518,7 +505,7 @@ def test_other_count_beyond_limit(small_file, reader):
     tail = 4 + n_others * (8 + 4 + 4)
     assert int.from_bytes(body[-tail: -tail + 4], "little") == n_others
     body[-tail: -tail + 4] = (L.MAX_OTHER_RECORDS + 1).to_bytes(4, "little")
-    f = reassemble(p, index_payload=_index_payload(0, len(body), bytes(body)))
+    f = assemble(p, index_payload=_index_payload(0, len(body), bytes(body)))
     expect(LimitError, reader, f, base)
 
 
@@ -530,7 +517,7 @@ def test_unknown_ancillary_record_is_skipped(small_file, reader, where):
     at = {"after_meta": 0, "after_note": 1, "after_tens": rec_index(p, L.TENS),
           "between_blocks": rec_index(p, L.BLCK), "before_indx": len(p.recs) - 2}[where]
     for rtype, payload in ((b"zzzz", b"ignore me"), (b"xTRA", b""), (b"note", b"\xff\xfe invalid utf-8 is fine")):
-        f = reassemble(p, insert_after(p, at, Rec(rtype, payload)))
+        f = assemble(p, insert_after(p, at, Rec(rtype, payload)))
         assert_bit_exact(reader(f, base), target)
 
 
@@ -553,7 +540,7 @@ def test_ancillary_record_checksum_is_checked_when_streaming(small_file):
     p = parse_file(d)
     good = records.build_record(b"zzzz", b"payload")
     bad = good[:8] + bytes(x ^ 0xFF for x in good[8:16]) + good[16:]
-    f = reassemble(p, insert_after(p, 0, Rec(b"zzzz", b"", raw=bad)))
+    f = assemble(p, insert_after(p, 0, Rec(b"zzzz", b"", raw=bad)))
     assert len(bad) == len(good)
     expect(ChecksumError, sr, f, base)
     # The written note, with its payload changed but not its checksum.
@@ -569,7 +556,7 @@ def test_record_type_not_ascii_letters_is_corrupt(small_file, reader, rtype):
     """§5: a type with a byte that is not an ASCII letter is `corrupt` (random access: via the index)."""
     base, _, d = small_file
     p = parse_file(d)
-    f = reassemble(p, insert_after(p, 0, Rec(rtype, b"x")))
+    f = assemble(p, insert_after(p, 0, Rec(rtype, b"x")))
     expect(CorruptError, reader, f, base)
 
 
@@ -581,15 +568,15 @@ def test_record_out_of_order_is_corrupt(small_file, reader):
     # Swap the two blocks of tensor "w": their ordinals no longer match their places.
     i = rec_index(p, L.BLCK)
     recs[i], recs[i + 1] = recs[i + 1], recs[i]
-    expect(CorruptError, reader, reassemble(p, recs), base)
+    expect(CorruptError, reader, assemble(p, recs), base)
 
 
 @pytest.mark.parametrize("reader", READERS)
 def test_second_meta_or_missing_meta_is_corrupt(small_file, reader):
     base, _, d = small_file
     p = parse_file(d)
-    expect(CorruptError, reader, reassemble(p, insert_after(p, 1, p.recs[0])), base)
-    expect(CorruptError, reader, reassemble(p, p.recs[1:]), base)
+    expect(CorruptError, reader, assemble(p, insert_after(p, 1, p.recs[0])), base)
+    expect(CorruptError, reader, assemble(p, p.recs[1:]), base)
 
 
 # ------------------------------------------------------------------------------------- limits
@@ -601,11 +588,11 @@ def test_record_length_beyond_limit_streaming(small_file, rtype):
     p = parse_file(d)
     head8 = rtype + (L.MAX_RECORD_PAYLOAD + 1).to_bytes(4, "little")
     raw = head8 + u64(xxhash.xxh3_64_intdigest(head8))
-    f = reassemble(p, insert_after(p, 0, Rec(rtype, b"", raw=raw)))
+    f = assemble(p, insert_after(p, 0, Rec(rtype, b"", raw=raw)))
     expect(LimitError, sr, f, base)
     for length in (0xFFFFFFFF, 1 << 31):
         head8 = rtype + length.to_bytes(4, "little")
-        f = reassemble(p, insert_after(p, 0, Rec(rtype, b"", raw=head8 + u64(xxhash.xxh3_64_intdigest(head8)))))
+        f = assemble(p, insert_after(p, 0, Rec(rtype, b"", raw=head8 + u64(xxhash.xxh3_64_intdigest(head8)))))
         expect(LimitError, sr, f, base)
 
 
@@ -624,14 +611,14 @@ def test_record_length_beyond_limit_random_access(small_file):
 def _tens_file(small_file, payload, name="k"):
     base, _, d = small_file
     p = parse_file(d)
-    return reassemble(p, replace(p, lambda r: r.type == L.TENS and r.name == name, payload)), base
+    return assemble(p, replace(p, lambda r: r.type == L.TENS and r.name == name, payload)), base
 
 
 @pytest.mark.parametrize("reader", READERS)
 def test_name_length_beyond_limit(small_file, reader):
     long_name = "n" * (L.MAX_NAME_BYTES + 1)
     p = parse_file(small_file[2])
-    f = reassemble(p, replace(p, lambda r: r.type == L.TENS and r.name == "k",
+    f = assemble(p, replace(p, lambda r: r.type == L.TENS and r.name == "k",
                               tens_payload(long_name, 3, [4], 4, 0), name=long_name))
     expect(LimitError, reader, f, small_file[0])
 
@@ -753,7 +740,7 @@ def test_index_body_length_beyond_limit(small_file, reader, body_length):
     p = parse_file(d)
     body = index_body(p.recs[-1].payload)
     for codec, stored in ((0, body), (1, zstandard.ZstdCompressor().compress(body))):
-        f = reassemble(p, index_payload=_index_payload(codec, body_length, stored))
+        f = assemble(p, index_payload=_index_payload(codec, body_length, stored))
         expect(LimitError, reader, f, base)
 
 
@@ -762,7 +749,7 @@ def test_tensor_count_beyond_limit(small_file, reader):
     base, _, d = small_file
     p = parse_file(d)
     body = bytes(32) + (L.MAX_TENSORS + 1).to_bytes(4, "little") + u64(0)
-    f = reassemble(p, index_payload=_index_payload(0, len(body), body))
+    f = assemble(p, index_payload=_index_payload(0, len(body), body))
     expect(LimitError, reader, f, base)
 
 
@@ -773,7 +760,7 @@ def _keyframe_block_file(small_file, stream_codec, stream):
     blk = blocks_of(p, "k")[0]
     ti = [r.name for r in p.recs if r.type == L.TENS].index("k")
     payload = blck_payload(ti, 0, 4, [], [(stream_codec, stream)])
-    return reassemble(p, replace(p, lambda r: r is blk, payload)), base
+    return assemble(p, replace(p, lambda r: r is blk, payload)), base
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -886,7 +873,7 @@ def test_unknown_index_codec(small_file, reader):
     base, _, d = small_file
     p = parse_file(d)
     good = p.recs[-1].payload
-    f = reassemble(p, index_payload=bytes([9]) + good[1:])
+    f = assemble(p, index_payload=bytes([9]) + good[1:])
     expect(UnsupportedError, ra, f, base)
     expect({UnsupportedError, CorruptError}, sr, f, base)
 
@@ -898,7 +885,7 @@ def _w_block_file(small_file, payload, nth=0):
     base, _, d = small_file
     p = parse_file(d)
     blk = blocks_of(p, "w")[nth]
-    return reassemble(p, replace(p, lambda r: r is blk, payload)), base
+    return assemble(p, replace(p, lambda r: r is blk, payload)), base
 
 
 def _raw(*streams):
@@ -939,14 +926,14 @@ def test_unsupported_encodings(small_file, reader):
     ti = [r.name for r in p.recs if r.type == L.TENS].index("k")
     kb = blocks_of(p, "k")[0]
     for enc in (2, 3):
-        f = reassemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, enc, [1, 0], _raw([0], [1], b"", b""))))
+        f = assemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, enc, [1, 0], _raw([0], [1], b"", b""))))
         expect(UnsupportedError, reader, f, small_file[0])
     # ctx-delta (5) on an integer tensor: rejected at the encoding byte, before its params.
-    f = reassemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
+    f = assemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
     expect(UnsupportedError, reader, f, small_file[0])
     ui = [r.name for r in p.recs if r.type == L.TENS].index("u")
     ub = blocks_of(p, "u")[0]
-    f = reassemble(p, replace(p, lambda r: r is ub, blck_payload(ui, 0, 2, [1, 0], _raw([0], [1, 0, 0], b"", b""))))
+    f = assemble(p, replace(p, lambda r: r is ub, blck_payload(ui, 0, 2, [1, 0], _raw([0], [1, 0, 0], b"", b""))))
     expect(UnsupportedError, reader, f, small_file[0])
 
 
@@ -1004,7 +991,7 @@ def test_corrupt_keyframe_fields(reader):
     blk = p.find(L.BLCK)[0]
     for exps, sms in (([32, 15], [0, 0, 0, 0]), ([15, 255], [0, 0, 0, 0]), ([15, 15], [0, 0, 0x08, 0]),
                       ([15, 15], [0, 0, 0, 0xFF])):
-        f = reassemble(p, replace(p, lambda r: r is blk, blck_payload(0, 0, 4, [], _raw(exps, sms))))
+        f = assemble(p, replace(p, lambda r: r is blk, blck_payload(0, 0, 4, [], _raw(exps, sms))))
         expect(CorruptError, reader, f, None)
 
 
@@ -1015,7 +1002,7 @@ def test_base_needing_block_in_tensor_without_base(small_file, reader):
     ki = [r.name for r in p.recs if r.type == L.TENS].index("k")
     kb = blocks_of(p, "k")[0]
     for payload in (blck_payload(ki, 0, 0, [], []), blck_payload(ki, 0, 1, [], _raw(bytes(4)))):
-        f = reassemble(p, replace(p, lambda r: r is kb, payload))
+        f = assemble(p, replace(p, lambda r: r is kb, payload))
         expect(CorruptError, reader, f, base)
 
 
@@ -1036,13 +1023,13 @@ def test_corrupt_tens_records(small_file, reader):
         "block_elems 0": tens_payload("k", 3, [4], 0, 0),
     }
     for what, payload in cases.items():
-        f = reassemble(p, replace(p, lambda r: r is rec, payload))
+        f = assemble(p, replace(p, lambda r: r is rec, payload))
         got = outcome(reader, f, base)
         allowed = {CorruptError, LimitError} if what == "block_elems 0" else {CorruptError}
         assert isinstance(got, ArcError) and type(got) in allowed, f"{what}: {got!r}"
     # Two tensors with the same name: "k" renamed to "w" (the index says so too).
     k_hash = records.parse_tensor(rec.payload, "t").target_hash
-    f = reassemble(p, replace(p, lambda r: r is rec, tens_payload("w", 3, [4], 4, 0, target_hash=k_hash), name="w"))
+    f = assemble(p, replace(p, lambda r: r is rec, tens_payload("w", 3, [4], 4, 0, target_hash=k_hash), name="w"))
     expect(CorruptError, reader, f, base)
 
 
@@ -1065,7 +1052,7 @@ def test_verification_failure_never_returns_wrong_data(small_file, reader):
 def test_target_digest_mismatch(small_file, reader):
     base, _, d = small_file
     p = parse_file(d)
-    f = reassemble(p, target_digest=bytes(16))
+    f = assemble(p, target_digest=bytes(16))
     expect(VerificationError, reader, f, base)
 
 
@@ -1083,7 +1070,7 @@ def test_index_inconsistent_with_records(small_file):
                                       [records.BlockRef(b.offset, b.size, b.checksum, b.encoding) for b in e.blocks])
                    for e in idx.entries]
         mutate(entries)
-        return reassemble(p, index_payload=records.build_index(records.Index(idx.base_digest, idx.target_digest,
+        return assemble(p, index_payload=records.build_index(records.Index(idx.base_digest, idx.target_digest,
                                                                               entries, list(idx.others))))
 
     def set_(path, value):
@@ -1121,7 +1108,7 @@ def test_index_inconsistent_with_records(small_file):
     # Body not consumed exactly / columns running past the body.
     raw_body = index_body(good)
     for body in (raw_body + b"\x00", raw_body[:-1], raw_body[:40], raw_body[:36]):
-        f = reassemble(p, index_payload=_index_payload(0, len(body), body))
+        f = assemble(p, index_payload=_index_payload(0, len(body), body))
         expect(CorruptError, ra, f, base)
         expect(CorruptError, sr, f, base)
 

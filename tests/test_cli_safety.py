@@ -91,6 +91,7 @@ def _same_file_cases(models, work):
     }
 
 
+@pytest.mark.slow  # about 10 s: 21 runs of the command
 def test_encode_refuses_an_output_that_is_an_input_even_with_force(models, tmp_path, snapshot):
     for what, (base, target, out) in _same_file_cases(models, tmp_path).items():
         for force in ((), ("--force",)):

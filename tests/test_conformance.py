@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
@@ -26,6 +28,7 @@ def test_every_decoder_rule_has_a_vector():
     assert main(["rules"]) == 0
 
 
+@pytest.mark.slow  # about 25 s
 def test_independent_decoder_passes_every_vector():
     """The second decoder, written from SPEC.md alone, rebuilds and refuses exactly as the vectors say."""
     from conformance.runner import main

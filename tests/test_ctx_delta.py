@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import arcfmt
-from arcfmt import ctx_delta as ctx
+from arcfmt import twins
+from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.dtypes import BF16
 from arcfmt.errors import CorruptError
-from conftest import BY_NAME, assert_bit_exact, bits_of, from_bits, make_pair, random_values, stream_decode
+from support.data import BY_NAME, assert_bit_exact, bits_of, from_bits, make_pair, random_values, stream_decode
 from test_bad_input import READERS, _raw, _w_block_file, blck_payload, expect
 
 CTX_NAMES = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"]
@@ -70,7 +71,7 @@ def test_class_index_matches_flatnonzero(m, density, seed):
     rng = np.random.default_rng(seed)
     mask = rng.random(m) < density
     members = np.flatnonzero(mask)
-    ix = ctx.ClassIndex(ctx._pack_words(mask), m=m)
+    ix = twins.ClassIndex(twins._pack_words(mask), m=m)
     assert ix.size == members.size
     if members.size:
         j = np.sort(rng.choice(members.size, size=min(members.size, 1 + members.size // 3), replace=False))
@@ -243,8 +244,9 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
     on, their largest possible allocations are added (bitmaps, counts, per-change arrays).
     """
     import tracemalloc
-    from arcfmt import codecs, kernels, transforms
-    if compiled and not kernels.ENABLED:
+    from arcfmt import backend, codecs, encodings
+    chosen = backend.compiled() if compiled else backend.twins()
+    if chosen is None:
         pytest.skip("numba not installed or ARCFMT_JIT=0")
     rng = np.random.default_rng(5)
     m = 1 << 20
@@ -254,25 +256,24 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
     small = (base & 0x7FFF) < (118 << 7)
     changed = rng.random(m) < np.where(small, 0.2, 0.01)
     target[changed] += np.uint16(1)
-    was = kernels.ENABLED
-    kernels.ENABLED = compiled
-    warm = transforms.encode_candidates(BF16, base[:4096], target[:4096], effort)[0]  # compiles the kernels
-    transforms.decode_block(BF16, warm.encoding, warm.params, warm.streams, 4096, base[:4096], np.empty(4096, np.uint16))
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        cands = transforms.encode_candidates(BF16, base, target, effort)
-        enc = cands[0]
-        for i, s in enumerate(enc.streams):
-            codecs.encode_smallest(s, "fast" if i in enc.dense else effort)
-        enc_peak = tracemalloc.get_traced_memory()[1]
-        out = np.empty_like(base)
-        tracemalloc.reset_peak()
-        transforms.decode_block(BF16, enc.encoding, enc.params, enc.streams, m, base, out)
-        dec_peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-        kernels.ENABLED = was
+    with backend.using(chosen):
+        warm = encodings.candidates(BF16, base[:4096], target[:4096], effort)[0]  # compiles the kernels
+        encodings.decode_block(BF16, warm.encoding, warm.params, warm.streams, 4096, base[:4096],
+                               np.empty(4096, np.uint16))
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            cands = encodings.candidates(BF16, base, target, effort)
+            enc = cands[0]
+            for i, s in enumerate(enc.streams):
+                codecs.encode_smallest(s, "fast" if i in enc.dense else effort)
+            enc_peak = tracemalloc.get_traced_memory()[1]
+            out = np.empty_like(base)
+            tracemalloc.reset_peak()
+            encodings.decode_block(BF16, enc.encoding, enc.params, enc.streams, m, base, out)
+            dec_peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
     if compiled:  # what the kernels allocate at most (arcfmt/kernels.py: ctx_encode, ctx_decode)
         classes = len(ctx.Params.unpack(enc.params).counts)
         c = int(changed.sum())
@@ -280,6 +281,6 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
         outputs = sum(len(s) for s in enc.streams)
         enc_peak += 17 * c + bitmaps + outputs  # class ids, class order, gaps; the streams it returns
         dec_peak += 8 * c + bitmaps              # ranks, turned into positions in place
-    assert enc.encoding == transforms.CTX_DELTA and np.array_equal(out, target)
+    assert enc.encoding == encodings.CTX_DELTA and np.array_equal(out, target)
     assert enc_peak <= 4 * base.nbytes, enc_peak / base.nbytes
     assert dec_peak <= 4 * base.nbytes, dec_peak / base.nbytes

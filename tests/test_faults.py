@@ -12,7 +12,7 @@
 - connection resets, 5xx answers and slow answers from a fault-injecting proxy: retried with bounded
   backoff; persistent or permanent errors end in ``TransportError`` after a bounded number of attempts.
 
-Processes are forked from a pre-imported zygote (tests/conftest_faults.py) so that each kill costs
+Processes are forked from a pre-imported zygote (tests/support/faults.py) so that each kill costs
 milliseconds, not an interpreter start. ``apply --in-place`` under SIGKILL is covered by
 tests/test_checkpoint.py; the follower's folder swap, which uses the same exchange, is covered here.
 """
@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 
-from conftest_faults import FaultProxy, act, s3_fs, s3_options
-from conftest_store import Remote, _unique, assert_folder, split, trajectory
+from support.faults import FaultProxy, act, s3_fs, s3_options
+from support.store import Remote, _unique, assert_folder, kinds, split, trajectory
 
 from arcfmt.errors import ChecksumError, CorruptError, TruncatedError
 from arcfmt.reader import DeltaReader
@@ -48,7 +48,6 @@ from arcfmt.store import names as N
 from arcfmt.store.follower import STATE_NAME
 from arcfmt.store.layout import Head, canonical
 
-pytest_plugins = ["conftest_store", "conftest_faults"]
 
 SHARDS = 2
 CHUNK = 512            # small range requests: a step of the test model takes a dozen of them
@@ -178,7 +177,8 @@ class Victim:
 
 # ================================================================================= killed publishers
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "moto", "local"])
+@pytest.mark.kill
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "moto", "local"))
 def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zygote, make_proxy, traj, other):
     """Shard 1 has published step s; shard 0 (the last, so the committer) is SIGKILLed at one point of
     its publish: at each of its requests, before the server sees it or after the server acted on it
@@ -283,7 +283,8 @@ def test_killed_publisher_never_exposes_a_half_step(kind, request, tmp_path, zyg
     assert_folder(late.into, want[late.step])
 
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "local"])
+@pytest.mark.kill
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "local"))
 def test_publisher_killed_while_saving_its_state_can_move_on(kind, request, tmp_path, zygote, traj):
     """``--state`` is saved after the commit. A one-shard publisher SIGKILLed anywhere in that save
     (its step is already committed) and restarted with the *next* step — a trainer that saw its step
@@ -358,7 +359,8 @@ def follower_points(names, local) -> list:
     return pts
 
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "local"])
+@pytest.mark.kill
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "local"))
 def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path, zygote, make_proxy, traj):
     """A follower applying step s is SIGKILLed at one point: at one of its range requests (S3, through
     the proxy), or before/after one of its spool writes, fsyncs, the folder exchange, the removal of
@@ -466,7 +468,7 @@ def _flip(data: bytes, offset: int) -> bytes:
     return bytes(b)
 
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "local"])
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "local"))
 def test_damaged_objects_are_detected_never_applied(kind, request, tmp_path, traj):
     """Step by step, one object of the new step is damaged in the store; the follower refuses the step
     with a typed error and keeps its folder; once the object is repaired the same follower applies the
@@ -603,6 +605,7 @@ def test_damaged_objects_are_detected_never_applied(kind, request, tmp_path, tra
     assert len(cases) == 8
 
 
+@pytest.mark.servers
 def test_bytes_corrupted_on_the_wire_are_refused_then_refetched(request, tmp_path, traj):
     """The proxy flips one byte of a range answer (SeaweedFS): the step is refused with ``checksum``;
     the next attempt fetches clean bytes and applies it (the bad chunk is not reused from the spool)."""
@@ -646,7 +649,7 @@ def _cli(args, env):
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
 
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "moto", "local"])
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "moto", "local"))
 def test_racing_cli_publishers_one_wins(kind, request, tmp_path, traj, other):
     """Two ``arcfmt publish`` processes publish different weights as step 0 of one stream. On S3 the proxy
     holds both claims (the descriptors' conditional PUTs) until both have arrived, so they really reach
@@ -657,7 +660,7 @@ def test_racing_cli_publishers_one_wins(kind, request, tmp_path, traj, other):
     proxy = None
     env = {}
     if st.remote:
-        import servers
+        from support import servers
 
         held, lock = [], threading.Lock()
         barrier = [threading.Barrier(2, timeout=60)]
@@ -721,7 +724,7 @@ def _fault_of(n: int):
             act("status", status=504), act("delay", seconds=0.2), None][n % 12]
 
 
-@pytest.mark.parametrize("kind", ["seaweedfs", "moto"])
+@pytest.mark.parametrize("kind", kinds("seaweedfs", "moto"))
 def test_transient_errors_are_retried(kind, request, tmp_path, traj):
     """Through the proxy, the first attempt of almost every request fails: 503, 500, a connection reset
     before the server sees it, a reset after the server acted on it (a lost answer to a conditional
@@ -765,6 +768,7 @@ def test_transient_errors_are_retried(kind, request, tmp_path, traj):
         assert Follower(st.url, tmp_path / "g", storage_options=st.so).sync()[-1].step == 2
 
 
+@pytest.mark.servers
 def test_slow_answers_time_out_and_are_retried(request, tmp_path, traj):
     """Answers slower than the client's read timeout are abandoned and retried; answers that are only
     slow are waited for."""
@@ -792,6 +796,7 @@ def test_slow_answers_time_out_and_are_retried(request, tmp_path, traj):
         assert took < 30
 
 
+@pytest.mark.servers
 def test_persistent_and_permanent_errors_end_after_bounded_backoff(request, tmp_path, traj):
     """A store that keeps answering 503 is given up after ``retries`` retries with capped, growing,
     jittered delays (``transport``); a 403 is not retried at all; a publisher whose uploads keep failing

@@ -1,6 +1,8 @@
-"""A short, seeded run of tools/fuzz.py and a hypothesis-driven build-then-corrupt property."""
+"""A short, seeded run of tools/fuzz.py, a hypothesis-driven build-then-corrupt property, and checks
+that the fuzzer's own oracles and hash re-chaining do what the long run relies on."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -11,11 +13,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import fuzz  # noqa: E402
 
+from arcfmt import ArcError, ChecksumError, Follower  # noqa: E402
 
 
 def test_short_fuzz_run(tmp_path):
     assert fuzz.main(["--cases", "400", "--chunk", "200", "--workers", "1", "--seed", "3",
                       "--out", str(tmp_path)]) == 0
+
+
+def test_short_fuzz_run_new_engines(tmp_path):
+    # about 300 cases of each: names, dims, layouts (apply to a new path and in place), store (publish,
+    # damage and re-chain, follow)
+    assert fuzz.main(["--cases", "1200", "--chunk", "1200", "--workers", "1", "--seed", "3",
+                      "--engines", "names,dims,layouts,store", "--out", str(tmp_path)]) == 0
 
 
 @settings(max_examples=150, deadline=None)
@@ -25,3 +35,88 @@ def test_build_then_corrupt(seed, engine, mseed):
     rng = np.random.default_rng(mseed)
     data = fuzz.mutate_struct(rng, good) if engine == "struct" else fuzz.mutate_bytes(rng, good)
     assert fuzz.check_delta(base, target, data, intact=data == good) is None
+
+
+def test_pick_engine_covers_every_engine():
+    seen = {fuzz.pick_engine(r) for r in np.linspace(0, 0.9999, 1000)}
+    assert seen == set(fuzz.ENGINE_NAMES)
+    assert {fuzz.pick_engine(r, ["store", "dims"]) for r in np.linspace(0, 0.9999, 100)} == {"store", "dims"}
+
+
+def test_name_oracle():
+    for good in fuzz.VALID_NAMES:
+        assert fuzz.name_ok(good), good
+    for bad in fuzz.BAD_NAMES + [b"x", None]:
+        assert not fuzz.name_ok(bad), bad
+    for raw in fuzz.BAD_NAME_BYTES:
+        assert not fuzz.name_bytes_ok(raw), raw
+
+
+def test_dims_oracle():
+    from arcfmt.errors import CorruptError, LimitError
+
+    assert fuzz.dims_expect([2 ** 20, 2 ** 20], 1 << 20, False) is None
+    assert fuzz.dims_expect([2 ** 20, 2 ** 20 + 1], 1 << 20, False) is LimitError
+    assert fuzz.dims_expect([0, 2 ** 32, 2 ** 32], 7, False) is LimitError   # a product that wraps 64 bits
+    assert fuzz.dims_expect([0, 2 ** 64 - 1], 7, False) is LimitError
+    assert fuzz.dims_expect([0, 2 ** 64], 7, False) is CorruptError          # a varint past 64 bits
+    assert fuzz.dims_expect([1] * 17, 7, False) is LimitError
+    assert fuzz.dims_expect([3], 0, False) is CorruptError
+    assert fuzz.dims_expect([2 ** 40], 1, False) is LimitError               # 2^40 blocks
+    assert fuzz._leb128(5, pad=2) == bytes([0x85, 0x80, 0x00])
+
+
+def _stream():
+    """The first seeded stream whose every data object has blocks (no empty shard, no empty tensor)."""
+    for seed in range(4, 100):
+        stream = fuzz.build_stream(np.random.default_rng(seed))
+        objs = stream["objects"]
+        if all(any(r.type == fuzz.mv.L.BLCK for r in fuzz.mv.split(objs[n]).recs) for n in objs if n.endswith(".arc")):
+            return stream
+    raise AssertionError("no seed gives a stream with blocks in every object")
+
+
+def test_rechained_data_object_reaches_the_deep_checks(tmp_path):
+    """A record changed in a data object, with tail hash, name, descriptor and manifest digests put
+    right up to the head: the follower must get past every hash of the chain and fail on the tensor."""
+    stream = _stream()
+    objs = dict(stream["objects"])
+    for name in [n for n in sorted(objs) if n.endswith(".arc")]:  # whichever the follower's plan reads
+        p = fuzz.mv.split(objs[name])
+        r = next(r for r in p.recs if r.type == fuzz.mv.L.BLCK)
+        pl = bytearray(r.payload)
+        pl[-1] ^= 0x10
+        r.payload = bytes(pl)
+        fuzz._replace_data(np.random.default_rng(len(name)), objs, name, fuzz.mv.assemble(p))
+    url = f"memory://fuzz-test-{os.getpid()}"
+    fuzz._put_stream(url, objs)
+    try:
+        Follower(url, into=tmp_path / "m", workers=1).sync()
+        raise AssertionError("a damaged block was accepted")
+    except ArcError as exc:
+        assert not isinstance(exc, ChecksumError), exc
+    finally:
+        fuzz._drop_stream(url)
+    assert fuzz.folder_problem(str(tmp_path / "m"), stream["published"], None) is None
+
+
+def test_folder_oracle_sees_a_wrong_tensor(tmp_path):
+    stream = _stream()
+    url = f"memory://fuzz-test-{os.getpid()}"
+    fuzz._put_stream(url, stream["objects"])
+    try:
+        Follower(url, into=tmp_path / "m", workers=1).sync()
+    finally:
+        fuzz._drop_stream(url)
+    into = str(tmp_path / "m")
+    assert fuzz.folder_problem(into, stream["published"], None, max(stream["steps"])) is None
+    with open(os.path.join(into, "arcfmt-stream.json")) as f:
+        state = json.load(f)
+    other = {s: t for s, t in stream["published"].items() if s != state["step"]}
+    wrong = {state["step"]: {k: np.asarray(v).copy() for k, v in stream["published"][state["step"]].items()}}
+    k = next(k for k, v in wrong[state["step"]].items() if np.asarray(v).nbytes)
+    u = wrong[state["step"]][k].reshape(-1).view(np.uint8)
+    u[0] ^= 1
+    assert "not what was published" in fuzz.folder_problem(into, {**other, **wrong}, None)
+    os.mkdir(os.path.join(tmp_path, ".arcfmt-tmp-1-deadbeef-m"))
+    assert "staging" in fuzz.folder_problem(into, stream["published"], None)

@@ -1,32 +1,41 @@
-"""The compiled ctx-delta kernels (arcfmt/kernels.py) against their numpy twins: same streams out of the
-encoder, same elements out of the decoder, same error for every corrupt stream."""
+"""The two ctx-delta backends, the compiled kernels (arcfmt/kernels.py) and their numpy twins
+(arcfmt/twins.py), against each other: same streams out of the encoder, same elements out of the
+decoder, same error for every corrupt stream; and the one selection between them (arcfmt/backend.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from arcfmt import ctx_delta as ctx, kernels
+from arcfmt import backend, twins
+from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.errors import CorruptError
-from conftest import BY_NAME, bits_of, random_values
+from support.data import BY_NAME, bits_of, random_values
 from test_ctx_delta import CTX_NAMES, _dtype
 
-pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="numba not installed or ARCFMT_JIT=0")
+kernels = backend.compiled()
+pytestmark = pytest.mark.skipif(kernels is None, reason="numba not installed or ARCFMT_JIT=0")
 
 
 def _both(fn):
     """``fn()`` with the kernels, then with the numpy twins; each result or the error it raised."""
     out = []
-    try:
-        for enabled in (True, False):
-            kernels.ENABLED = enabled
+    for chosen in (kernels, twins):
+        with backend.using(chosen):
             try:
                 out.append(("ok", fn()))
             except CorruptError as exc:
                 out.append(("error", str(exc)))
-    finally:
-        kernels.ENABLED = True
     return out
+
+
+def test_one_backend_is_selected_once():
+    """The selection is one object, made once: the compiled backend here (numba installed, ARCFMT_JIT
+    unset), the same module on every call; both backends define the whole interface."""
+    assert backend.selected() is kernels and backend.selected() is backend.selected()
+    names = ("changes", "exponent_counts", "class_cuts", "ctx_encode", "ctx_decode")
+    assert all(callable(getattr(kernels, n)) and callable(getattr(twins, n)) for n in names)
+    assert {kernels.NAME, twins.NAME} == set(backend.NAMES)
 
 
 def _block(name, m, changes, seed):
@@ -103,14 +112,14 @@ def test_corrupt_streams_fail_alike(seed, stream, flips):
 def test_select_matches_numpy(m, density, seed):
     rng = np.random.default_rng(seed)
     mask = rng.random(m) < density
-    ix = ctx.ClassIndex(ctx._pack_words(mask), m=m)
+    ix = twins.ClassIndex(twins._pack_words(mask), m=m)
     if not ix.size:
         return
     j = np.unique(rng.integers(0, ix.size, max(1, ix.size // 3)))
-    pop, cum = kernels.word_counts(ix.words)
+    pop, cum = kernels._word_counts(ix.words)
     assert np.array_equal(pop, ix.pop) and np.array_equal(cum, ix.cum)
     a = np.empty(j.size, np.int64)
-    kernels.select(ix.words, cum, pop, j, a)
+    kernels._select(ix.words, cum, pop, j, a)
     assert np.array_equal(a, ix.select(j)) and np.array_equal(a, np.flatnonzero(mask)[j])
 
 
@@ -119,30 +128,27 @@ def test_class_index_kernel_matches_numpy(name):
     dt, base, _, _ = _block(name, 4099, 1, 7)
     top = (1 << dt.exp_bits) - 1
     thresholds = [1, top // 3, top // 2, top]
-    b = ctx.class_indexes(dt, base, thresholds, range(len(thresholds) + 1))
-    words = kernels.class_words(base, dt.uint.type(ctx._MAG_MASK[dt.itemsize]),
-                                np.asarray([t << dt.mant_bits for t in thresholds], dt.uint),
-                                np.ones(len(thresholds) + 1, np.int64))
+    b = twins.class_indexes(dt, base, thresholds, range(len(thresholds) + 1))
+    words = kernels._class_words(base, dt.uint.type((1 << (8 * dt.itemsize - 1)) - 1),
+                                 np.asarray([t << dt.mant_bits for t in thresholds], dt.uint),
+                                 np.ones(len(thresholds) + 1, np.int64))
     assert sorted(b) == list(range(len(thresholds) + 1))
     for k in b:
-        pop, cum = kernels.word_counts(words[k])
+        pop, cum = kernels._word_counts(words[k])
         assert np.array_equal(words[k], b[k].words) and np.array_equal(cum, b[k].cum)
 
 
-def test_suite_passes_without_the_kernels():
-    """Where numba is missing (or ARCFMT_JIT=0), the numpy twins carry the ctx-delta tests and every
-    conformance vector on their own."""
+def test_arcfmt_jit_0_turns_the_kernels_off():
+    """ARCFMT_JIT=0 turns the kernels off, leaving the work to the numpy twins; .ci/run has a stage that
+    runs the ctx-delta tests and every conformance vector that way."""
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, ARCFMT_JIT="0")
-    check = subprocess.run([sys.executable, "-c", "import arcfmt.kernels as k; assert not k.ENABLED"], env=env, cwd=root)
+    check = subprocess.run([sys.executable, "-c", "from arcfmt import backend, twins; "
+                            "assert backend.selected() is twins and backend.compiled() is None"], env=env, cwd=root)
     assert check.returncode == 0
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        "tests/test_ctx_delta.py", "tests/test_conformance.py"],
-                       env=env, cwd=root, capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
 
 
 def test_kernels_work_where_numba_cannot_cache():
@@ -159,7 +165,8 @@ def refusing(*a, **k):
         raise RuntimeError("cannot cache function: no locator available")
     return real(*a, **k)
 numba.njit = refusing
-from arcfmt import ctx_delta as ctx, kernels
+from arcfmt import backend, kernels
+from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.dtypes import BF16
 base = np.arange(5000, dtype=np.uint16)
 target = base.copy(); target[::7] += 1
@@ -167,7 +174,7 @@ pos = np.flatnonzero(base != target)
 enc = ctx.encode(BF16, base, target, pos, thresholds=[3, 20])
 out = np.empty_like(base)
 ctx.decode(BF16, ctx.Params.unpack(enc.params), enc.streams, base.size, base, out)
-assert kernels.ENABLED and np.array_equal(out, target)
+assert backend.selected() is kernels and np.array_equal(out, target)
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -9,7 +9,7 @@
   ``limit`` error from every reader, never numpy's ``ValueError``.
 - No reader hands out a tensor before its hash matched (R-NO-UNVERIFIED-BYTES).
 
-Malformed files are made with the record surgery of ``conftest`` (``parse_file``, ``reassemble``).
+Malformed files are made with the record surgery of ``support.records`` (``parse_file``, ``assemble``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from arcfmt import layout as L, records
 from arcfmt.errors import ArcError, CorruptError, InputError, LimitError, VerificationError
 from arcfmt.integrity import model_digest
 
-from conftest import Rec, StreamReader, assert_bit_exact, parse_file, reassemble, stream_decode
+from support.data import StreamReader, assert_bit_exact, stream_decode
+from support.records import Rec, assemble, parse_file
 
 RESERVED = "__metadata__"
 
@@ -82,7 +83,7 @@ def with_tensor(p, *, payload_name: bytes | None = None, index_name: str | None 
     recs = list(p.recs)
     recs[i] = Rec(L.TENS, payload, rec.offset, name=rec.name if index_name is None else index_name)
     digest = model_digest([(raw, th.dtype.code, shape, th.target_hash)])
-    return reassemble(p, recs, target_digest=digest)
+    return assemble(p, recs, target_digest=digest)
 
 
 def empty_tensor_file():
@@ -214,7 +215,7 @@ def test_reserved_name_in_a_multi_tensor_file():
     recs = list(p.recs)
     recs[i] = Rec(L.TENS, L.build_tensor_payload(RESERVED.encode(), th.dtype.code, th.shape, th.block_elems, 0,
                                                  None, th.target_hash), name=RESERVED)
-    data = reassemble(p, recs)
+    data = assemble(p, recs)
     with pytest.raises(CorruptError):
         arcfmt.DeltaReader(data)
     got = []
@@ -299,7 +300,7 @@ def test_index_block_counts_that_wrap_are_corrupt(reader):
     fields = {k: v for k, v in fields.items() if not k.startswith("_")}
     fields["tens_block_counts"] = [int(c) + (1 << 63) for c in fields["tens_block_counts"]]
     raw = L.IndexBody.build(fields)
-    bad = reassemble(p, index_payload=bytes([0]) + L.varint_bytes(len(raw)) + raw)
+    bad = assemble(p, index_payload=bytes([0]) + L.varint_bytes(len(raw)) + raw)
     raises(CorruptError, reader, bad, base)
 
 
@@ -318,7 +319,7 @@ def test_no_reader_hands_out_a_tensor_before_its_hash_matched():
                                                  th.base_hash, th.target_hash ^ 1), name="b")
     heads = [records.parse_tensor(r.payload, "test") for r in recs if r.type == L.TENS]
     digest = model_digest([(h.name.encode(), h.dtype.code, h.shape, h.target_hash) for h in heads])
-    bad = reassemble(p, recs, target_digest=digest)  # the wrong hash is the file's only fault
+    bad = assemble(p, recs, target_digest=digest)  # the wrong hash is the file's only fault
     got = []
     with pytest.raises(VerificationError):
         for name, _ in StreamReader(io.BytesIO(bad), base):

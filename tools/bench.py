@@ -30,15 +30,20 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import arcfmt  # noqa: E402
+from arcfmt import encodings  # noqa: E402
+from arcfmt.dtypes import from_name  # noqa: E402
 from arcfmt.safetensors_io import open_checkpoint  # noqa: E402
 from arcfmt.writer import DeltaWriter  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = ("arc_v3", "arc_v2", "z4ai")
-ROLES = {"bf16-delta": ("positions", "steps", "exceptions", "values"),
-         "float-delta": ("positions", "steps", "exceptions", "values"),
-         "keyframe": ("exponents", "sign+mantissa"), "xor": ("xor-planes",) * 8,
-         "ctx-delta": ("positions:quotients", "positions:remainders", "steps:signs", "steps:magnitudes")}
+
+
+def stream_labels(encoding: str, dtype: str) -> tuple:
+    """The label of each stream of a block, from the encoding registry: its SPEC.md §8 name, prefixed by
+    the part of the block it codes where that differs (``positions:quotients``)."""
+    rs = encodings.by_name(encoding).stream_roles(from_name(dtype))
+    return tuple(r.name if r.part == r.name else f"{r.part}:{r.name}" for r in rs) or ("stream",)
 
 
 def load(path: str) -> dict:
@@ -88,7 +93,7 @@ def bench_arcfmt(files, repeat, effort, breakdown):
                 for blk in t.blocks:
                     pt["changed"] += blk.changed or 0
                     for i, (codec, stored, _) in enumerate(blk.streams):
-                        names = ROLES.get(blk.encoding, ("stream",) * 8)
+                        names = stream_labels(blk.encoding, t.dtype)
                         role = names[min(i, len(names) - 1)]
                         r = roles.setdefault(role, dict(bytes=0, codecs={}))
                         r["bytes"] += stored

@@ -1,6 +1,6 @@
 """Load: one publisher and 8 followers on a loopback object store, every step checked bit for bit.
 
-    python tools/load.py /tmp/t1                       # SeaweedFS on 127.0.0.1 (tests/servers.py), 50 steps
+    python tools/load.py /tmp/t1                       # SeaweedFS on 127.0.0.1 (tests/support/servers.py), 50 steps
     python tools/load.py /tmp/t1 --backend moto --steps 20 --json
 
 A trajectory folder (``step0000.safetensors`` ..., e.g. from ``../shared/corpus/corpus.py expand``) is
@@ -43,9 +43,9 @@ import time
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))   # tests/servers.py starts the servers
+import _paths  # noqa: E402, F401  (this checkout's arcfmt and tests/support)
 
-import servers  # noqa: E402
+from support import servers  # noqa: E402  (starts the local servers)
 
 servers.use_client_env()
 

@@ -14,129 +14,31 @@ import argparse
 import bz2 as _bz2
 import lzma as _lzma
 import hashlib
-import io
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
-import xxhash
 import zstandard
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
 
-from arcfmt import DeltaWriter, layout as L, records  # noqa: E402
+from arcfmt import layout as L, records  # noqa: E402
 from arcfmt.integrity import model_digest, record_checksum  # noqa: E402
 from arcfmt.safetensors_io import write_file  # noqa: E402
 from arcfmt.planes import bytes_for, from_planes, ungap  # noqa: E402
+# The record toolkit and data makers are tests/support's; the names stay importable from here
+# (``mv.split``, ``mv.assemble``, ``mv.BF16``, ``mv.write_delta``, ... for tools/fuzz.py).
+from support.data import BF16, write_delta  # noqa: E402, F401
+from support.records import (  # noqa: E402, F401
+    Parts, Rec, assemble, fix_trailer_checksum, raw_record, set_first_encoding, split, tens_payload, varint,
+)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance")
-BF16 = ml_dtypes.bfloat16
-
-
-# ------------------------------------------------------------------------------------ record toolkit
-
-@dataclass
-class Rec:
-    type: bytes
-    payload: bytes
-    name: str | None = None      # TENS: the tensor name
-    encoding: int | None = None  # BLCK: the encoding id
-    checksum: int | None = None  # set to force a (wrong) checksum field
-
-
-@dataclass
-class Parts:
-    header: bytes
-    recs: list                   # META first, then TENS/BLCK/others in file order (no INDX)
-    index: records.Index
-    index_payload: bytes
-    trailer: bytes
-
-
-def split(data: bytes) -> Parts:
-    pos = L.HEADER_SIZE
-    recs = []
-    while True:
-        head = records.parse_record_head(data[pos:pos + 16], pos)
-        payload = data[pos + 16: pos + 16 + head.length]
-        if head.type == L.INDX:
-            index = records.parse_index(payload, pos)
-            return Parts(data[:16], recs, index, payload, data[pos + 16 + head.length:])
-        rec = Rec(head.type, payload)
-        if head.type == L.TENS:
-            rec.name = records.parse_tensor(payload, "").name
-        elif head.type == L.BLCK:
-            rec.encoding = L.BlockPayload.parse(payload, param_count=lambda e, h: 0, stream_count=lambda e, p: 0).encoding
-        recs.append(rec)
-        pos += 16 + head.length
-
-
-def set_first_encoding(p: Parts, encoding: int) -> None:
-    """Overwrite the encoding byte of the first BLCK record (tensor and block ordinals are one byte each)."""
-    i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-    pl = bytearray(p.recs[i].payload)
-    pl[2] = encoding
-    p.recs[i].payload = bytes(pl)
-    p.recs[i].encoding = encoding
-
-
-def raw_record(rtype: bytes, payload: bytes, checksum=None) -> bytes:
-    head8 = rtype + len(payload).to_bytes(4, "little")
-    ck = record_checksum(head8, payload) if checksum is None else checksum
-    return head8 + ck.to_bytes(8, "little") + payload
-
-
-def assemble(p: Parts, index_fn=None, index_payload: bytes | None = None, trailer_fn=None,
-             header: bytes | None = None) -> bytes:
-    """Write the records back with fresh offsets and checksums, a matching index and trailer."""
-    out = bytearray(header if header is not None else p.header)
-    entries, others = [], []
-    for r in p.recs:
-        off = len(out)
-        rec = raw_record(r.type, r.payload, r.checksum)
-        out += rec
-        ck = int.from_bytes(rec[8:16], "little")
-        if r.type == L.TENS:
-            entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
-        elif r.type == L.BLCK and entries:
-            entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, r.encoding))
-        elif r.type != L.META or off != L.HEADER_SIZE:
-            others.append(records.OtherRecord(off, len(rec), r.type))
-    index = records.Index(p.index.base_digest, p.index.target_digest, entries, others)
-    if index_fn is not None:
-        index_fn(index)
-    ioff = len(out)
-    payload = index_payload if index_payload is not None else records.build_index(index)
-    rec = raw_record(L.INDX, payload)
-    out += rec
-    trailer = bytearray(records.build_trailer(ioff, len(rec)))
-    if trailer_fn is not None:
-        trailer_fn(trailer)
-    out += trailer
-    return bytes(out)
-
-
-def fix_trailer_checksum(t: bytearray) -> None:
-    t[24:32] = xxhash.xxh3_64_intdigest(bytes(t[:24])).to_bytes(8, "little")
-
-
-def varint(n: int) -> bytes:
-    return L.VarInt.build(n)
-
-
-def tens_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash=None, target_hash=0,
-                 ndim=None) -> bytes:
-    out = varint(len(name)) + name + bytes([dtype, len(dims) if ndim is None else ndim])
-    out += b"".join(varint(d) for d in dims) + varint(block_elems) + bytes([flags])
-    if flags & 1:
-        out += struct.pack("<Q", base_hash)
-    return out + struct.pack("<Q", target_hash)
 
 
 # ------------------------------------------------------------------------------------ data
@@ -159,16 +61,6 @@ def rl_step(seed, shape, density=0.05, exc=0.1):
     special = idx[r.random(idx.size) < exc]
     u[special] ^= 0x8000
     return base, u.view(BF16).reshape(shape)
-
-
-def write_delta(base, target, **kw) -> bytes:
-    buf = io.BytesIO()
-    opts = dict(block_elems=kw.pop("block_elems", 1 << 20), base_step=kw.pop("base_step", 1),
-                target_step=kw.pop("target_step", 2), effort=kw.pop("effort", "fast"))
-    keyframe = kw.pop("keyframe", False)
-    with DeltaWriter(buf, workers=1, **opts, **kw) as w:
-        w.write_tensors(((n, None if base is None else base.get(n), t) for n, t in target.items()), keyframe=keyframe)
-    return buf.getvalue()
 
 
 # ------------------------------------------------------------------------------------ the suite
@@ -279,7 +171,7 @@ CTX_TYPES = (("bf16", BF16), ("f16", np.float16), ("f32", np.float32), ("f8_e4m3
 def ctx_case(seed, dt, m=4096, specials=True):
     """RL-like data: small weights change often and by several steps, large ones rarely by one; plus
     sign flips, zero crossings and special values, which ctx-delta carries as ordinary steps."""
-    from arcfmt.ctx_delta import ordered, unordered
+    from arcfmt.encodings.ctx_delta import ordered, unordered
     from arcfmt.dtypes import from_numpy
     r = rng(seed)
     adt = from_numpy(np.dtype(dt))
@@ -303,7 +195,8 @@ def ctx_case(seed, dt, m=4096, specials=True):
 
 def ctx_custom(base, target, thresholds, codec="raw", block_elems=None) -> bytes:
     """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds."""
-    from arcfmt import ctx_delta as ctx, transforms
+    from arcfmt import encodings
+    from arcfmt.encodings import ctx_delta as ctx
     from arcfmt.dtypes import from_numpy
     d = write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta", force_codec=codec,
                     block_elems=block_elems or max(1, base.size))
@@ -319,7 +212,7 @@ def ctx_custom(base, target, thresholds, codec="raw", block_elems=None) -> bytes
         b, t = bu[k * be:(k + 1) * be], tu[k * be:(k + 1) * be]
         pos = np.flatnonzero(b != t)
         enc = ctx.encode(adt, b, t, pos, thresholds=thresholds)
-        blk = transforms.EncodedBlock(transforms.CTX_DELTA, enc.params, enc.streams, pos.size)
+        blk = encodings.EncodedBlock(encodings.CTX_DELTA, enc.params, enc.streams, pos.size)
         rec.payload = records.build_block(0, k, blk, [(0, bytes(x)) for x in enc.streams])
         k += 1
     return assemble(p)
@@ -1054,7 +947,7 @@ def stream_objects():
 
 def ctx_reject_vectors():
     V = []
-    from arcfmt import ctx_delta as ctx
+    from arcfmt.encodings import ctx_delta as ctx
     b, t = ctx_case(60, BF16, m=2000, specials=False)
     base = {"x": b}
     cfile = ctx_custom(b, t, [112, 116, 119])

@@ -1,6 +1,6 @@
 """Delta streams over object storage, measured: bytes a follower downloads, requests, end-to-end time.
 
-    python tools/stream_bench.py /tmp/t3                      # SeaweedFS on 127.0.0.1 (tests/servers.py)
+    python tools/stream_bench.py /tmp/t3                      # SeaweedFS on 127.0.0.1 (tests/support/servers.py)
     python tools/stream_bench.py /tmp/t3 --backend moto --steps 10 --shards 4 --json
 
 A trajectory folder (``step0000.safetensors`` …, e.g. from ``../shared/corpus/corpus.py expand``) is
@@ -24,9 +24,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))   # tests/servers.py starts the servers
+import _paths  # noqa: E402, F401  (this checkout's arcfmt and tests/support)
 
-import servers  # noqa: E402
+from support import servers  # noqa: E402  (starts the local servers)
 
 servers.use_client_env()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from .. import layout as FL, pipeline, records, transforms
+from .. import layout as FL, pipeline, records
 from ..checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json, write_new_file
 from ..errors import (
     ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError, WrongBaseError,
@@ -373,9 +373,7 @@ class Follower:
         try:
             for _ in pipeline.run(self._items(plans, bases), sink, workers=self.workers):
                 pass
-            changed = [e.name for p in plans for e in p.wanted
-                       if not p.reader.header(e.name).needs_base
-                       or any(b.encoding != transforms.UNCHANGED for b in e.blocks)]
+            changed = [e.name for p in plans for e in p.wanted if p.reader.changes(e.name)]
             count = sum(len(p.wanted) for p in plans)
             self._finish(m, plans, layouts, stage, state)
         except BaseException:

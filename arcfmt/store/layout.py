@@ -28,10 +28,8 @@ DESCRIPTOR_FORMAT = "arcfmt-stream-shard"
 MAX_HEAD_BYTES = 4096
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_DESCRIPTOR_BYTES = 64 << 20
-MAX_TENSORS = 1 << 20                # per shard, as in the file format
+MAX_TENSORS = FL.MAX_TENSORS         # per shard, as in the file format
 MAX_OBJECT_BYTES = (1 << 63) - 1
-MIN_FILE_BYTES = 108                 # SPEC.md §11: header + META + INDX header + trailer
-HEADER_META_BYTES = 52               # header (16) + META record (36)
 MIN_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.TRAILER_SIZE                          # 56: an empty INDX + trailer
 MAX_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.MAX_RECORD_PAYLOAD + FL.TRAILER_SIZE  # the largest INDX + trailer
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")
@@ -180,12 +178,12 @@ def _parse_object(obj, kind, step, shard, num_shards, where) -> ObjectRef:
     if not isinstance(obj, dict):
         raise CorruptError(f"{where}: must be a JSON object")
     f = _Fields(obj, where)
-    size = f.int("size", MIN_FILE_BYTES, MAX_OBJECT_BYTES)
+    size = f.int("size", FL.MIN_FILE_SIZE, MAX_OBJECT_BYTES)
     digest = f.hex32("xxh3_128")
     name = N.check_object_name(f.get("name", str), step, shard, num_shards, kind, digest, where)
-    index_offset = f.int("index_offset", HEADER_META_BYTES, size - MIN_TAIL_BYTES)
+    index_offset = f.int("index_offset", FL.FIRST_RECORD_OFFSET, size - MIN_TAIL_BYTES)
     if size - index_offset > MAX_TAIL_BYTES:
-        # the tail is one INDX record (at most 16 + MAX_RECORD_PAYLOAD bytes, SPEC.md §14) and the trailer:
+        # the tail is one INDX record (a record header and at most MAX_RECORD_PAYLOAD bytes, SPEC.md §14) and the trailer:
         # a follower reads it whole, so a larger one is refused before any request is planned
         raise LimitError(f"{where}: its index and trailer would be {size - index_offset} bytes "
                          f"(size {size} - index_offset {index_offset}), more than {MAX_TAIL_BYTES}")
@@ -278,9 +276,9 @@ def parse_descriptor(data, where: str) -> Descriptor:
         seen.add(name)
         if dt not in dtypes.BY_NAME:
             raise CorruptError(f"{w}: unknown dtype {dt!r}")
-        if len(shape) > 16 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63
-                                      for d in shape):
-            raise CorruptError(f"{w}: shape must be at most 16 non-negative integers")
+        if len(shape) > FL.MAX_DIMS or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63
+                                               for d in shape):
+            raise CorruptError(f"{w}: shape must be at most {FL.MAX_DIMS} non-negative integers")
         if not _HEX16.match(h):
             raise CorruptError(f"{w}: hash must be 16 lower-case hex digits")
         tensors.append((name, dt, tuple(shape), h))

@@ -1,7 +1,8 @@
-"""Fixtures and helpers for the stream tests (``tests/test_store_*.py``, loaded with ``pytest_plugins``).
+"""Fixtures and helpers for the stream tests (``tests/test_store_*.py``, ``test_faults.py``, ``test_wire.py``;
+a pytest plugin, loaded by ``tests/conftest.py``).
 
 - Real object stores on 127.0.0.1, one per kind, started once per session on first use and stopped
-  by PID at the end (tests/servers.py); a test that needs one whose package is not installed is
+  by PID at the end (``support.servers``); a test that needs one whose package is not installed is
   skipped with the reason. ``.ci/run`` installs them, so CI runs every test.
 - Seeded RL-like trajectories (BF16 weights, ~1 % of values move by one ulp per step, FP32 norms),
   split into trainer shards; no dependency on ../shared.
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import uuid
 
-import servers
+from support import servers
 
 # Before any client library is imported (SPEC.md Part II / README: S3-compatible servers and emulators).
 servers.use_client_env()
@@ -32,6 +33,12 @@ MLP = "model.layers.*.mlp.*"
 
 
 # ------------------------------------------------------------------------------------ servers
+
+def kinds(*names: str) -> list:
+    """Values for a test's ``kind`` parameter: a server kind is marked ``servers`` (so ``-m "not slow"``
+    leaves it out), others ("local", "memory") are not."""
+    return [pytest.param(k, marks=pytest.mark.servers) if k in SERVER_KINDS else k for k in names]
+
 
 def _server_fixture(kind):
     @pytest.fixture(scope="session")
@@ -76,14 +83,14 @@ class Remote:
         return f"Remote({self.kind}, {self.url})"
 
 
-@pytest.fixture(params=SERVER_KINDS)
+@pytest.fixture(params=kinds(*SERVER_KINDS))
 def remote(request):
     """A fresh prefix on each real server kind (SeaweedFS, moto, fake-gcs-server)."""
     srv = request.getfixturevalue(f"{request.param.replace('-', '_')}_server")
     return Remote(srv, _unique(request))
 
 
-@pytest.fixture(params=S3_KINDS)
+@pytest.fixture(params=kinds(*S3_KINDS))
 def s3_remote(request):
     srv = request.getfixturevalue(f"{request.param}_server")
     return Remote(srv, _unique(request))

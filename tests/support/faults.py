@@ -1,5 +1,6 @@
-"""Fault injection for tests/test_faults.py (loaded with ``pytest_plugins``): a fault-injecting HTTP proxy
-and a fork server for processes that are killed with SIGKILL.
+"""Fault injection for tests/test_faults.py and tests/test_wire.py (a pytest plugin, loaded by
+``tests/conftest.py``): a fault-injecting HTTP proxy and a fork server for processes that are killed
+with SIGKILL.
 
 - :class:`FaultProxy` — a thread-based HTTP/1.1 proxy on 127.0.0.1 in front of a real S3 server. A
   ``rule(request)`` decides, request by request, to pass it, answer an S3-style 5xx, reset the
@@ -15,7 +16,8 @@ and a fork server for processes that are killed with SIGKILL.
   can also be armed to SIGKILL itself at its n-th "kill point" (before and after each call of a
   set of functions with side effects: fsync, rename, link, the folder exchange, local reads).
 
-Run as a script (``python tests/conftest_faults.py zygote``) it is the zygote.
+Run as ``python -m support.faults zygote`` (``tests/`` and the repository root on ``PYTHONPATH``, as
+:class:`Zygote` starts it) it is the zygote.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: where ``support`` is found
 
 # ===================================================================================== the proxy
 
@@ -403,7 +405,7 @@ class FaultProxy:
 
 def s3_options(endpoint: str, *, read_timeout: float | None = None) -> dict:
     """fsspec storage options for an S3 client of ``endpoint`` (a proxy or a server)."""
-    import servers
+    from support import servers
 
     so = {"key": servers.ACCESS_KEY, "secret": servers.SECRET_KEY, "client_kwargs": {"endpoint_url": endpoint}}
     if read_timeout is not None:
@@ -466,8 +468,8 @@ class Zygote:
     def __init__(self, workdir: str):
         self.workdir = workdir
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-            [HERE, os.path.dirname(HERE)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "conftest_faults.py"), "zygote"],
+            [TESTS, os.path.dirname(TESTS)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+        self.proc = subprocess.Popen([sys.executable, "-m", "support.faults", "zygote"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
                                      cwd=workdir, start_new_session=True)
         self._lock = threading.Lock()
@@ -687,6 +689,6 @@ def _zygote_main() -> None:  # pragma: no cover - runs in the child process
 
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1:] == ["zygote"]:
-        import servers
+        from support import servers
         servers.use_client_env()
         _zygote_main()

@@ -6,7 +6,9 @@ library: the tests drive s3fs and gcsfs against these processes over HTTP.
 
 Usable on its own for manual runs::
 
-    python tests/servers.py seaweedfs      # prints the endpoint, Ctrl-C to stop
+    python tests/support/servers.py seaweedfs      # prints the endpoint, Ctrl-C to stop
+
+(it imports nothing from ``support``, so it runs as a script; the tests import it as ``support.servers``).
 """
 from __future__ import annotations
 

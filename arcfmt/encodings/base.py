@@ -1,0 +1,141 @@
+"""What an encoding is (SPEC.md §8): the interface every block encoding implements.
+
+An encoding turns one block of ``m`` elements — viewed as unsigned ``W``-byte integers, the target and
+(if it needs one) the base — into params and uncompressed byte streams, and back. Everything the
+container needs to know about it is here: its id and name, the dtypes it is defined for, whether it
+needs a base, how many params it has and whether they are valid, how many streams it has and their
+decoded lengths, what each stream holds (its role), and how many elements a block changes. The
+container layer (records, reader, writer, pipeline) asks the registry (:mod:`.registry`) for the
+encoding of an id and calls these methods; it knows no encoding by itself.
+
+Pure: no I/O and no container knowledge.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar
+
+import numpy as np
+
+from .. import backend
+from ..dtypes import DType
+from ..errors import UnsupportedError
+
+
+@dataclass
+class EncodedBlock:
+    """One block, encoded: what the writer compresses and frames (SPEC.md §8 BLCK fields)."""
+    encoding: int
+    params: list
+    streams: list  # uncompressed bytes-like, one per stream
+    changed: int   # changed elements (informational; equals params[0] for the delta encodings)
+    dense: tuple = ()  # indices of streams that are already entropy-coded: fast codec trials only
+
+
+@dataclass(frozen=True)
+class StreamRole:
+    """What one stream of an encoding holds: its SPEC.md §8 ``name`` and the ``part`` of the block it
+    codes (positions, steps, values, ...), for summaries such as ``arcfmt report`` and tools/bench.py."""
+    name: str
+    part: str
+
+
+class Block:
+    """One block to encode: the encoder's view, shared by every encoding tried on it.
+
+    ``positions`` (the changed elements, int64, increasing) is computed once, on first use, by the
+    backend (:mod:`arcfmt.backend`).
+    """
+
+    def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray, effort="default"):
+        self.dt, self.base, self.target, self.effort = dt, base, target, effort
+
+    @cached_property
+    def positions(self) -> np.ndarray:
+        return backend.selected().changes(self.base, self.target)
+
+    @property
+    def m(self) -> int:
+        return self.target.size
+
+
+class Encoding(ABC):
+    """A block encoding of SPEC.md §8. Subclass it, set the class attributes, and register an instance
+    with :func:`arcfmt.encodings.register` (or the ``@register`` decorator on the class).
+
+    Reading a block: :meth:`defined_for` (from ``dtypes``), :meth:`param_count` (from ``param_names``),
+    :meth:`stream_lengths` (checks the params) and :meth:`decode`.
+    Describing it: :meth:`changed`, :meth:`stream_roles`.
+    Writing it: :meth:`encode` (one given block, e.g. ``force_encoding``) and :meth:`propose` (whether
+    the writer should try it on a block, and the candidate; an encoding that never proposes is only
+    used when forced). ``stream_lengths``, ``decode`` and ``encode`` are abstract.
+    """
+
+    id: ClassVar[int]             # the u8 of the BLCK record and the index's blk_encodings (§8, §10)
+    name: ClassVar[str]           # its SPEC.md name (what inspect, reports and force_encoding use)
+    needs_base: ClassVar[bool] = True   # decoding reads the base (§7: not allowed without NEEDS_BASE)
+    keeps_base: ClassVar[bool] = False  # the target is the base itself: decoding in place has nothing to do
+    dtypes: ClassVar[frozenset | None] = None  # dtype names it is defined for; None: all
+    param_names: ClassVar[tuple] = ()  # its fixed params, in order (their number is the param count)
+    trial_rank: ClassVar[int] = 100  # encoder: order in which candidates are tried (ties go to the first)
+
+    # -- reading
+
+    def defined_for(self, dt: DType) -> bool:
+        return self.dtypes is None or dt.name in self.dtypes
+
+    def check_dtype(self, dt: DType) -> None:
+        """UnsupportedError unless the encoding is defined for ``dt`` (SPEC.md §8 check 1)."""
+        if not self.defined_for(dt):
+            raise UnsupportedError(f"encoding {self.name} used for dtype {dt.name}")
+
+    def param_count(self, head) -> int:
+        """How many params the block has, given the ones read so far (``head``): fixed by default; an
+        encoding whose count depends on a first param reads it from ``head`` (and checks it)."""
+        return len(self.param_names)
+
+    @abstractmethod
+    def stream_lengths(self, dt: DType, params, m: int) -> list:
+        """Check the params (CorruptError) and return the decoded length of every stream of a block of
+        ``m`` elements; their number is the stream count (SPEC.md §8: neither is stored)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def decode(self, dt: DType, params, streams, m: int, base: np.ndarray | None, out: np.ndarray) -> None:
+        """Write the block's target into ``out`` (which may be ``base`` itself, for in-place updates),
+        making the encoding's own checks (CorruptError) before any element is written to ``base``.
+        ``streams`` are the decoded streams, of exactly the lengths :meth:`stream_lengths` gave;
+        ``base`` is None when the encoding does not need one."""
+        raise NotImplementedError
+
+    # -- describing
+
+    def changed(self, params) -> int | None:
+        """Changed elements of a block, from its params alone; None when they do not say."""
+        return None
+
+    def stream_roles(self, dt: DType) -> tuple:
+        """A :class:`StreamRole` for every stream a block of this dtype has (SPEC.md §8 names)."""
+        return ()
+
+    # Optional: ``changed_in_streams(dt, streams) -> int``, the changed elements of a block counted from
+    # its decoded streams alone, for encodings whose params do not say but whose streams do (xor).
+    changed_in_streams = None
+
+    # -- writing
+
+    @abstractmethod
+    def encode(self, block: Block) -> EncodedBlock | None:
+        """This encoding of ``block``; None when it cannot code it because nothing changed (the
+        writer then writes the block as ``unchanged``). InputError when it cannot code it at all."""
+        raise NotImplementedError
+
+    def propose(self, block: Block, tried: list) -> EncodedBlock | None:
+        """The candidate the writer should try for ``block``, or None to skip it. ``tried``: the
+        candidates of the encodings of lower ``trial_rank`` so far. Default: never (forced use only)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<encoding {self.id} {self.name}>"

@@ -1,0 +1,254 @@
+"""``ctx-delta`` (SPEC.md §8.6): change positions coded per context class of the base.
+
+Why: in RL fine-tuning a weight changes with probability of roughly ``lr / ulp(weight)``, so the exponent
+of the base value, which the receiver already holds, predicts where the changes are. Positions are
+Rice-coded gaps within each exponent class; steps are differences of order-preserving integers (so
+crossing a binade or zero is an ordinary step, never an exception), stored as a sign bit and a
+magnitude. Pure: arrays in, byte streams out.
+
+The per-element work (changed positions, the exponent histogram and class DP, a whole block's
+encoding and decoding) is done by the backend (:mod:`arcfmt.backend`): numba kernels or their numpy
+twins, chosen once; this module holds the format (params, their checks, stream lengths, the
+order-preserving integers) and the encoder's choices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import backend
+from ..dtypes import DType
+from ..errors import CorruptError
+from .base import Block, EncodedBlock, Encoding, StreamRole
+from .registry import register
+
+MAX_CLASSES = 16      # K
+MAX_RICE = 24         # Rice parameter of a class
+DTYPES = frozenset({"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})
+# Encoder tuning (not part of the format).
+CLASS_LIMITS = {"fast": 1, "default": 4, "max": 8}  # classes the encoder may use, per effort level
+_CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
+_MIN_CHANGES_FOR_CLASSES = 64
+_CHUNK = 1 << 16
+_HIST_STRIDE = 8          # blocks of at least _CHUNK elements: the exponent histogram samples every 8th
+
+
+def defined_for(dt: DType) -> bool:
+    return dt.name in DTYPES
+
+
+@dataclass
+class Params:
+    thresholds: list   # K-1 exponent-field thresholds, strictly increasing
+    counts: list       # K changed counts, one per class
+    rice: list         # K Rice parameters
+    qbits: int         # bits in the quotient stream
+    mag_width: int     # bytes per magnitude
+
+    @property
+    def classes(self) -> int:
+        return len(self.counts)
+
+    @property
+    def changed(self) -> int:
+        return sum(self.counts)
+
+    def pack(self) -> list:
+        return [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
+
+    @classmethod
+    def unpack(cls, p) -> "Params":
+        k = p[0]
+        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1])
+
+
+def param_count(head) -> int:
+    """Params are ``K``, then ``3K + 1`` more; ``K`` is checked as soon as it is read."""
+    if not head:
+        return 1
+    k = head[0]
+    if not 1 <= k <= MAX_CLASSES:
+        raise CorruptError(f"ctx-delta class count {k} outside 1..{MAX_CLASSES}")
+    return 3 * k + 2
+
+
+def stream_lengths(dt: DType, p: Params, m: int) -> list:
+    """Check the params (SPEC.md §8.6) and return the decoded length of each of the 4 streams."""
+    top = (1 << dt.exp_bits) - 1
+    prev = 0
+    for t in p.thresholds:
+        if not prev < t <= top:
+            raise CorruptError(f"ctx-delta thresholds {p.thresholds} not strictly increasing within 1..{top}")
+        prev = t
+    c = p.changed
+    if not 1 <= c <= m:
+        raise CorruptError(f"ctx-delta changed count {c} outside 1..{m}")
+    if any(r > MAX_RICE for r in p.rice):
+        raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
+    if not c <= p.qbits <= m:
+        raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
+    if not 1 <= p.mag_width <= dt.itemsize:
+        raise CorruptError(f"ctx-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
+    rbits = sum(ck * r for ck, r in zip(p.counts, p.rice))
+    return [(p.qbits + 7) // 8, (rbits + 7) // 8, (c + 7) // 8, c * p.mag_width]
+
+
+# ----------------------------------------------------------------------------------------- shared
+
+def _bits(dt: DType) -> int:
+    return 8 * dt.itemsize
+
+
+def ordered(dt: DType, u: np.ndarray) -> np.ndarray:
+    """Order-preserving integer of each bit pattern: ``u`` if the sign is clear, else ``2^(B-1)-1-u``."""
+    half = 1 << (_bits(dt) - 1)
+    v = u.astype(np.int64)
+    return np.where(v >= half, (half - 1) - v, v)
+
+
+def unordered(dt: DType, v: np.ndarray) -> np.ndarray:
+    half = 1 << (_bits(dt) - 1)
+    return np.where(v >= 0, v, (half - 1) - v).astype(dt.uint)
+
+
+def class_bounds(dt: DType, thresholds) -> list:
+    """``(lo, hi)`` bounds on the magnitude bits ``u AND (2^(B-1)-1)`` of each class (hi None: no bound)."""
+    edges = [t << dt.mant_bits for t in thresholds]
+    return list(zip([0] + edges, edges + [None]))
+
+
+def magnitude_bits(dt: DType, base: np.ndarray) -> np.ndarray:
+    return base & dt.uint.type((1 << (_bits(dt) - 1)) - 1)
+
+
+def exponent_field(dt: DType, u: np.ndarray) -> np.ndarray:
+    return (u >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+
+
+def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
+    """Where each change's magnitude is stored: changes sorted by their base's exponent field, stably.
+
+    Why: the size of a step in ulps scales with 1/ulp, so grouping by exponent hands the codec runs of
+    like-sized magnitudes.
+    """
+    return np.argsort(exponent_field(dt, b), kind="stable")
+
+
+# ----------------------------------------------------------------------------------------- encode
+
+def changed_positions(base: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Indices of the elements that differ (int64, increasing)."""
+    return backend.selected().changes(base, target)
+
+
+def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int = 4) -> list:
+    """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges
+    of the exponent histogram (sampled on large blocks)."""
+    if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
+        return []
+    be = backend.selected()
+    stride = _HIST_STRIDE if base.size >= _CHUNK else 1
+    ne, ce = be.exponent_counts(dt, base[::stride], base[positions])
+    ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
+    return be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
+
+
+@dataclass
+class Encoded:
+    params: list
+    streams: list
+
+
+def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
+           thresholds=None, max_classes: int = 4) -> Encoded:
+    """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing)."""
+    if thresholds is None:
+        thresholds = choose_thresholds(dt, base, positions, max_classes)
+    counts, rice, qbits, mw, streams = backend.selected().ctx_encode(dt, base, target, positions, thresholds,
+                                                                     MAX_RICE)
+    return Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
+
+
+# ----------------------------------------------------------------------------------------- decode
+
+def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
+    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
+    status = backend.selected().ctx_decode(dt, p, streams, m, base, out)
+    if status != backend.OK:
+        # A check failed: the numpy twin finds it again and raises it with its message. It writes to
+        # scratch, so even if the two backends disagreed (a bug) ``out`` stays untouched.
+        backend.twins().ctx_decode(dt, p, streams, m, base, np.empty_like(base))
+        raise CorruptError(f"ctx-delta: block fails check {status} of the compiled decoder only")
+
+
+def warm_up() -> None:
+    """Compile every kernel for every ctx-delta type now (or load them from numba's cache).
+
+    Why: the first block of a type otherwise pays the compilation (seconds, once per install) — wrong
+    for anything that times single calls, such as the fuzzer's per-case limit. Nothing to do on the
+    numpy backend.
+    """
+    if backend.selected() is backend.twins():
+        return
+    from ..dtypes import from_name
+    rng = np.random.default_rng(0)
+    for name in sorted(DTYPES):
+        dt = from_name(name)
+        m = 1 << 17  # large enough for the sampled histogram and several classes
+        base = rng.integers(0, 1 << (8 * dt.itemsize), m, dtype=np.uint64).astype(dt.uint)
+        target = base.copy()
+        target[::97] ^= dt.uint.type(1)
+        frozen = base.copy()
+        frozen.setflags(write=False)  # numba compiles read-only arrays separately
+        frozen_target = target.copy()
+        frozen_target.setflags(write=False)
+        pos = changed_positions(base, target)
+        changed_positions(frozen, frozen_target)  # memory-mapped checkpoints are read-only
+        top = (1 << dt.exp_bits) - 1
+        for thresholds in (None, [max(1, top // 2)]):
+            enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
+            p = Params.unpack(enc.params)
+            for b, streams in ((base, enc.streams), (frozen, [bytearray(x) for x in enc.streams])):
+                decode(dt, p, streams, m, b, np.empty_like(base))
+
+
+# ----------------------------------------------------------------------------------------- the encoding
+
+_ROLES = (StreamRole("quotients", "positions"), StreamRole("remainders", "positions"),
+          StreamRole("signs", "steps"), StreamRole("magnitudes", "steps"))
+
+
+@register
+class CtxDelta(Encoding):
+    id = 5
+    name = "ctx-delta"
+    dtypes = DTYPES
+    trial_rank = 10  # nearly always the smallest where it is defined
+
+    def param_count(self, head):
+        return param_count(head)
+
+    def stream_lengths(self, dt, params, m):
+        return stream_lengths(dt, Params.unpack(params), m)
+
+    def decode(self, dt, params, streams, m, base, out):
+        decode(dt, Params.unpack(params), streams, m, base, out)
+
+    def changed(self, params):
+        return Params.unpack(params).changed
+
+    def stream_roles(self, dt):
+        return _ROLES
+
+    def encode(self, block: Block, max_classes: int = 4) -> EncodedBlock | None:
+        """None when nothing changed."""
+        positions = block.positions
+        if positions.size == 0:
+            return None
+        enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes)
+        return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
+
+    def propose(self, block, tried):
+        effort = block.effort
+        return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4)

@@ -1,0 +1,319 @@
+"""The numpy backend of ctx-delta (SPEC.md §8.6): the twins of the compiled kernels.
+
+Same public functions as :mod:`arcfmt.kernels` (:mod:`arcfmt.backend` lists them), computing exactly
+the same arrays; used where numba is missing or ``ARCFMT_JIT=0``, and to word the error when a
+compiled ``ctx_decode`` reports a failed check (this ``ctx_decode`` raises it with its message).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import OK
+from .encodings.ctx_delta import (
+    MAX_RICE, Params, class_bounds, exponent_field, magnitude_bits, magnitude_order, ordered, unordered,
+)
+from .errors import CorruptError
+from .planes import bytes_for, from_planes, gaps, to_planes
+
+NAME = "numpy"
+_CHUNK = 1 << 16
+
+
+# ------------------------------------------------------------------------------------ the backend
+
+def changes(base, target):
+    """Indices where ``base`` and ``target`` differ (int64, increasing)."""
+    return np.flatnonzero(base != target)
+
+
+def exponent_counts(dt, sample, changed):
+    """Elements of ``sample`` and of ``changed`` per exponent field value."""
+    size = 1 << dt.exp_bits
+    ne = np.zeros(size, np.int64)
+    for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
+        ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
+    ce = np.bincount(exponent_field(dt, changed), minlength=size)
+    return ne, ce
+
+
+def class_cuts(ne, ce, max_classes, overhead) -> list:
+    """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges."""
+    idx = np.flatnonzero(ne)
+    L = idx.size
+    if L < 2:
+        return []
+    N = np.concatenate([[0], np.cumsum(ne[idx])]).astype(np.float64)
+    C = np.concatenate([[0], np.cumsum(ce[idx])]).astype(np.float64)
+    n = N[None, :] - N[:, None]
+    c = C[None, :] - C[:, None]
+    cost = np.where(c > 0, _rice_cost(n, c), 0.0)
+    ends = np.arange(L + 1)
+    cost[ends[:, None] >= ends[None, :]] = np.inf  # a class covers at least one exponent: i < j
+    dp = cost[0].copy()                          # one class covering bins [0, j)
+    best_k, best_total, back = 1, dp[L], []
+    for k in range(2, min(max_classes, L) + 1):
+        tot = dp[:, None] + cost
+        arg = np.argmin(tot, axis=0)
+        dp = tot[arg, np.arange(L + 1)]
+        back.append(arg)
+        if dp[L] + (k - 1) * overhead < best_total:
+            best_k, best_total = k, dp[L] + (k - 1) * overhead
+    cuts, j = [], L
+    for k in range(best_k, 1, -1):
+        j = int(back[k - 2][j])
+        cuts.append(j)
+    return [int(idx[i]) for i in sorted(cuts)]
+
+
+def ctx_encode(dt, base, target, positions, thresholds, max_rice):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams)``."""
+    k_count = len(thresholds) + 1
+    counts, rice, pos_all = [], [], []
+    if k_count == 1:
+        groups = [(positions, positions)]
+    else:
+        a = magnitude_bits(dt, base[positions])
+        sels = [(a >= lo) if hi is None else ((a >= lo) & (a < hi)) for lo, hi in class_bounds(dt, thresholds)]
+        index = class_indexes(dt, base, thresholds, [k for k, sel in enumerate(sels) if sel.any()])
+        groups = []
+        for k, sel in enumerate(sels):
+            pos = positions[sel]
+            # rank of each changed element among its class's members
+            groups.append((pos, index[k].rank(pos) if pos.size else pos))
+    gaps_all = []
+    for pos, j in groups:
+        counts.append(int(pos.size))
+        if not pos.size:
+            rice.append(0)
+            continue
+        g = gaps(j)
+        rice.append(_best_rice(g, max_rice))
+        gaps_all.append(g)
+        pos_all.append(pos)
+    pos = np.concatenate(pos_all)  # class order
+    d = ordered(dt, target[pos]) - ordered(dt, base[pos])
+    neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
+    mag = mag[magnitude_order(dt, base[pos])]
+    g = np.concatenate(gaps_all)
+    r_each = np.repeat(np.asarray(rice, np.int64), counts)
+    qbits = int((g >> r_each).sum()) + g.size
+    rbits = int(r_each.sum())
+    qstream, rstream = _rice_pack(g, np.asarray(counts, np.int64), np.asarray(rice, np.int64), qbits, rbits)
+    mw = bytes_for(int(mag.max()))
+    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)]
+
+
+def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> int:
+    """The block into ``out``, one step at a time; a failed check raises CorruptError with its message
+    (nothing written: every check runs before any element is)."""
+    c = p.changed
+    ranks = _ranks(p, streams)
+    sbits = _unpack(streams[2], c, "sign")
+    pos = _positions(dt, p, ranks, m, base)
+    b = base[pos]
+    order = magnitude_order(dt, b)
+    vals = from_planes(streams[3], c, p.mag_width, np.uint64)
+    half = 1 << (8 * dt.itemsize - 1)
+    mag = np.empty(c, np.int64)
+    mag[order] = vals.astype(np.int64) + 1
+    v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)
+    if v.min() < -half or v.max() >= half:
+        raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
+    if out is not base:
+        out[:] = base
+    out[pos] = unordered(dt, v)
+    return OK
+
+
+# ------------------------------------------------------------------------------------ class index
+
+def _pack_words(mask: np.ndarray) -> np.ndarray:
+    packed = np.packbits(mask, bitorder="little")
+    if packed.size % 8:
+        packed = np.concatenate([packed, np.zeros(8 - packed.size % 8, np.uint8)])
+    return packed.view("<u8")
+
+
+def _all_words(m: int) -> np.ndarray:
+    """Packed bitmap with bits ``0 … m−1`` set."""
+    words = np.full((m + 63) // 64, np.uint64(0xFFFFFFFFFFFFFFFF))
+    if m % 64:
+        words[-1] = np.uint64((1 << (m % 64)) - 1)
+    return words
+
+
+def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> dict:
+    """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs
+    (the numpy twin of the kernels' ``_class_words``).
+
+    Class ``k`` is ``{a >= lo_k} AND NOT {a >= hi_k}`` on the magnitude bits ``a``, so the bitmaps of
+    ``a >= T·2^M`` are computed once and combined word by word.
+    """
+    m = base.size
+    edges = [t << dt.mant_bits for t in thresholds]
+    a = magnitude_bits(dt, base)
+    ge = {}
+
+    def at_least(i):  # packed bitmap of a >= edges[i]
+        if i not in ge:
+            ge[i] = _pack_words(a >= dt.uint.type(edges[i]))
+        return ge[i]
+
+    out = {}
+    for k in wanted:
+        if k == 0:
+            words = ~at_least(0) & _all_words(m)
+        else:
+            words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
+        out[k] = ClassIndex(words, m=m)
+    return out
+
+
+_SELECT8 = np.zeros((256, 8), np.uint8)  # [byte, r]: bit position of the r-th set bit of the byte
+for _v in range(256):
+    _b = [i for i in range(8) if _v >> i & 1]
+    _SELECT8[_v, :len(_b)] = _b
+
+
+class ClassIndex:
+    """Rank and select over one class's members, from its membership bitmap packed 64 per word.
+
+    Why: a class's k-th member is found in O(log m) after one cheap O(m / 64) pass, instead of listing
+    every member (``flatnonzero`` on a random bitmap is branch-bound and several times slower).
+    """
+
+    def __init__(self, words: np.ndarray, *, m: int):
+        self.m = m
+        self.words = words
+        self.pop = np.bitwise_count(words).astype(np.int64)
+        self.cum = np.cumsum(self.pop)  # members in words 0..w
+        self.size = int(self.cum[-1]) if self.cum.size else 0
+
+    def select(self, j: np.ndarray) -> np.ndarray:
+        """Element index of each member rank in ``j`` (all ``< size``)."""
+        if 32 * j.size > self.m:  # dense: listing every member is cheaper
+            bits = np.unpackbits(self.words.view(np.uint8), count=self.m, bitorder="little")
+            return np.flatnonzero(bits)[j]
+        w = np.searchsorted(self.cum, j, side="right")
+        r = (j - (self.cum[w] - self.pop[w])).astype(np.uint64)  # rank within the word
+        x = self.words[w]
+        at = w * 64
+        for half in (32, 16, 8):  # binary search for the byte that holds the member
+            low = x & np.uint64((1 << half) - 1)
+            p = np.bitwise_count(low).astype(np.uint64)
+            up = r >= p
+            r = np.where(up, r - p, r)
+            x = np.where(up, x >> np.uint64(half), low)
+            at = at + np.where(up, half, 0)
+        return at + _SELECT8[x.astype(np.intp), r.astype(np.intp)]
+
+    def rank(self, pos: np.ndarray) -> np.ndarray:
+        """Members before each element index in ``pos``."""
+        w, bit = pos >> 6, (pos & 63).astype(np.uint64)
+        below = self.words[w] & ((np.uint64(1) << bit) - np.uint64(1))
+        return self.cum[w] - self.pop[w] + np.bitwise_count(below).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------ Rice coding
+
+def _rice_cost(n, c):
+    """Estimated Rice bits for ``c`` changes spread over ``n`` elements (arrays)."""
+    c = np.maximum(c, 1e-9)
+    mu = np.maximum(n - c, 0) / c
+    r0 = np.floor(np.log2(np.maximum(mu * np.log(2), 1.0)))
+    best = None
+    for r in (r0, r0 + 1):
+        cost = c * (1 + r + mu / np.exp2(r))
+        best = cost if best is None else np.minimum(best, cost)
+    return best
+
+
+def _rice_pack(g, counts, rice, qbits: int, rbits: int) -> tuple:
+    """Quotient and remainder bit strings of the gaps ``g`` (class order); numpy twin of the kernels'
+    ``_rice_encode``."""
+    r_each = np.repeat(rice, counts)
+    term = np.cumsum((g >> r_each) + 1) - 1
+    qb = np.zeros(qbits, np.uint8)
+    qb[term] = 1
+    rems = [((gk[:, None] >> np.arange(r)) & 1).astype(np.uint8).ravel()
+            for gk, r in zip(np.split(g, np.cumsum(counts)[:-1]), rice) if r]
+    return _pack([qb]), _pack(rems)
+
+
+def _best_rice(g: np.ndarray, max_rice: int = MAX_RICE) -> int:
+    """The smallest Rice parameter of least total bits. The cost ``sum(g >> r) + n·r`` is convex in r
+    (each gap's ``(g >> r) − (g >> r+1)`` falls as r grows), so a walk from the estimate finds it."""
+    top = min(max_rice, int(g.max()).bit_length())
+
+    def cost(r):
+        return int((g >> r).sum()) + g.size * r
+
+    mean = float(g.mean())
+    r = min(top, max(0, int(np.log2(mean * np.log(2))) if mean >= 1 else 0))
+    c = cost(r)
+    while r > 0 and (down := cost(r - 1)) <= c:
+        r, c = r - 1, down
+    while r < top and (up := cost(r + 1)) < c:
+        r, c = r + 1, up
+    return r
+
+
+def _pack(bits_list) -> bytes:
+    if not bits_list:
+        return b""
+    bits = np.concatenate(bits_list) if len(bits_list) > 1 else bits_list[0]
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def _unpack(buf, nbits: int, what: str) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
+    if bits[nbits:].any():
+        raise CorruptError(f"ctx-delta {what} stream: padding bits are not zero")
+    return bits[:nbits]
+
+
+# ------------------------------------------------------------------------------------ decode steps
+
+def _ranks(p: Params, streams) -> np.ndarray:
+    """Each class's member ranks (concatenated in class order) from the quotient and remainder bit
+    strings, with their checks in the order of SPEC.md §8.6: quotient padding, codes, remainder padding."""
+    c = p.changed
+    qb = _unpack(streams[0], p.qbits, "quotient")
+    term = np.flatnonzero(qb)
+    if term.size != c or term[-1] != p.qbits - 1:
+        raise CorruptError(f"ctx-delta quotient stream holds {term.size} codes ending at bit "
+                           f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
+    quot = np.diff(term, prepend=-1) - 1
+    rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(p.counts, p.rice)), "remainder")
+    out = []
+    off = roff = 0
+    for ck, r in zip(p.counts, p.rice):
+        if not ck:
+            continue
+        g = quot[off:off + ck].astype(np.int64) << r
+        if r:
+            g |= rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64) @ (np.int64(1) << np.arange(r, dtype=np.int64))
+        out.append(np.cumsum(g + 1) - 1)
+        off += ck
+        roff += ck * r
+    return np.concatenate(out)
+
+
+def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np.ndarray:
+    """Changed element indices in class order, from each class's member ranks."""
+    if p.classes == 1:
+        if ranks[-1] >= m:
+            raise CorruptError(f"ctx-delta position {int(ranks[-1])} beyond block of {m} elements")
+        return ranks
+    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck])
+    pos = np.empty(p.changed, np.int64)
+    off = 0
+    for k, ck in enumerate(p.counts):
+        if not ck:
+            continue
+        j = ranks[off:off + ck]
+        if j[-1] >= index[k].size:
+            raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {index[k].size} elements")
+        pos[off:off + ck] = index[k].select(j)
+        off += ck
+    return pos

@@ -1,0 +1,233 @@
+"""Record surgery: take a valid arcfmt file apart into records, change it, put it back together.
+
+The one toolkit for every crafted file — the must-reject tests (``tests/test_bad_input.py`` and others),
+the conformance generator (``tools/make_vectors.py``) and the fuzzer (``tools/fuzz.py``). A crafted file
+is a valid one changed in one place and reassembled with every *other* checksum, offset, index entry
+(SPEC.md §10) and the trailer (§11) made consistent again, so that exactly the intended check fires.
+
+    p = split(data)                      # header, records (META .. last record before INDX), index, trailer
+    p.recs.insert(2, Rec(b"zzzz", b"x"))  # ... change records, or their fields ...
+    bad = assemble(p)                    # fresh record checksums, index (digests kept) and trailer
+
+Nothing here checks more than the framing; the helpers build bytes independently of arcfmt's own
+writers where that matters (``varint`` is a plain LEB128 loop, the test of ``arcfmt.layout``'s fast
+writer compares against it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import xxhash
+
+from arcfmt import layout as L, records
+from arcfmt.integrity import record_checksum
+
+__all__ = [
+    "Rec", "Parts", "split", "parse_file", "assemble", "raw_record", "blck_encoding", "set_first_encoding",
+    "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "varint",
+]
+
+# ------------------------------------------------------------------------------------ integers
+
+
+def u64(x: int) -> bytes:
+    return int(x).to_bytes(8, "little")
+
+
+def varint(x: int) -> bytes:
+    """Unsigned LEB128 (SPEC.md §3), written without arcfmt's code."""
+    out = bytearray()
+    while True:
+        b = x & 0x7F
+        x >>= 7
+        if x:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+def raw_record(rtype: bytes, payload: bytes, checksum: int | None = None) -> bytes:
+    """A record's bytes (§5): type, length, checksum (``checksum`` forces a value, e.g. a wrong one), payload."""
+    head8 = rtype + len(payload).to_bytes(4, "little")
+    ck = record_checksum(head8, payload) if checksum is None else checksum
+    return head8 + ck.to_bytes(8, "little") + payload
+
+
+def blck_encoding(payload: bytes) -> int:
+    """The encoding byte of a BLCK payload (after its two varints); 0 if the payload has none."""
+    i = 0
+    try:
+        for _ in range(2):
+            while payload[i] & 0x80:
+                i += 1
+            i += 1
+        return payload[i]
+    except IndexError:
+        return 0
+
+
+@dataclass
+class Rec:
+    """One record: its type and payload, and what :func:`assemble` needs to index it.
+
+    ``offset``: where it was in the file it came from (-1 for a new record). ``name``: TENS, the tensor
+    name the index lists (kept even if the payload is made unparsable). ``encoding``: BLCK, the encoding
+    id the index lists; :func:`split` reads it from the payload, None reads it from the payload at
+    assembly (so a changed payload's encoding byte goes into the index unless this is set).
+    ``checksum``: force the record's checksum field (e.g. the checksum of other bytes). ``raw``: written
+    verbatim instead of being built from type and payload; such a record is listed among the index's
+    other records, never as a tensor or block.
+    """
+
+    type: bytes
+    payload: bytes
+    offset: int = -1
+    name: str | None = None
+    encoding: int | None = None
+    checksum: int | None = None
+    raw: bytes | None = None
+
+    def bytes(self) -> bytes:
+        return self.raw if self.raw is not None else raw_record(self.type, self.payload, self.checksum)
+
+
+@dataclass
+class Parts:
+    """A file taken apart. ``recs``: every record in file order from META on; the INDX record too (last)
+    only when parsed with ``keep_index=True`` (:func:`parse_file`) — :func:`assemble` always drops it and
+    writes a fresh one."""
+
+    header: bytes
+    recs: list
+    index: records.Index
+    index_payload: bytes
+    trailer: bytes
+
+    def find(self, rtype: bytes) -> list:
+        return [r for r in self.recs if r.type == rtype]
+
+
+def split(data: bytes, *, keep_index: bool = False) -> Parts:
+    """Take a *valid* file apart into header, records, the parsed index and the trailer (framing only)."""
+    data = bytes(data)
+    pos = L.HEADER_SIZE
+    recs = []
+    while True:
+        head = records.parse_record_head(data[pos:pos + 16], pos)
+        payload = data[pos + 16: pos + 16 + head.length]
+        rec = Rec(head.type, payload, pos)
+        if head.type == L.INDX:
+            assert pos + 16 + head.length + L.TRAILER_SIZE == len(data), "split needs a valid file"
+            if keep_index:
+                recs.append(rec)
+            return Parts(data[:L.HEADER_SIZE], recs, records.parse_index(payload, pos), payload,
+                         data[pos + 16 + head.length:])
+        if head.type == L.TENS:
+            rec.name = records.parse_tensor(payload, "").name
+        elif head.type == L.BLCK:
+            rec.encoding = blck_encoding(payload)
+        recs.append(rec)
+        pos += 16 + head.length
+
+
+def parse_file(data: bytes) -> Parts:
+    """:func:`split`, keeping the INDX record as the last of ``recs`` (``p.recs[-1].payload``, ``p.find``)."""
+    return split(data, keep_index=True)
+
+
+def set_first_encoding(p: Parts, encoding: int) -> None:
+    """Overwrite the encoding byte of the first BLCK record (tensor and block ordinals are one byte each)."""
+    r = next(r for r in p.recs if r.type == L.BLCK)
+    pl = bytearray(r.payload)
+    pl[2] = encoding
+    r.payload = bytes(pl)
+    r.encoding = encoding
+
+
+def tens_payload(name, dtype: int, dims, block_elems: int, flags: int, base_hash=None, target_hash: int = 0,
+                 ndim: int | None = None, *, name_len: int | None = None) -> bytes:
+    """A TENS payload (§7) from its fields, any of them out of range: ``name`` (str or bytes) with its
+    length (``name_len`` to lie about it), dtype code, dims (``ndim`` to lie about their count),
+    block_elems, flags, the base hash (written if flags bit 0) and the target hash."""
+    raw = name.encode() if isinstance(name, str) else name
+    out = varint(len(raw) if name_len is None else name_len) + raw
+    out += bytes([dtype, len(dims) if ndim is None else ndim])
+    out += b"".join(varint(d) for d in dims) + varint(block_elems) + bytes([flags])
+    if flags & 1:
+        out += u64(base_hash or 0)
+    return out + u64(target_hash)
+
+
+# ------------------------------------------------------------------------------------ reassembly
+
+
+def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None, base_digest: bytes | None = None,
+             target_digest: bytes | None = None, index_fn=None, index_payload: bytes | None = None,
+             trailer_fn=None, list_others: bool = True) -> bytes:
+    """Write a file from ``recs`` (default ``p.recs``): fresh record checksums, a consistent index (§10)
+    and trailer (§11).
+
+    ``header`` (default ``p.header``) is written first. INDX records among ``recs`` are dropped and a
+    new index is built: an entry per TENS with its following BLCKs, and every other record — a META
+    not right after the header included — among the other records (``list_others=False`` leaves them
+    out); the digests are ``p.index``'s unless ``base_digest``/``target_digest`` are given.
+    ``index_fn(index)`` may change that :class:`arcfmt.records.Index` before it is built;
+    ``index_payload`` replaces the INDX payload verbatim. ``trailer_fn(t: bytearray)`` may change the
+    40-byte trailer in place (:func:`fix_trailer_checksum` then, to keep its checksum right).
+    """
+    out = bytearray(header if header is not None else p.header)
+    entries, others = [], []
+    for r in p.recs if recs is None else recs:
+        if r.type == L.INDX:
+            continue
+        off = len(out)
+        rec = r.bytes()
+        out += rec
+        ck = int.from_bytes(rec[8:16], "little")
+        if r.raw is None and r.type == L.TENS:
+            entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
+        elif r.raw is None and r.type == L.BLCK and entries:
+            enc = r.encoding if r.encoding is not None else blck_encoding(r.payload)
+            entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, enc))
+        elif (r.type != L.META or off != L.HEADER_SIZE) and list_others:
+            others.append(records.OtherRecord(off, len(rec), r.type))
+    index = records.Index(p.index.base_digest if base_digest is None else base_digest,
+                          p.index.target_digest if target_digest is None else target_digest, entries, others)
+    if index_fn is not None:
+        index_fn(index)
+    index_offset = len(out)
+    index_rec = raw_record(L.INDX, records.build_index(index) if index_payload is None else index_payload)
+    out += index_rec
+    trailer = bytearray(records.build_trailer(index_offset, len(index_rec)))
+    if trailer_fn is not None:
+        trailer_fn(trailer)
+    out += trailer
+    return bytes(out)
+
+
+# ------------------------------------------------------------------------------------ the trailer
+
+
+def fix_trailer_checksum(trailer) -> bytes:
+    """Recompute the trailer checksum (xxh3-64 of bytes 0-23, §11): a bytearray is fixed in place; the
+    fixed trailer is returned either way."""
+    ck = u64(xxhash.xxh3_64_intdigest(bytes(trailer[:24])))
+    if isinstance(trailer, bytearray):
+        trailer[24:32] = ck
+        return bytes(trailer)
+    return bytes(trailer[:24]) + ck + bytes(trailer[32:])
+
+
+def patch_trailer(data: bytes, offset: int, new: bytes, fix_checksum: bool = True) -> bytes:
+    """Overwrite bytes of a file's trailer (``offset`` relative to it), fixing its checksum unless told not to."""
+    d = bytearray(data)
+    t = bytearray(d[-L.TRAILER_SIZE:])
+    t[offset: offset + len(new)] = new
+    if fix_checksum:
+        fix_trailer_checksum(t)
+    d[-L.TRAILER_SIZE:] = t
+    return bytes(d)
