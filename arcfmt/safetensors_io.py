@@ -174,7 +174,7 @@ def open_checkpoint(path: str) -> Checkpoint:
             for n in names:
                 if not isinstance(n, str) or os.path.basename(n) != n or n in ("", ".", ".."):
                     raise SafetensorsError(f"{index_path}: shard name {n!r} is not a plain file name")
-        else:
+        if index_json is None or not names:  # no index, or one that maps no tensor (a model of none)
             names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
         if not names:
             raise InputError(f"{path}: no .safetensors files in this folder")

@@ -469,3 +469,20 @@ def test_a_folder_whose_every_tensor_goes_stays_a_checkpoint(tmp_path, in_place)
     out = tmp_path / "base" if in_place else tmp_path / "out"
     apply_delta(tmp_path / "base", d, None if in_place else out, in_place=in_place)
     assert open_checkpoint(out).tensors() == {}
+
+
+def test_a_step_of_no_tensors_is_still_a_checkpoint(tmp_path):
+    """Found by the fuzzer: a step whose every shard is empty left a folder without a safetensors file."""
+    url = "memory://no-tensors-" + os.path.basename(str(tmp_path))
+    arcfmt.Publisher(url, shard=0, num_shards=1).publish(0, {"w": np.ones(3, np.float32)})
+    arcfmt.Publisher(url, shard=0, num_shards=1).publish(1, {})
+    ups = arcfmt.Follower(url, into=tmp_path / "m").sync()
+    assert ups[-1].step == 1 and open_checkpoint(tmp_path / "m").tensors() == {}
+
+
+def test_a_folder_whose_index_maps_no_tensor_opens(tmp_path):
+    """Found by the fuzzer: an index json with an empty weight_map made the folder unreadable."""
+    (tmp_path / "m").mkdir()
+    write_file(tmp_path / "m" / "a.safetensors", {})
+    (tmp_path / "m" / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
+    assert open_checkpoint(tmp_path / "m").tensors() == {}
