@@ -71,7 +71,7 @@ def _stream():
     for seed in range(4, 100):
         stream = fuzz.build_stream(np.random.default_rng(seed))
         objs = stream["objects"]
-        if all(any(r.type == fuzz.mv.L.BLCK for r in fuzz.mv.split(objs[n]).recs) for n in objs if n.endswith(".arc")):
+        if all(any(r.type == fuzz.L.BLCK for r in fuzz.split(objs[n]).recs) for n in objs if n.endswith(".arc")):
             return stream
     raise AssertionError("no seed gives a stream with blocks in every object")
 
@@ -82,12 +82,12 @@ def test_rechained_data_object_reaches_the_deep_checks(tmp_path):
     stream = _stream()
     objs = dict(stream["objects"])
     for name in [n for n in sorted(objs) if n.endswith(".arc")]:  # whichever the follower's plan reads
-        p = fuzz.mv.split(objs[name])
-        r = next(r for r in p.recs if r.type == fuzz.mv.L.BLCK)
+        p = fuzz.split(objs[name])
+        r = next(r for r in p.recs if r.type == fuzz.L.BLCK)
         pl = bytearray(r.payload)
         pl[-1] ^= 0x10
         r.payload = bytes(pl)
-        fuzz._replace_data(np.random.default_rng(len(name)), objs, name, fuzz.mv.assemble(p))
+        fuzz._replace_data(np.random.default_rng(len(name)), objs, name, fuzz.assemble(p))
     url = f"memory://fuzz-test-{os.getpid()}"
     fuzz._put_stream(url, objs)
     try:

@@ -74,9 +74,11 @@ from arcfmt import ArcError  # noqa: E402
 from arcfmt.errors import CorruptError, LimitError, WrongBaseError  # noqa: E402
 from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
 
-import make_vectors as mv  # noqa: E402  (the record toolkit: split / assemble, write_delta)
+from arcfmt import layout as L, records  # noqa: E402
+from support.data import BF16, write_delta  # noqa: E402
+from support.records import assemble, split, varint  # noqa: E402  (the one record toolkit)
 
-DTYPES = [mv.BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
+DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
 ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta"]
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
@@ -110,26 +112,26 @@ def random_file(rng):
               note="fuzz" if rng.random() < 0.2 else None)
     try:
         if enc == "keyframe" or rng.random() < 0.1:
-            data = mv.write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
+            data = write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
-            data = mv.write_delta(base, target, force_encoding="xor", **kw)
+            data = write_delta(base, target, force_encoding="xor", **kw)
         elif enc == "ctx-delta":  # float tensors as ctx-delta (several classes at effort max), others as chosen
-            ctx_ok = {k for k, v in target.items() if v.dtype in (mv.BF16, np.float16, np.float32)
+            ctx_ok = {k for k, v in target.items() if v.dtype in (BF16, np.float16, np.float32)
                       and base[k].dtype == v.dtype and base[k].shape == v.shape}
-            data = mv.write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
+            data = write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
                                   force_encoding="ctx-delta", effort="max", **kw) if ctx_ok else \
-                mv.write_delta(base, target, **kw)
+                write_delta(base, target, **kw)
             if ctx_ok:
                 base, target = {k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok}
         else:
-            data = mv.write_delta(base, target, **kw)
+            data = write_delta(base, target, **kw)
     except ArcError:
-        data = mv.write_delta(base, target)
+        data = write_delta(base, target)
     return base, target, data
 
 
 def mutate_struct(rng, data):
-    p = mv.split(data)
+    p = split(data)
     choice = rng.random()
     if choice < 0.6 and p.recs:
         r = p.recs[int(rng.integers(len(p.recs)))]
@@ -143,11 +145,11 @@ def mutate_struct(rng, data):
             elif pl:
                 del pl[int(rng.integers(len(pl)))]
         r.payload = bytes(pl)
-        return mv.assemble(p)
+        return assemble(p)
     if choice < 0.75 and len(p.recs) > 1:
         i, j = sorted(int(x) for x in rng.integers(0, len(p.recs), 2))
         p.recs[i], p.recs[j] = p.recs[j], p.recs[i]
-        return mv.assemble(p)
+        return assemble(p)
     if choice < 0.85:
         def fn(index):
             blocks = [b for e in index.entries for b in e.blocks]
@@ -155,20 +157,20 @@ def mutate_struct(rng, data):
                 b = blocks[int(rng.integers(len(blocks)))]
                 field = ["offset", "size", "encoding"][int(rng.integers(3))]
                 setattr(b, field, int(rng.integers(0, 256 if field == "encoding" else 1 << 12)))
-        return mv.assemble(p, index_fn=fn)
+        return assemble(p, index_fn=fn)
     # the index body, bytes changed, codec raw
-    body = bytearray(mv.L.IndexBody.build(_index_dict(p)))
+    body = bytearray(L.IndexBody.build(_index_dict(p)))
     if body:
         k = int(rng.integers(len(body)))
         body[k] = int(rng.integers(256))
-    return mv.assemble(p, index_payload=bytes([0]) + mv.varint(len(body)) + bytes(body))
+    return assemble(p, index_payload=bytes([0]) + varint(len(body)) + bytes(body))
 
 
 def _index_dict(p):
-    payload = mv.records.build_index(p.index)
-    q = mv.L.IndexPayload.parse(payload)
-    raw = mv.records.codecs.decode(q.codec, q.body, q.body_length)
-    return mv.L.IndexBody.parse(bytes(raw))
+    payload = records.build_index(p.index)
+    q = L.IndexPayload.parse(payload)
+    raw = records.codecs.decode(q.codec, q.body, q.body_length)
+    return L.IndexBody.parse(bytes(raw))
 
 
 def mutate_bytes(rng, data):
@@ -415,8 +417,8 @@ def _set_tens_name(payload: bytes, raw: bytes) -> bytes:
 def rename_surgery(rng, good: bytes, raw: bytes):
     """Give one tensor the name ``raw`` in its TENS record, its index entry, or both (or the name of
     another tensor: a duplicate). Returns (file, mode) or None when the file has no tensor."""
-    p = mv.split(good)
-    tens = [r for r in p.recs if r.type == mv.L.TENS]
+    p = split(good)
+    tens = [r for r in p.recs if r.type == L.TENS]
     if not tens:
         return None
     r = tens[int(rng.integers(len(tens)))]
@@ -432,7 +434,7 @@ def rename_surgery(rng, good: bytes, raw: bytes):
         r.payload = _set_tens_name(r.payload, raw)
     if mode in ("both", "indx", "dup"):
         r.name = RawName(raw)
-    return mv.assemble(p), mode
+    return assemble(p), mode
 
 
 def _expect_class(exc, cls, mode: str) -> str | None:
@@ -517,7 +519,7 @@ def check_names(rng, tmpdir, cached):
     if fail:
         return f"names ({mode}, {raw[:40]!r}): {fail}", data
     if not name_bytes_ok(raw) or mode == "dup":
-        want = mv.L.MAX_NAME_BYTES < len(raw) and LimitError or CorruptError
+        want = L.MAX_NAME_BYTES < len(raw) and LimitError or CorruptError
         if mode == "dup":
             want = CorruptError
         for rmode, exc, _ in _both_readers(cbase, data):
@@ -584,12 +586,12 @@ def dims_expect(dims: list, block_elems: int, pad: bool):
 
 
 def dims_surgery(rng, good: bytes):
-    p = mv.split(good)
-    tens = [r for r in p.recs if r.type == mv.L.TENS]
+    p = split(good)
+    tens = [r for r in p.recs if r.type == L.TENS]
     if not tens:
         return None
     r = tens[int(rng.integers(len(tens)))]
-    t = mv.L.parse_tensor_payload(r.payload, "fuzz")
+    t = L.parse_tensor_payload(r.payload, "fuzz")
     dims = random_dims(rng, list(t.dims)) if rng.random() < 0.9 else list(t.dims)
     be = t.block_elems if rng.random() < 0.75 else int(rng.choice(_BLOCK_ELEMS))
     pad = rng.random() < 0.05 and bool(dims)
@@ -600,7 +602,7 @@ def dims_surgery(rng, good: bytes):
     if t.flags & 1:
         body += struct.pack("<Q", t.base_hash)
     r.payload = body + struct.pack("<Q", t.target_hash)
-    return mv.assemble(p), dims, be, pad
+    return assemble(p), dims, be, pad
 
 
 def check_dims(rng, cached):
@@ -991,7 +993,7 @@ def mutate_json_obj(rng, obj, stream) -> None:
 
 
 def _encode_json(rng, obj) -> bytes:
-    from arcfmt.store.layout import canonical
+    from arcfmt.store.objects import canonical
     r = rng.random()
     try:
         if r < 0.85:
@@ -1015,7 +1017,7 @@ def _encode_json(rng, obj) -> bytes:
 
 def _rechain_manifest(objs, name, new_raw, _seen=None) -> None:
     """Put a changed manifest in, and point its successors' ``base_manifest`` and the head at it."""
-    from arcfmt.store.layout import canonical, digest128
+    from arcfmt.store.objects import canonical, digest128
     seen = _seen if _seen is not None else set()
     seen.add(name)
     old_d = digest128(objs[name])
@@ -1045,7 +1047,7 @@ def _step_dir(name: str) -> str:
 
 
 def _rechain_descriptor(objs, name, new_raw) -> None:
-    from arcfmt.store.layout import canonical, digest128
+    from arcfmt.store.objects import canonical, digest128
     old_d = digest128(objs[name])
     objs[name] = new_raw
     mname = _step_dir(name) + "/manifest.json"
@@ -1075,7 +1077,7 @@ def _replace_data(rng, objs, name, new) -> None:
     import xxhash
     from arcfmt import records
     from arcfmt.store import names as N
-    from arcfmt.store.layout import canonical
+    from arcfmt.store.objects import canonical
 
     del objs[name]
     m = re.match(r"steps/(\d{20})/shard-(\d{5})-of-(\d{5})-(delta|keyframe)-([0-9a-f]{32})\.arc\Z", name)
@@ -1124,7 +1126,7 @@ def mutate_stream(rng, objs: dict, stream) -> str:
     """Change one object of a published stream, then re-chain the hashes above it (manifest digests
     in successors and the head, descriptor digests, tail hashes, content-addressed names) so that the
     follower's deeper checks are what catch it. Returns what was done."""
-    from arcfmt.store.layout import canonical, digest128
+    from arcfmt.store.objects import canonical, digest128
 
     names = sorted(objs)
     manifests = [n for n in names if n.endswith("/manifest.json")]
@@ -1279,7 +1281,7 @@ def _selectable(stream, patterns) -> bool:
 def _head_at(objs: dict, step: int) -> bytes:
     """A valid head naming an earlier step of the intact stream."""
     from arcfmt.store import names as N
-    from arcfmt.store.layout import Head, digest128
+    from arcfmt.store.objects import Head, digest128
 
     raw = objs[N.manifest_name(step)]
     return Head(step, digest128(raw), json.loads(raw)["keyframe_step"], 0).to_bytes()
@@ -1326,7 +1328,7 @@ REPAIR_ATTEMPTS = 1   # a repaired stream must be followed at the first attempt 
 def check_store(rng, tmpdir, stream, case):
     """Returns (failure or None, {name: bytes} of the mutated stream to save or None)."""
     from arcfmt import Follower
-    from arcfmt.store.layout import parse_head
+    from arcfmt.store.objects import parse_head
 
     objs = dict(stream["objects"])
     what = mutate_stream(rng, objs, stream)
