@@ -66,7 +66,9 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_outp
     for n in wanted:
         if n in live and not reader.changes(n):
             # its bytes are the base's, whose hash was just checked: the target hash must be that one
-            pipeline.verify_hash(reader.header(n), reader.header(n).base_hash)
+            base_hash = reader.header(n).base_hash
+            assert base_hash is not None  # it is live: it has a checked base
+            pipeline.verify_hash(reader.header(n), base_hash)
             continue
         items.append(reader.item(n, bases[n]))
     yield from pipeline.run(items, sink, workers=reader.workers)

@@ -1,13 +1,16 @@
 """Turning caller arrays (numpy, ml_dtypes, torch) into the unsigned views transforms work on, and back."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal
+
 import numpy as np
 
 from .dtypes import DType, from_numpy
 from .errors import InputError
 
 
-def _torch_to_numpy(t) -> np.ndarray:
+def _torch_to_numpy(t: Any) -> np.ndarray:  # t: a torch.Tensor (torch is optional, and unannotated)
     import torch  # only reached when a torch tensor was passed in
 
     import ml_dtypes
@@ -21,11 +24,13 @@ def _torch_to_numpy(t) -> np.ndarray:
             special[getattr(torch, name)] = (torch.uint8, npdt)
     if t.dtype in special:
         view_dt, npdt = special[t.dtype]
-        return t.view(view_dt).numpy().view(npdt)
-    return t.numpy()
+        viewed: np.ndarray = t.view(view_dt).numpy().view(npdt)
+        return viewed
+    out: np.ndarray = t.numpy()
+    return out
 
 
-def as_numpy(x) -> np.ndarray:
+def as_numpy(x: object) -> np.ndarray:
     """A numpy array for ``x`` without copying when possible (torch tensors are viewed, not cast)."""
     if isinstance(x, np.ndarray):
         return x
@@ -36,7 +41,7 @@ def as_numpy(x) -> np.ndarray:
     raise InputError(f"expected a numpy array or torch tensor, got {type(x).__name__}")
 
 
-def as_uint(x) -> tuple[DType, tuple, np.ndarray]:
+def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:
     """(dtype, shape, flat unsigned-integer view in row-major order) of an input array."""
     a = as_numpy(x)
     dt = from_numpy(a.dtype)
@@ -55,10 +60,10 @@ import mmap as _mmap
 
 _PAGE = _mmap.PAGESIZE
 _MADV_DONTNEED = 4
-_libc = None
+_libc: _ctypes.CDLL | Literal[False] | None = None  # None: not looked up yet; False: no libc
 
 
-def _madvise():
+def _madvise() -> Callable[..., int] | None:
     global _libc
     if _libc is None:
         name = _ctypes_util.find_library("c")
@@ -66,7 +71,7 @@ def _madvise():
     return getattr(_libc, "madvise", None) if _libc else None
 
 
-def is_mapped(a) -> bool:
+def is_mapped(a: object) -> bool:
     """Whether ``a`` is a view of a memory-mapped file (np.memmap or mmap)."""
     x = a
     for _ in range(32):
@@ -78,7 +83,7 @@ def is_mapped(a) -> bool:
     return False
 
 
-def release(a) -> None:
+def release(a: object) -> None:
     """Drop the pages of a memory-mapped array from this process's memory (they stay in the file).
 
     Lets encode and apply stream through checkpoints larger than RAM with a resident set of a few

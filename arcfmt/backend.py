@@ -32,7 +32,15 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from types import ModuleType
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .dtypes import DType
+    from .encodings.ctx_delta import Params
+    from .layout import BytesLike
 
 # Status codes of ``ctx_decode`` (the compiled kernels cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
@@ -40,14 +48,30 @@ OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 
 NAMES = ("numba", "numpy")
 
 
+class Backend(Protocol):
+    """The interface above, as :mod:`arcfmt.kernels` and :mod:`arcfmt.twins` define it (a module is one)."""
+
+    def changes(self, base: np.ndarray, target: np.ndarray) -> np.ndarray: ...
+
+    def exponent_counts(self, dt: DType, sample: np.ndarray, changed: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
+
+    def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
+                   thresholds: Sequence[int], max_rice: int) -> tuple[list[int], list[int], int, int, list[bytes]]: ...
+
+    def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
+                   out: np.ndarray) -> int: ...
+
+
 class _Selection:
     """The one place the backend is chosen: ``chosen`` is set once, on first use, under a lock."""
 
-    def __init__(self):
-        self.chosen: ModuleType | None = None
+    def __init__(self) -> None:
+        self.chosen: Backend | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> ModuleType:
+    def get(self) -> Backend:
         b = self.chosen
         if b is None:
             with self._lock:
@@ -60,13 +84,13 @@ class _Selection:
 _selection = _Selection()
 
 
-def selected() -> ModuleType:
+def selected() -> Backend:
     """The backend in use: compiled when numba is installed and ``ARCFMT_JIT`` is not ``0``, else numpy."""
     b = _selection.chosen
     return b if b is not None else _selection.get()
 
 
-def compiled() -> ModuleType | None:
+def compiled() -> Backend | None:
     """The numba backend, or None where numba is missing or ``ARCFMT_JIT=0``."""
     if os.environ.get("ARCFMT_JIT", "1") == "0":
         return None
@@ -77,14 +101,14 @@ def compiled() -> ModuleType | None:
     return kernels
 
 
-def twins() -> ModuleType:
+def twins() -> Backend:
     """The numpy backend (always available)."""
     from . import twins as t
     return t
 
 
 @contextlib.contextmanager
-def using(backend: ModuleType):
+def using(backend: Backend) -> Iterator[Backend]:
     """Run a ``with`` block on ``backend`` (tests: the same call on both backends). Not thread-safe:
     it changes the selection for the whole process while the block runs."""
     was = selected()

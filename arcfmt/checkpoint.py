@@ -16,7 +16,7 @@ from .checkpoint_writer import CheckpointSink, ShardLayout, check_written, write
 from .errors import ArcError, InputError, LimitError, os_error
 from .reader import DeltaReader
 from .safetensors_io import INDEX_NAME, Checkpoint, open_checkpoint
-from .staging import OLD_TAG, TMP_TAG, Stage, fsync_dir, recover
+from .staging import OLD_TAG, TMP_TAG, Stage, recover
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 
 
@@ -100,7 +100,7 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     if in_place == (out_path is not None):
         raise InputError("give exactly one of an output path or in_place=True")
     base_path = os.fspath(base_path).rstrip("/") or "/"
-    dest = base_path if in_place else os.fspath(out_path).rstrip("/")
+    dest = base_path if out_path is None else os.fspath(out_path).rstrip("/")  # out_path is None iff in_place
     base = open_checkpoint(base_path)
     if not base.is_dir and os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(base_path))
@@ -225,8 +225,6 @@ def _link_or_copy(src, dst, hardlink):
     finally:
         os.close(fd)
 
-
-_fsync_dir = fsync_dir  # arcfmt.store.commit's name for it
 
 __all__ = ["encode_checkpoints", "apply_delta", "plan_apply", "recover", "ApplyResult", "ArcError",
            "OLD_TAG", "TMP_TAG"]

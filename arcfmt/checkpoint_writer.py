@@ -54,30 +54,33 @@ class OutputFile:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         self.direct = bool(_O_DIRECT) and (DIRECT_IO if direct is None else direct) \
             and self.window % _ALIGN == 0
-        self.fd = None
+        fd: int | None = None
         try:
             if self.direct:
                 try:
-                    self.fd = os.open(path, flags | _O_DIRECT, 0o600)
+                    fd = os.open(path, flags | _O_DIRECT, 0o600)
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
                         raise
                     self.direct = False
-            if self.fd is None:
-                self.fd = os.open(path, flags, 0o600)
+            if fd is None:
+                fd = os.open(path, flags, 0o600)
+            self.fd: int = fd
             self._reserve_space(size)
         except OSError as exc:
-            if self.fd is not None:
-                os.close(self.fd)
+            if fd is not None:
+                os.close(fd)
             raise os_error(exc, "write", self.display) from None
         self.pos = 0            # end of the bytes reserved so far
         self.done = 0           # every byte before this one is final
-        self._open = deque()    # [offset, buffer] of the windows being filled, in file order
-        self._free = queue.SimpleQueue()
+        # (offset, buffer) of the windows being filled, in file order
+        self._open: deque[tuple[int, mmap.mmap]] = deque()
+        self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         for _ in range(self.nwindows):
             self._free.put(mmap.mmap(-1, self.window))  # page-aligned, as O_DIRECT needs
-        self._todo = queue.SimpleQueue()
-        self._error = None
+        # (buffer, offset, length) to write; None: stop
+        self._todo: queue.SimpleQueue[tuple[mmap.mmap, int, int] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="arcfmt-write", daemon=True)
         self._thread.start()
 
@@ -297,8 +300,8 @@ class CheckpointSink:
         self.layouts = layouts
         self.progress = progress
         self._order = deque((lay, s) for lay in layouts for s in lay.specs)
-        self._written = set()
-        self._cur = None      # (layout, OutputFile, specs left)
+        self._written: set[int] = set()
+        self._cur: tuple[ShardLayout, OutputFile, int] | None = None  # (layout, its file, specs left)
         self.bytes_written = 0
 
     def _open_file(self, lay: ShardLayout) -> OutputFile:
@@ -321,7 +324,7 @@ class CheckpointSink:
             f"tensor {th.name!r} arrived out of layout order"
         if self._cur is None or self._cur[0] is not lay:
             assert self._cur is None, "a file was left unfinished"
-            self._cur = [lay, self._open_file(lay), len(lay.specs)]
+            self._cur = (lay, self._open_file(lay), len(lay.specs))
         out = self._cur[1]
         assert out.pos == lay.data_start + spec.begin, f"{spec.name!r} would not start where its header says"
         return _FileTensor(self, th, spec, out)
@@ -329,9 +332,10 @@ class CheckpointSink:
     def _tensor_done(self, spec) -> None:
         if self.progress is not None and spec.end > spec.begin:
             self.progress(spec.end - spec.begin)
-        self._cur[2] -= 1
-        if self._cur[2] == 0:
-            lay, out, _ = self._cur
+        assert self._cur is not None, "a tensor done with no file open"
+        lay, out, left = self._cur
+        self._cur = (lay, out, left - 1)
+        if left - 1 == 0:
             self._cur = None
             self._finish_file(lay, out)
 

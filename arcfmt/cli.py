@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+from typing import Any
 
 from . import FORMAT_VERSION, __version__
 from .errors import ArcError
@@ -59,11 +60,12 @@ def _progress(total: int, desc: str, enabled: bool):
     return bar.update, bar.close
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
+    return f"{n:.2f} TiB"
 
 
 def cmd_encode(args) -> int:
@@ -96,13 +98,15 @@ def cmd_encode(args) -> int:
         close()
     dt = time.perf_counter() - t0
     changed = sum(b.changed or 0 for t in w.stats for b in t.blocks)
-    res = dict(output=args.output, bytes=w.size, model_bytes=total, ratio_percent=100 * w.size / max(total, 1),
+    size = w.size
+    assert size is not None  # encode_checkpoints returns the writer closed
+    res = dict(output=args.output, bytes=size, model_bytes=total, ratio_percent=100 * size / max(total, 1),
                tensors=len(w.stats), changed_elements=changed, seconds=dt, mb_per_s=total / 1e6 / max(dt, 1e-9),
                base_step=base_step, target_step=target_step)
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"wrote {args.output}: {_fmt_bytes(w.size)} for {_fmt_bytes(total)} of weights "
+        print(f"wrote {args.output}: {_fmt_bytes(size)} for {_fmt_bytes(total)} of weights "
               f"({res['ratio_percent']:.3f} %), {len(w.stats)} tensors, {changed} changed values, "
               f"{dt:.2f} s ({res['mb_per_s']:.0f} MB/s)")
     return 0
@@ -143,7 +147,7 @@ def cmd_inspect(args) -> int:
         d = DeltaReader(f).describe()
     if not args.blocks:
         for t in d["tensors"]:
-            per = {}
+            per: dict[str, dict[str, Any]] = {}  # stream → stored, decoded, codecs
             for b in t["blocks"]:
                 for i, s in enumerate(b["streams"]):
                     key = f"s{i}"

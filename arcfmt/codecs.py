@@ -14,16 +14,18 @@ import threading
 
 import zstandard
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import ClassVar, Generic, TypeAlias, TypeVar
 
 from .errors import CorruptError, LimitError, UnsupportedError
-from .layout import MAX_WINDOW, MAX_XZ_MEMORY
+from .layout import MAX_WINDOW, MAX_XZ_MEMORY, BytesLike
 
 RAW, ZSTD, XZ, BZ2 = 0, 1, 2, 3
 
+Trials: TypeAlias = Sequence[tuple[int, int]]  # (codec, setting) pairs, tried in order
+
 # Codec trials per effort level: (codec, setting). Lower ids win ties.
-EFFORTS = {
+EFFORTS: dict[str, Trials] = {
     "fast": ((ZSTD, 3),),
     "default": ((ZSTD, 15),),
     "max": ((ZSTD, 22), (XZ, 9 | lzma.PRESET_EXTREME), (BZ2, 9)),
@@ -32,7 +34,7 @@ EFFORTS = {
 # is as small as zstd-19 at half its time; below 16 KiB xz and bz2 win rarely and by a few bytes; above
 # it zstd-15/19 cost 4-8x zstd-9's time for less than xz-6 saves, and bz2 no longer wins.
 LARGE_STREAM = 16 << 10
-LARGE_EFFORTS = {"default": ((ZSTD, 9), (XZ, 6))}
+LARGE_EFFORTS: dict[str, Trials] = {"default": ((ZSTD, 9), (XZ, 6))}
 SMALL_STREAM = 64  # below this many bytes only raw and zstd are tried: xz/bz2 headers alone are larger
 _XZ_BZ2_OVERHEAD = 40  # an xz or bz2 stream costs at least this much more than a zstd frame
 
@@ -74,10 +76,10 @@ class Codec:
     default_setting: ClassVar[int] = 0  # the setting of ``encode_with`` (force_codec)
     overhead: ClassVar[int] = 0  # bytes it costs at least beyond a zstd frame: not tried where it cannot win
 
-    def compress(self, data, setting: int):
+    def compress(self, data: bytes, setting: int) -> bytes:
         raise NotImplementedError
 
-    def decode(self, stored, length: int):
+    def decode(self, stored: BytesLike, length: int) -> BytesLike:
         """Exactly ``length`` bytes from ``stored``, never producing more (CorruptError, LimitError)."""
         raise NotImplementedError
 
@@ -88,8 +90,12 @@ class Codec:
 _by_id: dict[int, Codec] = {}
 _by_name: dict[str, Codec] = {}
 
+_CodecT = TypeVar("_CodecT", bound="Codec | type[Codec]")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
-def register(codec):
+
+def register(codec: _CodecT) -> _CodecT:
     """Add a codec (instance, or subclass: instantiated) to the table; returns what it was given."""
     c = codec() if isinstance(codec, type) else codec
     if not isinstance(c.id, int) or not 0 <= c.id <= 255:
@@ -101,8 +107,8 @@ def register(codec):
     return codec
 
 
-def unregister(codec) -> None:
-    c = _by_name.get(codec) if isinstance(codec, str) else _by_id.get(getattr(codec, "id", codec))
+def unregister(codec: str | int | Codec | type[Codec]) -> None:
+    c = _by_name.get(codec) if isinstance(codec, str) else _by_id.get(codec if isinstance(codec, int) else codec.id)
     if c is None:
         raise KeyError(codec)
     del _by_id[c.id], _by_name[c.name]
@@ -116,7 +122,7 @@ def get(codec_id: int) -> Codec:
         raise UnsupportedError(f"unknown codec id {codec_id}") from None
 
 
-def find(codec_id) -> Codec | None:
+def find(codec_id: int) -> Codec | None:
     return _by_id.get(codec_id)
 
 
@@ -125,32 +131,32 @@ def by_name(name: str) -> Codec:
     return _by_name[name]
 
 
-def registered():
+def registered() -> Iterator[Codec]:
     """Every registered codec, by id."""
     return iter(sorted(_by_id.values(), key=lambda c: c.id))
 
 
-class _View(Mapping):
+class _View(Mapping[_K, _V], Generic[_K, _V]):
     """A read-only mapping over the live table."""
 
-    def __init__(self, key, value):
+    def __init__(self, key: Callable[[Codec], _K], value: Callable[[Codec], _V]) -> None:
         self._key, self._value = key, value
 
-    def _items(self):
+    def _items(self) -> dict[_K, _V]:
         return {self._key(c): self._value(c) for c in registered()}
 
-    def __getitem__(self, k):
+    def __getitem__(self, k: _K) -> _V:
         return self._items()[k]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_K]:
         return iter(self._items())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(_by_id)
 
 
-NAMES = _View(lambda c: c.id, lambda c: c.name)    # id → name
-BY_NAME = _View(lambda c: c.name, lambda c: c.id)  # name → id
+NAMES: Mapping[int, str] = _View(lambda c: c.id, lambda c: c.name)    # id → name
+BY_NAME: Mapping[str, int] = _View(lambda c: c.name, lambda c: c.id)  # name → id
 
 
 # ------------------------------------------------------------------------------------ the codecs
@@ -159,10 +165,10 @@ BY_NAME = _View(lambda c: c.name, lambda c: c.id)  # name → id
 class Raw(Codec):
     id, name = RAW, "raw"
 
-    def compress(self, data, setting):
+    def compress(self, data: bytes, setting: int) -> bytes:
         return data
 
-    def decode(self, stored, length):
+    def decode(self, stored: BytesLike, length: int) -> BytesLike:
         if len(stored) != length:
             raise CorruptError(f"raw stream holds {len(stored)} bytes, {length} expected")
         return stored
@@ -172,10 +178,10 @@ class Raw(Codec):
 class Zstd(Codec):
     id, name, default_setting = ZSTD, "zstd", 19
 
-    def compress(self, data, setting):
+    def compress(self, data: bytes, setting: int) -> bytes:
         return _zstd_compressor(setting).compress(data)
 
-    def decode(self, stored, length):
+    def decode(self, stored: BytesLike, length: int) -> bytes:
         try:
             params = zstandard.get_frame_parameters(stored)
         except zstandard.ZstdError as exc:
@@ -198,7 +204,7 @@ class Zstd(Codec):
 class Xz(Codec):
     id, name, default_setting, overhead = XZ, "xz", 6, _XZ_BZ2_OVERHEAD
 
-    def compress(self, data, setting):
+    def compress(self, data: bytes, setting: int) -> bytes:
         # The dictionary need not exceed the input: same output size, far cheaper to set up (and to
         # decode) than the preset's 8-64 MiB for the small streams a block has.
         dict_size = max(1 << 12, 1 << max(0, len(data) - 1).bit_length())
@@ -206,7 +212,7 @@ class Xz(Codec):
                     "dict_size": min(dict_size, 1 << 26), **_XZ_TUNING.get(setting, _XZ_PLANES)}]
         return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
 
-    def decode(self, stored, length):
+    def decode(self, stored: BytesLike, length: int) -> bytes:
         try:
             dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
             out = dec.decompress(stored, max_length=length + 1)
@@ -221,10 +227,10 @@ class Xz(Codec):
 class Bz2(Codec):
     id, name, default_setting, overhead = BZ2, "bz2", 9, _XZ_BZ2_OVERHEAD
 
-    def compress(self, data, setting):
+    def compress(self, data: bytes, setting: int) -> bytes:
         return bz2.compress(data, setting)
 
-    def decode(self, stored, length):
+    def decode(self, stored: BytesLike, length: int) -> bytes:
         try:
             dec = bz2.BZ2Decompressor()
             out = dec.decompress(stored, max_length=length + 1)
@@ -233,7 +239,7 @@ class Bz2(Codec):
         return _check_end(out, length, dec.eof, dec.unused_data, "bz2")
 
 
-def _check_end(out, length, eof, unused, name):
+def _check_end(out: bytes, length: int, eof: bool, unused: bytes, name: str) -> bytes:
     if len(out) > length:
         raise CorruptError(f"{name} stream decodes to more than the {length} bytes declared")
     if len(out) < length or not eof:
@@ -245,11 +251,11 @@ def _check_end(out, length, eof, unused, name):
 
 # ------------------------------------------------------------------------------------ through the table
 
-def compress(codec: int, data, setting: int):
+def compress(codec: int, data: bytes, setting: int) -> bytes:
     return get(codec).compress(data, setting)
 
 
-def decode(codec: int, stored, length: int):
+def decode(codec: int, stored: BytesLike, length: int) -> BytesLike:
     """Decode one stream to exactly ``length`` bytes, never producing more (SPEC.md §9). An empty
     stream must be ``raw`` (checked before the codec's own rules)."""
     c = _by_id.get(codec)
@@ -260,7 +266,7 @@ def decode(codec: int, stored, length: int):
     return c.decode(stored, length)
 
 
-def encode_smallest(data, effort="default") -> tuple[int, bytes]:
+def encode_smallest(data: BytesLike, effort: str | Trials = "default") -> tuple[int, bytes]:
     """Compress ``data`` with every codec of the effort level and keep the smallest (raw included).
 
     ``effort`` is a level name or a tuple of ``(codec, setting)`` trials.
@@ -281,7 +287,7 @@ def encode_smallest(data, effort="default") -> tuple[int, bytes]:
     return best_codec, best
 
 
-def encode_with(codec: int, data) -> tuple[int, bytes]:
+def encode_with(codec: int, data: BytesLike) -> tuple[int, bytes]:
     """Compress with one given codec (empty streams stay raw, as SPEC.md §9 requires)."""
     data = bytes(data)
     if not data:

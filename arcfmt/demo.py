@@ -20,7 +20,7 @@ def make_model_pair(seed: int = 0, layers: int = 2, d: int = 128, vocab: int = 4
     one small Adam-like step (about ``lr`` per weight) and are cast to BF16, so only a few percent of the
     BF16 values change, mostly by one unit in the last place. Norm weights stay FP32."""
     rng = np.random.default_rng(seed)
-    shapes = {"model.embed_tokens.weight": (vocab, d)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d)}
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes.update({p + "self_attn.q_proj.weight": (d, d), p + "self_attn.k_proj.weight": (d, d),
@@ -93,17 +93,19 @@ def run_demo(workdir: str | None = None, seed: int = 0) -> dict:
         changed = sum(int(np.count_nonzero(base[n].view(np.uint8) != target[n].view(np.uint8)))
                       for n in base)
         changed_values = sum(b.changed or 0 for t in w.stats for b in t.blocks)
+        size = w.size
+        assert size is not None  # encode_checkpoints returns the writer closed
         desc = DeltaReader(open(delta_path, "rb").read()).describe()
         enc = sorted({e for t in desc["tensors"] for e in t["encodings"]})
         res = dict(workdir=workdir if tmp is None else None, tensors=len(target), model_bytes=model_bytes,
-                   delta_bytes=w.size, ratio_percent=100 * w.size / model_bytes, changed_values=changed_values,
-                   bytes_per_changed_value=w.size / max(changed_values, 1), encode_s=t1 - t0, apply_s=t2 - t1,
+                   delta_bytes=size, ratio_percent=100 * size / model_bytes, changed_values=changed_values,
+                   bytes_per_changed_value=size / max(changed_values, 1), encode_s=t1 - t0, apply_s=t2 - t1,
                    bit_exact=exact, encodings=enc)
         lines = [
             "arcfmt demo: a 2-layer BF16 model (FP32 norms) and its next RL step, stored as 2 safetensors shards",
             f"  model          {model_bytes / 1e6:8.2f} MB in {len(target)} tensors",
             f"  changed values {changed_values:8d} ({100 * changed_values / sum(a.size for a in target.values()):.2f} % of all values)",
-            f"  delta file     {w.size / 1e3:8.2f} kB = {res['ratio_percent']:.3f} % of the model, "
+            f"  delta file     {size / 1e3:8.2f} kB = {res['ratio_percent']:.3f} % of the model, "
             f"{res['bytes_per_changed_value']:.2f} bytes per changed value",
             f"  encodings used {', '.join(enc)}",
             f"  encode {res['encode_s'] * 1e3:.0f} ms, apply + verify {res['apply_s'] * 1e3:.0f} ms",

@@ -1,10 +1,12 @@
 """The dtype table of SPEC.md §2 and its mapping to numpy / ml_dtypes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from .errors import InputError, UnsupportedError
 
@@ -17,14 +19,14 @@ class DType:
     kind: str  # "bool", "uint", "int", "float"
     exp_bits: int = 0
     mant_bits: int = 0
-    numpy: np.dtype = None
+    numpy: np.dtype = field(kw_only=True)  # every entry has one: a keyword, after the defaulted bit counts
 
     @property
     def is_float(self) -> bool:
         return self.kind == "float"
 
     @property
-    def uint(self) -> np.dtype:
+    def uint(self) -> np.dtype[np.unsignedinteger[Any]]:
         """The unsigned integer dtype of the same width: the view every transform works on."""
         return np.dtype(f"<u{self.itemsize}")
 
@@ -39,12 +41,12 @@ _TABLE = [
     DType(7, "I32", 4, "int", numpy=np.dtype("<i4")),
     DType(8, "U64", 8, "uint", numpy=np.dtype("<u8")),
     DType(9, "I64", 8, "int", numpy=np.dtype("<i8")),
-    DType(10, "F16", 2, "float", 5, 10, np.dtype("<f2")),
-    DType(11, "BF16", 2, "float", 8, 7, np.dtype(ml_dtypes.bfloat16)),
-    DType(12, "F32", 4, "float", 8, 23, np.dtype("<f4")),
-    DType(13, "F64", 8, "float", 11, 52, np.dtype("<f8")),
-    DType(14, "F8_E4M3", 1, "float", 4, 3, np.dtype(ml_dtypes.float8_e4m3fn)),
-    DType(15, "F8_E5M2", 1, "float", 5, 2, np.dtype(ml_dtypes.float8_e5m2)),
+    DType(10, "F16", 2, "float", 5, 10, numpy=np.dtype("<f2")),
+    DType(11, "BF16", 2, "float", 8, 7, numpy=np.dtype(ml_dtypes.bfloat16)),
+    DType(12, "F32", 4, "float", 8, 23, numpy=np.dtype("<f4")),
+    DType(13, "F64", 8, "float", 11, 52, numpy=np.dtype("<f8")),
+    DType(14, "F8_E4M3", 1, "float", 4, 3, numpy=np.dtype(ml_dtypes.float8_e4m3fn)),
+    DType(15, "F8_E5M2", 1, "float", 5, 2, numpy=np.dtype(ml_dtypes.float8_e5m2)),
 ]
 
 BY_CODE = {d.code: d for d in _TABLE}
@@ -67,7 +69,7 @@ def from_name(name: str) -> DType:
         raise UnsupportedError(f"unsupported dtype {name!r}") from None
 
 
-def from_numpy(dt: np.dtype) -> DType:
+def from_numpy(dt: npt.DTypeLike) -> DType:
     dt = np.dtype(dt)
     if dt.byteorder == ">":
         raise InputError(f"big-endian arrays are not supported ({dt}); convert with .astype('{dt.newbyteorder('<').str}')")

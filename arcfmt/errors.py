@@ -4,6 +4,8 @@ Each class carries the SPEC.md §15 ``category`` string that conformance vectors
 """
 from __future__ import annotations
 
+import os
+
 
 class ArcError(Exception):
     """Root of every error arcfmt raises on bad input or a failed check."""
@@ -93,7 +95,7 @@ class FileAccessError(InputError):
     category = "io"
 
 
-def os_error(exc: OSError, verb: str, path) -> FileAccessError:
+def os_error(exc: OSError, verb: str, path: str | os.PathLike[str]) -> FileAccessError:
     """One wording for every OS error on a caller's path: ``cannot read|write PATH: reason``."""
     reason = exc.strerror or str(exc)
     return FileAccessError(f"cannot {verb} {path}: {reason}")

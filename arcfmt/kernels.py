@@ -14,6 +14,9 @@ caller has the numpy twin decode the block again to word the error.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import numba
 import numpy as np
 from numba.core import types
@@ -32,7 +35,13 @@ def _jit(fn):
         return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
 
 
-@intrinsic
+def _intrinsic(defn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[np.uint64], np.uint64]:
+    """``numba.extending.intrinsic``, typed as the kernels call it: one uint64 in, one out. (numba's own
+    annotation types a call from Python, which keeps the typing context argument and always raises.)"""
+    return cast("Callable[[np.uint64], np.uint64]", intrinsic(defn))
+
+
+@_intrinsic
 def _popcount(typingctx, x):
     """One ``popcnt`` instruction (numba has no np.bitwise_count)."""
     def codegen(context, builder, signature, args):
@@ -40,7 +49,7 @@ def _popcount(typingctx, x):
     return types.uint64(types.uint64), codegen
 
 
-@intrinsic
+@_intrinsic
 def _trailing_zeros(typingctx, x):
     """One ``tzcnt``: the index of the lowest set bit (x ≠ 0)."""
     def codegen(context, builder, signature, args):
@@ -126,7 +135,7 @@ def _word_counts(words):
     """Members in each word, and through each word."""
     pop = np.empty(words.size, np.int64)
     cum = np.empty(words.size, np.int64)
-    acc = 0
+    acc: int | np.int64 = 0  # numba unifies it with the int64 counts added to it
     for w in range(words.size):
         c = np.int64(_popcount(words[w]))
         pop[w] = c
@@ -488,7 +497,7 @@ def _changes(base, target):
     m = base.size
     full = m // 64
     words = np.empty(full + 1, np.uint64)
-    n = 0
+    n: int | np.uint64 = 0  # numba unifies it with _popcount's uint64
     for w in range(full):
         s = w * 64
         x = np.uint64(0)

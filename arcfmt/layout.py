@@ -23,16 +23,22 @@ from __future__ import annotations
 
 import re
 import struct as _struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import BinaryIO, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 from construct import (
-    Bytes, Construct, FormatField, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
+    Bytes, Construct, Container, FormatField, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
 )
 from construct.core import (
     ConstructError, StreamError, stream_read, stream_read_entire, stream_seek, stream_tell, stream_write,
 )
 
 from .errors import CorruptError, InputError, LimitError
+
+# What the parsers read: a record's bytes as a source gives them (bytes, or a view of a buffer or mmap).
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
@@ -61,7 +67,7 @@ RECORD_TYPE_RE = re.compile(rb"[A-Za-z]{%d}\Z" % RECORD_TYPE_SIZE)  # a valid ty
 _CRITICAL_FIRST, _CRITICAL_LAST = ord("A"), ord("Z")
 
 
-def is_critical(rtype) -> bool:
+def is_critical(rtype: bytes) -> bool:
     """A critical record type — its first letter is upper case — which a decoder must know (§5)."""
     return _CRITICAL_FIRST <= rtype[0] <= _CRITICAL_LAST
 
@@ -72,7 +78,7 @@ NEEDS_BASE = 0x01
 
 # ------------------------------------------------------------------------------------ varints
 
-def read_varint(next_byte) -> int:
+def read_varint(next_byte: Callable[[], int]) -> int:
     """One canonical varint (SPEC.md §1) from ``next_byte()``; the checks every varint reader shares."""
     value = 0
     for i in range(10):
@@ -87,7 +93,7 @@ def read_varint(next_byte) -> int:
     raise CorruptError("varint longer than 10 bytes")
 
 
-def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
+def _varint_at(buf: BytesLike, pos: int, what: str) -> tuple[int, int]:
     """The varint at ``buf[pos]`` and the position after it: ``read_varint``'s checks and messages."""
     n = len(buf)
     if pos < n:
@@ -106,7 +112,7 @@ def _varint_at(buf, pos: int, what: str) -> tuple[int, int]:
             shift += 7
     at = [pos]
 
-    def next_byte():
+    def next_byte() -> int:
         if at[0] >= len(buf):
             raise CorruptError(f"{what}: structure runs past the end of its bytes")
         at[0] += 1
@@ -126,13 +132,14 @@ def varint_bytes(v: int) -> bytes:
     return bytes(out)
 
 
-class CanonicalVarInt(Construct):
+# construct ships no annotations: to mypy its classes are Any (pyproject.toml: ignore_missing_imports)
+class CanonicalVarInt(Construct):  # type: ignore[misc]  # subclassing Construct, which mypy sees as Any
     """Unsigned LEB128, at most 10 bytes, value < 2**64, minimal encoding (SPEC.md §1)."""
 
-    def _parse(self, stream, context, path):
+    def _parse(self, stream: BinaryIO, context: Container, path: str) -> int:
         return read_varint(lambda: stream_read(stream, 1, path)[0])
 
-    def _build(self, obj, stream, context, path):
+    def _build(self, obj: int, stream: BinaryIO, context: Container, path: str) -> int:
         out = varint_bytes(obj)
         stream_write(stream, out, len(out), path)
         return obj
@@ -225,11 +232,11 @@ _U64 = _struct.Struct("<Q")
 class RecordHeaderFields:
     __slots__ = ("type", "length", "checksum")
 
-    def __init__(self, rtype, length, checksum):
+    def __init__(self, rtype: bytes, length: int, checksum: int) -> None:
         self.type, self.length, self.checksum = rtype, length, checksum
 
 
-def parse_record_header(data) -> RecordHeaderFields:
+def parse_record_header(data: BytesLike) -> RecordHeaderFields:
     """``RecordHeader`` of the first ``RECORD_HEADER_SIZE`` bytes of ``data``."""
     if len(data) < RECORD_HEADER_SIZE:
         raise CorruptError("record header: structure runs past the end of its bytes")
@@ -249,7 +256,7 @@ def build_record_header(rtype: bytes, length: int, checksum: int) -> bytes:
     return record_checked_bytes(rtype, length) + _U64.pack(checksum)
 
 
-def frame_record(rtype: bytes, payload, checksum_of) -> bytes:
+def frame_record(rtype: bytes, payload: BytesLike, checksum_of: Callable[[bytes, BytesLike], int]) -> bytes:
     """A whole record: its header, ``checksum_of(checked header bytes, payload)`` in the checksum field,
     then the payload."""
     if len(rtype) != RECORD_TYPE_SIZE:
@@ -268,12 +275,13 @@ def frame_record(rtype: bytes, payload, checksum_of) -> bytes:
 class TensorFields:
     __slots__ = ("name", "dtype", "ndim", "dims", "block_elems", "flags", "base_hash", "target_hash", "_end")
 
-    def __init__(self, name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, end):
+    def __init__(self, name: bytes, dtype: int, ndim: int, dims: list[int], block_elems: int, flags: int,
+                 base_hash: int | None, target_hash: int, end: int) -> None:
         self.name, self.dtype, self.ndim, self.dims, self.block_elems = name, dtype, ndim, dims, block_elems
         self.flags, self.base_hash, self.target_hash, self._end = flags, base_hash, target_hash, end
 
 
-def parse_tensor_payload(payload, what: str) -> TensorFields:
+def parse_tensor_payload(payload: BytesLike, what: str) -> TensorFields:
     """The fields of a TENS payload; errors are prefixed with ``what``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
     short = f"{what}: structure runs past the end of its bytes"
@@ -297,7 +305,7 @@ def parse_tensor_payload(payload, what: str) -> TensorFields:
         raise CorruptError(short)
     flags = buf[pos]
     pos += 1
-    base_hash = None
+    base_hash: int | None = None
     if flags & NEEDS_BASE:
         if pos + 8 > len(buf):
             raise CorruptError(short)
@@ -310,12 +318,14 @@ def parse_tensor_payload(payload, what: str) -> TensorFields:
     return TensorFields(name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, pos)
 
 
-def build_tensor_payload(name: bytes, dtype: int, dims, block_elems: int, flags: int, base_hash, target_hash) -> bytes:
+def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_elems: int, flags: int,
+                         base_hash: int | None, target_hash: int) -> bytes:
     """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``)."""
     parts = [varint_bytes(len(name)), name, bytes((dtype, len(dims)))]
     parts += [varint_bytes(d) for d in dims]
     parts += [varint_bytes(block_elems), bytes((flags,))]
     if flags & NEEDS_BASE:
+        assert base_hash is not None, "NEEDS_BASE in flags without a base_hash"
         parts.append(base_hash.to_bytes(8, "little"))
     parts.append(target_hash.to_bytes(8, "little"))
     return b"".join(parts)
@@ -332,12 +342,14 @@ def build_tensor_payload(name: bytes, dtype: int, dims, block_elems: int, flags:
 class BlockFields:
     __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")
 
-    def __init__(self, tensor, block, encoding, params, streams, end):
+    def __init__(self, tensor: int, block: int, encoding: int, params: list[int], streams: list[tuple[int, int]],
+                 end: int) -> None:
         self.tensor, self.block, self.encoding, self.params, self.streams, self._end = \
             tensor, block, encoding, params, streams, end
 
 
-def parse_block_head(payload, what: str, param_count, stream_count) -> BlockFields:
+def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, list[int]], int],
+                     stream_count: Callable[[int, list[int]], int]) -> BlockFields:
     """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
     prefixed with ``what``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
@@ -347,7 +359,7 @@ def parse_block_head(payload, what: str, param_count, stream_count) -> BlockFiel
         raise CorruptError(f"{what}: structure runs past the end of its bytes")
     encoding = buf[pos]
     pos += 1
-    params = []
+    params: list[int] = []
     while len(params) < param_count(encoding, params):
         v, pos = _varint_at(buf, pos, what)
         params.append(v)
@@ -361,7 +373,8 @@ def parse_block_head(payload, what: str, param_count, stream_count) -> BlockFiel
     return BlockFields(tensor, block, encoding, params, streams, pos)
 
 
-def build_block_head(tensor: int, block: int, encoding: int, params, streams) -> bytes:
+def build_block_head(tensor: int, block: int, encoding: int, params: Iterable[int],
+                     streams: Iterable[tuple[int, int]]) -> bytes:
     """The head of a BLCK payload: these fields, params and ``(codec, stored length)`` streams as given."""
     parts = [varint_bytes(tensor), varint_bytes(block), bytes((encoding,))]
     parts += [varint_bytes(p) for p in params]
@@ -370,24 +383,25 @@ def build_block_head(tensor: int, block: int, encoding: int, params, streams) ->
     return b"".join(parts)
 
 
-class _Defined(Construct):
+class _Defined(Construct):  # type: ignore[misc]  # subclassing Construct, which mypy sees as Any
     """A construct that parses and builds with one of the hand-written definitions above.
 
     Parsing reads the rest of the stream and leaves it after the bytes the structure consumed; the
     parse keywords (BLCK: ``param_count``, ``stream_count``) reach the definition."""
 
-    def __init__(self, parse_fn, build_fn):
+    def __init__(self, parse_fn: Callable[[bytes, Container], TensorFields | BlockFields],
+                 build_fn: Callable[[Container], bytes]) -> None:
         super().__init__()
         self._parse_fn = parse_fn
         self._build_fn = build_fn
 
-    def _parse(self, stream, context, path):
+    def _parse(self, stream: BinaryIO, context: Container, path: str) -> TensorFields | BlockFields:
         start = stream_tell(stream, path)
         out = self._parse_fn(stream_read_entire(stream, path), context._params)
         stream_seek(stream, start + out._end, 0, path)
         return out
 
-    def _build(self, obj, stream, context, path):
+    def _build(self, obj: Container, stream: BinaryIO, context: Container, path: str) -> Container:
         data = self._build_fn(obj)
         stream_write(stream, data, len(data), path)
         return obj
@@ -405,7 +419,7 @@ BlockPayload = _Defined(
 
 # ------------------------------------------------------------------------------------ INDX (§10)
 
-def _checked_count(con, context) -> int:
+def _checked_count(con: NumpyColumn, context: Container) -> int:
     """The element count of a counted construct (``count``, ``limit``, ``what``), refused past its limit."""
     count = con.count(context) if callable(con.count) else con.count
     if con.limit is not None and count > con.limit:
@@ -413,21 +427,22 @@ def _checked_count(con, context) -> int:
     return count
 
 
-class NumpyColumn(Construct):
+class NumpyColumn(Construct):  # type: ignore[misc]  # subclassing Construct, which mypy sees as Any
     """``count`` fixed-width little-endian values read in one step as a read-only numpy view.
 
     Keeps large index columns out of per-element construct parsing; the byte count is checked
     against what the stream holds before anything is allocated.
     """
 
-    def __init__(self, count, dtype, limit=None, what="count"):
+    def __init__(self, count: int | Callable[[Container], int], dtype: npt.DTypeLike, limit: int | None = None,
+                 what: str = "count") -> None:
         super().__init__()
         self.count = count
         self.dtype = np.dtype(dtype)
         self.limit = limit
         self.what = what
 
-    def _parse(self, stream, context, path):
+    def _parse(self, stream: BinaryIO, context: Container, path: str) -> np.ndarray:
         count = _checked_count(self, context)
         nbytes = count * self.dtype.itemsize
         here = stream.tell()
@@ -438,7 +453,7 @@ class NumpyColumn(Construct):
             raise StreamError(f"column of {count} values needs {nbytes} bytes, {available} left", path=path)
         return np.frombuffer(stream_read(stream, nbytes, path), self.dtype)
 
-    def _build(self, obj, stream, context, path):
+    def _build(self, obj: npt.ArrayLike, stream: BinaryIO, context: Container, path: str) -> npt.ArrayLike:
         data = np.ascontiguousarray(obj, dtype=self.dtype).tobytes()
         stream_write(stream, data, len(data), path)
         return obj
@@ -473,7 +488,7 @@ IndexBody = Struct(
 )
 
 
-def parse(struct: Construct, data, what: str, **params):
+def parse(struct: Construct, data: bytes, what: str, **params: object) -> Container:
     """Parse with construct, turning its exceptions into CorruptError that names the structure."""
     try:
         return struct.parse(data, **params)

@@ -44,9 +44,9 @@ def check_readable(path) -> str:
     return p
 
 
-def _identities(inputs) -> dict:
+def _identities(inputs) -> dict[tuple[int, int], str]:
     """(st_dev, st_ino) → input path, for each input and, for a folder, each entry in it."""
-    ids = {}
+    ids: dict[tuple[int, int], str] = {}
     for p in inputs:
         if p is None:
             continue

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 # Jobs on fewer elements than this run on the calling thread only: with the GIL, sharing them costs
 # more than it saves (measured: a model's norms and biases decode slower on two threads than on one).
 SHARED_MIN_ELEMS = 1 << 18
 
 
-def run_jobs(jobs, workers: int, elems=None) -> None:
+def run_jobs(jobs: Sequence[tuple[Any, ...]], workers: int, elems: Sequence[int] | None = None) -> None:
     """Run ``(fn, *args)`` jobs on the calling thread and ``workers − 1`` helper threads, in order.
 
     ``elems`` (one count per job, optional): jobs on fewer than SHARED_MIN_ELEMS elements run on the
@@ -16,7 +18,7 @@ def run_jobs(jobs, workers: int, elems=None) -> None:
     instead of waiting on futures, and there is no hand-off per job. The first error stops the others
     from starting new jobs and is raised here.
     """
-    small = ()
+    small: Sequence[tuple[Any, ...]] = ()
     if elems is not None:
         small = [j for j, n in zip(jobs, elems) if n < SHARED_MIN_ELEMS]
         jobs = [j for j, n in zip(jobs, elems) if n >= SHARED_MIN_ELEMS]
@@ -26,9 +28,9 @@ def run_jobs(jobs, workers: int, elems=None) -> None:
         return
     it = iter(jobs)
     lock = threading.Lock()
-    errors = []
+    errors: list[BaseException] = []
 
-    def drain():
+    def drain() -> None:
         while not errors:
             with lock:
                 job = next(it, None)

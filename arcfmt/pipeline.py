@@ -15,11 +15,13 @@ before ``commit``.
 """
 from __future__ import annotations
 
+import enum
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import xxhash
@@ -27,8 +29,32 @@ import xxhash
 from . import encodings, layout as L, records
 from .arrays import as_uint, release
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
-from .integrity import model_digest, tensor_hash
+from .integrity import DigestEntry, model_digest, tensor_hash
+from .layout import BytesLike
 from .parallel import SHARED_MIN_ELEMS
+
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+# What a block loader returns: the checked block header and its payload
+Loaded = tuple[records.BlockInfo, BytesLike]
+
+
+class TensorOutput(Protocol[_T_co]):
+    """What a sink's ``open(th)`` returns: where one tensor's blocks go (see the module docstring)."""
+
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None,
+               drain: Callable[[], None]) -> np.ndarray: ...
+
+    def done(self, b: int, arr: np.ndarray) -> None: ...
+
+    def commit(self) -> _T_co: ...
+
+
+class Sink(Protocol[_T_co]):
+    """A consumer of verified tensors: :func:`run` yields what its tensors' ``commit()`` return."""
+
+    def open(self, th: records.TensorHeader) -> TensorOutput[_T_co]: ...
 
 # Decoded output not backed by a base of the same size that a decoder allocates by default: at least
 # this much, or OUTPUT_PER_FILE_BYTE times the file's size (SPEC.md §17: a small file can declare huge
@@ -43,7 +69,7 @@ def default_output_budget(file_size: int) -> int:
 
 # --------------------------------------------------------------------------------------- checks
 
-def check_base(th: records.TensorHeader, base) -> np.ndarray | None:
+def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
     """§12.3 step 1: the base tensor's flat unsigned view, once it is the one the file names."""
     if not th.needs_base:
         return None
@@ -66,15 +92,16 @@ def verify_hash(th: records.TensorHeader, digest: int) -> None:
         raise VerificationError(f"tensor {th.name!r}: reconstructed bytes do not match the target hash")
 
 
-def digest_entries(headers, which: str = "target") -> list:
+def digest_entries(headers: Iterable[records.TensorHeader], which: str = "target") -> list[DigestEntry]:
     """Model-digest entries (§13.2) of tensor headers: their target hashes, or (``"base"``) the base
     hashes of those that need a base."""
     if which == "target":
         return [(h.name.encode("utf-8"), h.dtype.code, h.shape, h.target_hash) for h in headers]
-    return [(h.name.encode("utf-8"), h.dtype.code, h.shape, h.base_hash) for h in headers if h.needs_base]
+    return [(h.name.encode("utf-8"), h.dtype.code, h.shape, h.base_hash) for h in headers
+            if h.base_hash is not None]  # h.needs_base
 
 
-def check_digests(headers, index: records.Index) -> None:
+def check_digests(headers: Sequence[records.TensorHeader], index: records.Index) -> None:
     """§12.3 step 4 for a file whose every tensor is reconstructed (``headers``: all of them).
 
     Both digests are functions of the tensor headers, and every tensor is verified against its
@@ -88,7 +115,8 @@ def check_digests(headers, index: records.Index) -> None:
         raise CorruptError("the base digest in the index does not match the tensors' base hashes")
 
 
-def decode_block(th: records.TensorHeader, b: int, loaded, base_block, out: np.ndarray) -> None:
+def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: np.ndarray | None,
+                 out: np.ndarray) -> None:
     """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block."""
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
@@ -111,11 +139,15 @@ class Item:
 
     th: records.TensorHeader
     base_u: np.ndarray | None
-    loaders: Iterable[Callable[[], tuple]]
-    encodings: list | None = None
+    loaders: Iterable[Callable[[], Loaded]]
+    encodings: Sequence[int] | None = None
 
 
-DRAIN = object()  # in an item sequence: finish every block in flight before the next item is taken
+class _Drain(enum.Enum):
+    DRAIN = enum.auto()
+
+
+DRAIN = _Drain.DRAIN  # in an item sequence: finish every block in flight before the next item is taken
 
 
 # --------------------------------------------------------------------------------------- scheduler
@@ -123,8 +155,9 @@ DRAIN = object()  # in an item sequence: finish every block in flight before the
 class _Job:
     __slots__ = ("fn", "args", "state", "error", "event")
 
-    def __init__(self, fn, args):
-        self.fn, self.args, self.state, self.error = fn, args, 0, None  # 0 new, 1 running, 2 done
+    def __init__(self, fn: Callable[..., object], args: tuple[object, ...]) -> None:
+        self.fn, self.args, self.state = fn, args, 0  # 0 new, 1 running, 2 done
+        self.error: BaseException | None = None
         self.event = None
 
     def run(self) -> None:
@@ -140,7 +173,7 @@ class _Workers:
     jobs across threads for nothing."""
 
     def __init__(self, n: int):
-        self.queue = deque()
+        self.queue: deque[_Job] = deque()
         self.cond = threading.Condition()
         self.stopped = False
         self.threads = [threading.Thread(target=self._loop, name="arcfmt-decode", daemon=True)
@@ -148,7 +181,7 @@ class _Workers:
         for t in self.threads:
             t.start()
 
-    def _take(self, job=None):
+    def _take(self, job: _Job | None = None) -> _Job | None:
         """A new job to run now (``job`` itself if it is still queued), marked running; else None."""
         q = self.queue
         while q and q[0].state != 0:
@@ -163,7 +196,7 @@ class _Workers:
             return j
         return None
 
-    def _finish(self, job) -> None:
+    def _finish(self, job: _Job) -> None:
         with self.cond:
             job.state = 2
             self.cond.notify_all()
@@ -218,20 +251,22 @@ class _Workers:
 class _Tensor:
     __slots__ = ("item", "out", "hash", "left", "single")
 
-    def __init__(self, item, out):
+    def __init__(self, item: Item, out: TensorOutput[Any]) -> None:
         self.item, self.out = item, out
         self.single = item.th.block_count == 1
-        self.hash = None if self.single else xxhash.xxh3_64()
+        self.hash: xxhash.xxh3_64 | None = None if self.single else xxhash.xxh3_64()
         self.left = item.th.block_count
 
 
-def _decode_job(th, b, load, base_block, arr, hashed: list | None) -> None:
+def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
+                arr: np.ndarray, hashed: list[int] | None) -> None:
     decode_block(th, b, load(), base_block, arr)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
 
 
-def run(items: Iterable, sink, *, workers: int = 1, window: int | None = None) -> Iterator:
+def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
+        window: int | None = None) -> Iterator[_T]:
     """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
 
     On any failure nothing more is committed, every thread has stopped touching the sink's buffers,
@@ -239,29 +274,32 @@ def run(items: Iterable, sink, *, workers: int = 1, window: int | None = None) -
     """
     pool = _Workers(workers)
     window = window or max(2, 2 * workers)
-    pending = deque()  # (tensor, b, job, arr, base_block, hashed)
-    ready = []
+    pending: deque[tuple[_Tensor, int, _Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
+    ready: list[_T] = []
 
-    def complete_one():
+    def complete_one() -> None:
         t, b, job, arr, base_block, hashed = pending.popleft()
         pool.wait(job)
         if job.error is not None:
             raise job.error
         th = t.item.th
         if t.single:
+            assert hashed is not None  # a tensor of one block is hashed where it was decoded
             verify_hash(th, hashed[0])
         else:
-            t.hash.update(memoryview(arr).cast("B"))
+            assert t.hash is not None
+            t.hash.update(arr.data.cast("B"))
         t.out.done(b, arr)
         if base_block is not None and base_block is not arr:
             release(base_block)
         t.left -= 1
         if t.left == 0:
             if not t.single:
+                assert t.hash is not None
                 verify_hash(th, t.hash.intdigest())
             ready.append(t.out.commit())
 
-    def drain():
+    def drain() -> None:
         while pending:
             complete_one()
 
@@ -281,7 +319,7 @@ def run(items: Iterable, sink, *, workers: int = 1, window: int | None = None) -
                 base_block = None if item.base_u is None else item.base_u[s:e]
                 enc = None if item.encodings is None else item.encodings[b]
                 arr = t.out.buffer(b, enc, base_block, drain)
-                hashed = [] if t.single else None
+                hashed: list[int] | None = [] if t.single else None
                 job = _Job(_decode_job, (th, b, load, base_block, arr, hashed))
                 pending.append((t, b, job, arr, base_block, hashed))
                 pool.submit(job, shared=e - s >= SHARED_MIN_ELEMS)
@@ -297,7 +335,7 @@ def run(items: Iterable, sink, *, workers: int = 1, window: int | None = None) -
         pool.close()
 
 
-def _flush(ready: list):
+def _flush(ready: list[_T]) -> Iterator[_T]:
     while ready:
         yield ready.pop(0)
 
@@ -309,13 +347,13 @@ class ArraySink:
     ``(name, array)`` once verified. ``headers``: allocate these up front in one arena (a whole
     decode faults its pages in once, with huge pages where the kernel gives them)."""
 
-    def __init__(self, budget: int, headers=None):
+    def __init__(self, budget: int, headers: Sequence[records.TensorHeader] | None = None) -> None:
         self.budget = [budget]
-        self.arena = {}
+        self.arena: dict[str, np.ndarray] = {}
         if headers:
             self.arena = dict(zip((h.name for h in headers), allocate_all(headers, self.budget)))
 
-    def open(self, th):
+    def open(self, th: records.TensorHeader) -> _ArrayTensor:
         out = self.arena.pop(th.name, None)
         if out is None:
             out = allocate_all([th], self.budget)[0]
@@ -325,17 +363,18 @@ class ArraySink:
 class _ArrayTensor:
     __slots__ = ("th", "flat")
 
-    def __init__(self, th, flat):
+    def __init__(self, th: records.TensorHeader, flat: np.ndarray) -> None:
         self.th, self.flat = th, flat
 
-    def buffer(self, b, encoding, base_block, drain):
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None,
+               drain: Callable[[], None]) -> np.ndarray:
         s, e = self.th.block_range(b)
         return self.flat[s:e]
 
-    def done(self, b, arr) -> None:
+    def done(self, b: int, arr: np.ndarray) -> None:
         pass
 
-    def commit(self):
+    def commit(self) -> tuple[str, np.ndarray]:
         return self.th.name, self.flat.view(self.th.dtype.numpy).reshape(self.th.shape)
 
 
@@ -345,10 +384,10 @@ class LiveSink:
     blocks are never written. ``live``: name → writeable C-contiguous flat unsigned view; tensors not
     in it (new, or of another dtype or shape) go to ``fresh``, an :class:`ArraySink`."""
 
-    def __init__(self, live: dict, arrays, fresh: ArraySink):
+    def __init__(self, live: Mapping[str, np.ndarray], arrays: Mapping[str, object], fresh: ArraySink) -> None:
         self.live, self.arrays, self.fresh = live, arrays, fresh
 
-    def open(self, th):
+    def open(self, th: records.TensorHeader) -> TensorOutput[tuple[str, object]]:
         flat = self.live.get(th.name)
         if flat is None:
             return self.fresh.open(th)
@@ -358,10 +397,12 @@ class LiveSink:
 class _LiveTensor:
     __slots__ = ("th", "flat", "array", "staged")
 
-    def __init__(self, th, flat, array):
-        self.th, self.flat, self.array, self.staged = th, flat, array, []
+    def __init__(self, th: records.TensorHeader, flat: np.ndarray, array: object) -> None:
+        self.th, self.flat, self.array = th, flat, array
+        self.staged: list[tuple[int, int, np.ndarray]] = []
 
-    def buffer(self, b, encoding, base_block, drain):
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None,
+               drain: Callable[[], None]) -> np.ndarray:
         if base_block is not None and encodings.keeps_base(encoding):
             return base_block  # decode_block leaves it as it is
         s, e = self.th.block_range(b)
@@ -369,10 +410,10 @@ class _LiveTensor:
         self.staged.append((s, e, out))
         return out
 
-    def done(self, b, arr) -> None:
+    def done(self, b: int, arr: np.ndarray) -> None:
         pass
 
-    def commit(self):
+    def commit(self) -> tuple[str, object]:
         for s, e, out in self.staged:
             self.flat[s:e] = out
         self.staged = []
@@ -381,13 +422,15 @@ class _LiveTensor:
 
 # --------------------------------------------------------------------------------------- memory
 
-def allocate_all(headers: list, budget: list) -> list:
+def allocate_all(headers: Sequence[records.TensorHeader], budget: list[int]) -> list[np.ndarray]:
     """Output buffers for several tensors, each refused (LimitError) past the caller's budget.
 
     They are 64-byte aligned views into one allocation: the kernel maps (and zeroes) one region, with
     huge pages where it can, instead of one per tensor — page faults are a large share of decoding.
     """
-    need, offsets, total, used = [], [], 0, 0  # used: tensor bytes, counted against the budget
+    need: list[int] = []
+    offsets: list[int] = []
+    total, used = 0, 0  # used: tensor bytes, counted against the budget
     for th in headers:
         n = th.size * th.dtype.itemsize
         if n > budget[0] - used:
@@ -406,7 +449,7 @@ def allocate_all(headers: list, budget: list) -> list:
     return [arena[o:o + n].view(th.dtype.uint) for th, o, n in zip(headers, offsets, need)]
 
 
-def check_budget(headers, budget: int, where: str) -> None:
+def check_budget(headers: Iterable[records.TensorHeader], budget: int, where: str) -> None:
     """Refuse (LimitError) a selection whose output exceeds ``budget`` before anything is allocated
     or written — for outputs on disk too (an apply, a follower's step)."""
     need = sum(h.size * h.dtype.itemsize for h in headers)

@@ -1,7 +1,13 @@
 """Plane-major integer sequences and gap coding (SPEC.md §1), shared by the block transforms."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from .layout import BytesLike
 
 
 def bytes_for(x: int) -> int:
@@ -27,13 +33,13 @@ def to_planes(values: np.ndarray, w: int) -> bytes:
     return np.ascontiguousarray(src.T).tobytes()
 
 
-def from_planes(buf, n: int, w: int, dtype=None) -> np.ndarray:
+def from_planes(buf: BytesLike, n: int, w: int, dtype: npt.DTypeLike | None = None) -> np.ndarray:
     """Inverse of :func:`to_planes`: ``n`` values of width ``w`` as unsigned integers."""
     dtype = np.dtype(dtype) if dtype is not None else _value_dtype(w)
     planes = np.frombuffer(buf, np.uint8, count=n * w).reshape(w, n)
     if w == dtype.itemsize:
         return np.ascontiguousarray(planes.T).view(dtype).reshape(n)
-    out = planes[0].astype(dtype)
+    out: np.ndarray = planes[0].astype(dtype)
     for k in range(1, w):
         out |= planes[k].astype(dtype) << dtype.type(8 * k)
     return out

@@ -11,6 +11,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class DeltaReader:
         self.meta = records.parse_meta(meta)
         self.entries = {e.name: e for e in self.index.entries}
         self._ordinal = {e.name: i for i, e in enumerate(self.index.entries)}
-        self._headers = {}
+        self._headers: dict[str, records.TensorHeader] = {}
 
     # -- identity
     @property
@@ -273,7 +274,7 @@ class DeltaReader:
         for i, name in enumerate(self.names):
             th = self.header(name)
             e = self.entries[name]
-            blocks = []
+            blocks: list[dict[str, Any]] = []  # JSON-like, as describe() returns it
             for b in range(th.block_count):
                 lb = self.load_block(name, b)
                 blocks.append(dict(
@@ -309,9 +310,9 @@ class StreamReader:
         self._explicit_budget = max_output_bytes
         self._base = {} if base is None else base
         self._pos = 0
-        self.meta = None
-        self.index = None
-        self.version = None
+        self.meta: records.Meta | None = None      # each set as the iteration reads it
+        self.index: records.Index | None = None
+        self.version: tuple[int, int] | None = None
 
     def _default_budget(self) -> int:
         """Output allowed beyond what bases back: scaled to the file when its size can be learnt."""
@@ -390,7 +391,7 @@ class StreamReader:
         seen = []          # IndexEntry per tensor, as found
         headers = []
         names = set()
-        self._others = []  # ancillary records seen
+        self._others: list[records.OtherRecord] = []  # ancillary records seen
         while True:
             offset, head, payload = self._critical()
             if head.type == L.BLCK:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from .errors import (
     TruncatedError, UnknownRecordError, UnsupportedVersionError,
 )
 from .integrity import record_checksum
+from .layout import BytesLike
 
 KNOWN_CRITICAL = {L.META, L.TENS, L.BLCK, L.INDX}
 _CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
@@ -21,10 +24,11 @@ _CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
 # ------------------------------------------------------------------------------------ header/trailer
 
 def build_header() -> bytes:
-    return L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=0))
+    out: bytes = L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=0))
+    return out
 
 
-def check_header(data) -> tuple[int, int]:
+def check_header(data: BytesLike) -> tuple[int, int]:
     if len(data) < L.HEADER_SIZE:
         if bytes(data[:len(L.MAGIC)]) == L.MAGIC[:len(data)]:
             raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
@@ -43,11 +47,23 @@ def build_trailer(index_offset: int, index_size: int) -> bytes:
     fields = dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
                   flags=0, checksum=0, magic=L.TRAILER_MAGIC)
     fields["checksum"] = record_checksum(L.Trailer.build(fields)[:L.TRAILER_CHECKED_SIZE], b"")
-    return L.Trailer.build(fields)
+    out: bytes = L.Trailer.build(fields)
+    return out
 
 
-def check_trailer(data, file_size: int):
-    t = L.Trailer.parse(bytes(data))
+class TrailerFields(Protocol):
+    """A parsed ``Trailer`` (§11), as :func:`check_trailer` returns it (a construct Container)."""
+    index_offset: int
+    index_size: int
+    major: int
+    minor: int
+    flags: int
+    checksum: int
+    magic: bytes
+
+
+def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
+    t: TrailerFields = L.Trailer.parse(bytes(data))
     if t.magic != L.TRAILER_MAGIC:
         raise TruncatedError(f"no trailer at offset {file_size - L.TRAILER_SIZE}: the file is truncated or damaged")
     if record_checksum(bytes(data[:L.TRAILER_CHECKED_SIZE]), b"") != t.checksum:
@@ -66,7 +82,7 @@ def check_trailer(data, file_size: int):
 
 # ------------------------------------------------------------------------------------------ records
 
-def build_record(rtype: bytes, payload) -> bytes:
+def build_record(rtype: bytes, payload: BytesLike) -> bytes:
     if len(payload) > L.MAX_RECORD_PAYLOAD:
         raise LimitError(f"record payload of {len(payload)} bytes exceeds {L.MAX_RECORD_PAYLOAD}")
     return L.frame_record(rtype, payload, record_checksum)
@@ -83,7 +99,7 @@ class RecordHead:
         return L.is_critical(self.type)
 
 
-def parse_record_head(data, offset: int) -> RecordHead:
+def parse_record_head(data: BytesLike, offset: int) -> RecordHead:
     """Check a 16-byte record header: type letters and payload limit (SPEC.md §5)."""
     h = L.parse_record_header(data)
     if not L.RECORD_TYPE_RE.match(h.type):
@@ -94,7 +110,7 @@ def parse_record_head(data, offset: int) -> RecordHead:
     return RecordHead(h.type, h.length, h.checksum)
 
 
-def verify_record(head: RecordHead, head_bytes, payload, offset: int) -> None:
+def verify_record(head: RecordHead, head_bytes: BytesLike, payload: BytesLike, offset: int) -> None:
     if record_checksum(bytes(head_bytes[:L.RECORD_CHECKED_SIZE]), payload) != head.checksum:
         raise ChecksumError(f"record {head.type.decode()} at offset {offset}: checksum mismatch")
     if head.critical and head.type not in KNOWN_CRITICAL:
@@ -110,13 +126,14 @@ class Meta:
 
 
 def build_meta(meta: Meta) -> bytes:
-    return L.MetaPayload.build(dict(
+    out: bytes = L.MetaPayload.build(dict(
         flags=0,
         base_step=L.NO_STEP if meta.base_step is None else meta.base_step,
         target_step=L.NO_STEP if meta.target_step is None else meta.target_step))
+    return out
 
 
-def parse_meta(payload) -> Meta:
+def parse_meta(payload: BytesLike) -> Meta:
     if len(payload) != L.META_PAYLOAD_SIZE:
         raise CorruptError(f"META payload is {len(payload)} bytes, {L.META_PAYLOAD_SIZE} expected")
     m = L.MetaPayload.parse(bytes(payload))
@@ -132,7 +149,7 @@ def parse_meta(payload) -> Meta:
 RESERVED_NAMES = frozenset({b"__metadata__"})
 
 
-def _name_problem(name: bytes) -> tuple[type, str] | None:
+def _name_problem(name: bytes) -> tuple[type[ArcError], str] | None:
     """What is wrong with a tensor name's bytes (SPEC.md §7), as (error class, reason); None if valid."""
     if not name:
         return CorruptError, "empty tensor name"
@@ -158,7 +175,7 @@ def check_name(name: bytes, where: str) -> str:
     return name.decode("utf-8")
 
 
-def check_input_name(name, where: str | None = None) -> bytes:
+def check_input_name(name: object, where: str | None = None) -> bytes:
     """A name given by a caller (writer, encode): its UTF-8 bytes, or InputError when it is not a str or
     breaks SPEC.md §7 (a caller's mistake, not damaged input)."""
     at = f"{where}: " if where else ""
@@ -175,7 +192,7 @@ def check_input_name(name, where: str | None = None) -> bytes:
     return raw
 
 
-def element_count(dims, where: str) -> int:
+def element_count(dims: Sequence[int], where: str) -> int:
     """The element count of a shape (SPEC.md §7): LimitError unless the product of the non-zero dims,
     checked after every factor, stays within MAX_TENSOR_ELEMS; 0 when a dimension is 0."""
     nonzero = 1
@@ -191,9 +208,9 @@ def element_count(dims, where: str) -> int:
     return 0 if zero else nonzero
 
 
-def _short_dims(dims) -> str:
-    dims = list(dims)
-    return str(dims) if len(dims) <= 16 else f"{dims[:16]}..."
+def _short_dims(dims: Iterable[int]) -> str:
+    dl = list(dims)
+    return str(dl) if len(dl) <= 16 else f"{dl[:16]}..."
 
 
 # --------------------------------------------------------------------------------------------- TENS
@@ -202,7 +219,7 @@ def _short_dims(dims) -> str:
 class TensorHeader:
     name: str
     dtype: DType
-    shape: tuple
+    shape: tuple[int, ...]
     block_elems: int
     base_hash: int | None  # None: the tensor needs no base
     target_hash: int
@@ -236,7 +253,7 @@ def build_tensor(h: TensorHeader) -> bytes:
                                   L.NEEDS_BASE if h.needs_base else 0, h.base_hash, h.target_hash)
 
 
-def parse_tensor(payload, where: str) -> TensorHeader:
+def parse_tensor(payload: BytesLike, where: str) -> TensorHeader:
     t = L.parse_tensor_payload(payload, f"{where}: TENS")
     if t._end != len(payload):
         raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
@@ -269,8 +286,8 @@ class BlockInfo:
     tensor: int
     block: int
     encoding: int
-    params: list
-    streams: list = field(default_factory=list)  # StreamInfo
+    params: list[int]
+    streams: list[StreamInfo] = field(default_factory=list)
     data_offset: int = 0  # where the stream data starts within the payload
 
     @property
@@ -278,25 +295,25 @@ class BlockInfo:
         return encodings.get(self.encoding).changed(self.params)
 
 
-def build_block(tensor: int, block: int, enc: encodings.EncodedBlock, coded: list) -> bytes:
+def build_block(tensor: int, block: int, enc: encodings.EncodedBlock, coded: Sequence[tuple[int, BytesLike]]) -> bytes:
     """``coded``: one ``(codec, stored_bytes)`` per stream."""
     head = L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
     return b"".join([head] + [bytes(s) for _, s in coded])
 
 
-def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
+def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, where: str,
                 expected_encoding: int | None = None) -> BlockInfo:
     """Parse and check a BLCK header and stream table against the tensor it belongs to."""
     start, stop = th.block_range(block)
-    lengths = []
+    lengths: list[int] = []
 
-    def param_count(encoding, head):
+    def param_count(encoding: int, head: list[int]) -> int:
         enc = encodings.get(encoding)
         if not head:
             enc.check_dtype(th.dtype)
         return enc.param_count(head)
 
-    def stream_count(encoding, params):
+    def stream_count(encoding: int, params: list[int]) -> int:
         lengths[:] = encodings.get(encoding).stream_lengths(th.dtype, params, stop - start)
         return len(lengths)
 
@@ -326,7 +343,7 @@ def parse_block(payload, th: TensorHeader, tensor: int, block: int, where: str,
     return BlockInfo(head.tensor, head.block, head.encoding, list(head.params), streams, head._end)
 
 
-def decode_block_streams(payload, info: BlockInfo, where: str) -> list:
+def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> list[BytesLike]:
     out = []
     pos = info.data_offset
     mv = memoryview(payload)
@@ -355,7 +372,7 @@ class IndexEntry:
     tens_offset: int
     tens_size: int
     tens_checksum: int
-    blocks: list  # BlockRef
+    blocks: list[BlockRef]
 
 
 @dataclass
@@ -369,8 +386,8 @@ class OtherRecord:
 class Index:
     base_digest: bytes
     target_digest: bytes
-    entries: list  # IndexEntry, file order
-    others: list = field(default_factory=list)  # OtherRecord: every record that is not META/TENS/BLCK/INDX
+    entries: list[IndexEntry]  # file order
+    others: list[OtherRecord] = field(default_factory=list)  # every record that is not META/TENS/BLCK/INDX
 
 
 def build_index(index: Index) -> bytes:
@@ -388,10 +405,11 @@ def build_index(index: Index) -> bytes:
         other_count=len(index.others), other_offsets=[o.offset for o in index.others],
         other_sizes=[o.size for o in index.others], other_types=[o.type for o in index.others]))
     codec, stored = codecs.encode_smallest(body, "fast")
-    return L.IndexPayload.build(dict(codec=codec, body_length=len(body), body=stored))
+    out: bytes = L.IndexPayload.build(dict(codec=codec, body_length=len(body), body=stored))
+    return out
 
 
-def parse_index(payload, index_offset: int) -> Index:
+def parse_index(payload: BytesLike, index_offset: int) -> Index:
     where = f"INDX at offset {index_offset}"
     p = L.parse(L.IndexPayload, bytes(payload), where)
     if p.body_length > L.MAX_INDEX_BYTES:
@@ -450,7 +468,17 @@ def parse_index(payload, index_offset: int) -> Index:
     return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others)
 
 
-def check_tiling(b, index_offset: int, where: str) -> None:
+class IndexColumns(Protocol):
+    """The columns of a parsed ``IndexBody`` (§10) that locate records (a construct Container)."""
+    tens_offsets: np.ndarray
+    tens_sizes: np.ndarray
+    blk_offsets: np.ndarray
+    blk_sizes: np.ndarray
+    other_offsets: np.ndarray
+    other_sizes: np.ndarray
+
+
+def check_tiling(b: IndexColumns, index_offset: int, where: str) -> None:
     """The located records (TENS, BLCK, others) must cover [META end, index) exactly: no gap, no overlap."""
     offs = np.concatenate([b.tens_offsets, b.blk_offsets, b.other_offsets]).astype(np.uint64)
     sizes = np.concatenate([b.tens_sizes, b.blk_sizes, b.other_sizes]).astype(np.uint64)

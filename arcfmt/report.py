@@ -16,6 +16,7 @@ import html
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def _role_order(table: tuple) -> dict:
     """Role → rank: the registered encodings' roles in their trial order (floats' first, widest dtype
     first), then headers and file overhead."""
     dts = sorted(BY_CODE.values(), key=lambda d: (not d.is_float, -d.itemsize, d.code))
-    order = {}
+    order: dict[str, int] = {}
     for enc in sorted(table, key=lambda e: (e.trial_rank, e.id)):
         for dt in dts:
             if enc.defined_for(dt):
@@ -179,8 +180,12 @@ def report_figures(delta, base=None) -> dict:
     with _Opened(delta) as reader:
         d = reader.describe()
         tensors = []
-        role_totals, codec_totals, enc_blocks, enc_elements, enc_bytes = {}, {}, {}, {}, {}
-        base_summary = None
+        role_totals: dict[str, int] = {}   # bytes
+        codec_totals: dict[str, int] = {}  # bytes
+        enc_blocks: dict[str, int] = {}
+        enc_elements: dict[str, int] = {}
+        enc_bytes: dict[str, int] = {}
+        base_summary: dict[str, Any] | None = None  # JSON-like, as the figures are
         if base_map is not None:
             base_summary = dict(path=base_path, ok=0, present=0, differs=[], missing=[], mismatch=[],
                                 extra=len([n for n in base_map if n not in reader.entries]))
@@ -190,6 +195,7 @@ def report_figures(delta, base=None) -> dict:
             status, base_u = (None, None)
             if base_map is not None:
                 status, base_u = _base_status(reader, name, base_map)
+                assert base_summary is not None  # set with base_map
                 if status in ("ok", "present"):
                     base_summary[status] += 1
                 else:
@@ -329,7 +335,8 @@ def _ticks(vmax: float, unit: float = 1.0, target: int = 4) -> list:
 
 def _tick_bytes(v: float) -> str:
     unit = _byte_unit(v)
-    return f"{v / unit:.4g} {dict(zip((1, 1024, 1024 ** 2, 1024 ** 3, 1024 ** 4), ('B', 'KiB', 'MiB', 'GiB', 'TiB')))[unit]}"
+    names = dict(zip((1, 1024, 1024 ** 2, 1024 ** 3, 1024 ** 4), ("B", "KiB", "MiB", "GiB", "TiB")))
+    return f"{v / unit:.4g} {names[int(unit)]}"
 
 
 def _tick_pct(v: float) -> str:

@@ -180,8 +180,8 @@ def open_checkpoint(path: str) -> Checkpoint:
             raise InputError(f"{path}: no .safetensors files in this folder")
         files = [read_file(os.path.join(path, n)) for n in names]
         seen = set()
-        for f in files:
-            for n in f.names:
+        for shard in files:
+            for n in shard.names:
                 if n in seen:
                     raise SafetensorsError(f"{path}: tensor {n!r} appears in more than one shard")
                 seen.add(n)
@@ -228,4 +228,4 @@ def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
     with open(path, "wb") as f:
         f.write(frame_header(header))
         for s in specs:
-            f.write(memoryview(np.ascontiguousarray(flat[s.name])).cast("B"))
+            f.write(np.ascontiguousarray(flat[s.name]).data.cast("B"))

@@ -64,17 +64,17 @@ class Owner:
             st = None
         return cls(st, folder)
 
-    def apply(self, fd_or_path) -> None:
+    def apply(self, fd_or_path: int | str) -> None:
         """Set the mode, and the owner where this process may (root, or already the owner)."""
         if isinstance(fd_or_path, int):
             os.fchmod(fd_or_path, self.mode)
-            chown = os.fchown
+            chown = functools.partial(os.fchown, fd_or_path)
         else:
             os.chmod(fd_or_path, self.mode, follow_symlinks=False)
-            chown = os.lchown
+            chown = functools.partial(os.lchown, fd_or_path)
         if self.ids is not None:
             try:
-                chown(fd_or_path, *self.ids)
+                chown(*self.ids)
             except PermissionError:
                 pass  # not root: the files stay ours, as any copy would
 
@@ -97,7 +97,7 @@ class Stage:
         like = like or self.dest
         self.owner = self._owner(Owner.of(like, folder))
         self._like_dir = like if folder and _is_real_dir(like) else None
-        self._move_after = []
+        self._move_after: list[str] = []
         if folder:
             try:
                 os.mkdir(self.path, 0o700)  # private until it is complete
@@ -108,7 +108,7 @@ class Stage:
         """The staging path of file ``name`` of a folder (or of the file itself)."""
         if not self.folder:
             return self.path
-        if os.path.basename(name) != name or name in ("", ".", ".."):
+        if name is None or os.path.basename(name) != name or name in ("", ".", ".."):
             raise InputError(f"{name!r} is not a plain file name")
         return os.path.join(self.path, name)
 
@@ -117,6 +117,7 @@ class Stage:
         if not self.folder:
             return self.owner
         if self._like_dir is not None:
+            assert name is not None, "a file of a folder is named"
             try:
                 st = os.lstat(os.path.join(self._like_dir, name))
                 if stat.S_ISREG(st.st_mode):

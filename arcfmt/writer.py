@@ -3,12 +3,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
 
 from . import codecs, encodings, layout as L, records
 from .arrays import as_uint, release
 from .errors import InputError, LimitError
-from .integrity import model_digest, tensor_hash
+from .integrity import DigestEntry, model_digest, tensor_hash
 from .parallel import run_jobs
+
+# An encoded block: the encoding's output and each stream's (codec, stored bytes)
+_Coded = tuple[encodings.EncodedBlock, list[tuple[int, bytes]]]
+# What write_tensors emits in order: a tensor's header, then each block (header, index, the slot its
+# encoding job fills, base block, target block)
+_Pending = (tuple[Literal["T"], records.TensorHeader]
+            | tuple[Literal["B"], tuple[records.TensorHeader, int, list[_Coded], np.ndarray | None, np.ndarray]])
 
 DEFAULT_BLOCK_ELEMS = 1 << 20
 
@@ -37,7 +47,7 @@ class TensorStats:
 _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block's streams (corpus)
 
 
-def _encode_into(slot: list, *args) -> None:
+def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
@@ -67,6 +77,7 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
         total = sum(len(s) for _, s in coded)
         if best is None or total < best[2]:
             best = (cand, coded, total)
+    assert best is not None, "no encoding proposed a candidate for this block"
     return best[0], best[1]
 
 
@@ -118,14 +129,14 @@ class DeltaWriter:
         self._block_elems = block_elems
         self._effort = effort
         self._workers = workers or min(8, os.cpu_count() or 1)
-        self._entries = []
-        self._others = []
-        self._names = set()
-        self._base_entries = []
-        self._target_entries = []
+        self._entries: list[records.IndexEntry] = []
+        self._others: list[records.OtherRecord] = []
+        self._names: set[bytes] = set()
+        self._base_entries: list[DigestEntry] = []
+        self._target_entries: list[DigestEntry] = []
         self.stats: list[TensorStats] = []
         self.closed = False
-        self.size = None
+        self.size: int | None = None  # the file's, once closed
         self._write(records.build_header())
         self._record(L.META, records.build_meta(records.Meta(base_step, target_step)))
         if note:
@@ -176,7 +187,8 @@ class DeltaWriter:
         if self.closed:
             raise InputError("writer is closed")
         batch = 4 * self._workers  # blocks encoded between two writes: bounds memory for mapped inputs
-        pending, jobs = [], []
+        pending: list[_Pending] = []
+        jobs: list[tuple[Any, ...]] = []  # (fn, *args) for run_jobs
 
         def flush():
             run_jobs(jobs, self._workers, elems=[job[4].size for job in jobs])  # job[4]: the block's target
@@ -191,7 +203,7 @@ class DeltaWriter:
             for blk in range(th.block_count):
                 s, e = th.block_range(blk)
                 bb = None if b is None else b[s:e]
-                slot = []
+                slot: list[_Coded] = []
                 jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
                              self._force_codec))
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
@@ -199,20 +211,19 @@ class DeltaWriter:
                     flush()
         flush()
 
-    def _emit(self, item) -> None:
-        kind, obj = item
-        if kind == "T":
-            th = obj
+    def _emit(self, item: _Pending) -> None:
+        if item[0] == "T":
+            th = item[1]
             off, size, ck = self._record(L.TENS, records.build_tensor(th))
             self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
             self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
             name_b = th.name.encode("utf-8")
             self._target_entries.append((name_b, th.dtype.code, th.shape, th.target_hash))
-            if th.needs_base:
+            if th.base_hash is not None:  # th.needs_base
                 self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
             self._tensor_ordinal = len(self._entries) - 1
             return
-        th, blk, slot, bb, tb = obj
+        th, blk, slot, bb, tb = item[1]
         enc, coded = slot[0]
         release(bb)  # memory-mapped inputs: this block's pages are done with
         release(tb)
@@ -225,6 +236,7 @@ class DeltaWriter:
     def close(self) -> int:
         """Write the index and trailer; returns the file size. The file object is left open."""
         if self.closed:
+            assert self.size is not None
             return self.size
         base_digest = model_digest(self._base_entries) if self._base_entries else L.NO_BASE_DIGEST
         index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others)
@@ -232,7 +244,7 @@ class DeltaWriter:
         self._write(records.build_trailer(off, size))
         self.closed = True
         self.size = self._pos
-        return self.size
+        return self._pos
 
     def __enter__(self):
         return self

@@ -59,7 +59,7 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
 
 def reference_object(kind: str, path: str) -> None:
     """Parse a stream object (SPEC.md Part II) with arcfmt; raises ArcError when it must be refused."""
-    from arcfmt.store import layout as SL
+    from arcfmt.store import objects as SL
 
     with open(path, "rb") as f:
         data = f.read()

@@ -46,7 +46,7 @@ from arcfmt.store import (
 )
 from arcfmt.store import names as N
 from arcfmt.store.follower import STATE_NAME
-from arcfmt.store.layout import Head, canonical
+from arcfmt.store.objects import Head, canonical
 
 
 SHARDS = 2

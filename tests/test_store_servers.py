@@ -9,7 +9,7 @@ import pytest
 
 from arcfmt.store import ConflictError, Follower, Publisher
 from arcfmt.store import names as N
-from arcfmt.store.commit import Store
+from arcfmt.store.backends import Store
 
 from support.store import MLP, Remote, _unique, assert_folder, publish_step, run_cli_trajectory, split, trajectory
 

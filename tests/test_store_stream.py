@@ -15,7 +15,7 @@ from arcfmt.errors import ChecksumError, CorruptError, InputError, TruncatedErro
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import ConflictError, Follower, MissingError, Publisher
 from arcfmt.store import names as N
-from arcfmt.store.commit import Store
+from arcfmt.store.backends import Store
 from arcfmt.store.follower import STATE_NAME
 
 from support.store import (

@@ -38,11 +38,11 @@ from arcfmt.errors import (
     TruncatedError,
 )
 from arcfmt.store import Follower, Publisher, TransportError
-from arcfmt.store import layout as SL
+from arcfmt.store import objects as SL
 from arcfmt.store import names as N
 from arcfmt.store import ranges as R
-from arcfmt.store.commit import Store
-from arcfmt.store.layout import MAX_HEAD_BYTES
+from arcfmt.store.backends import Store
+from arcfmt.store.objects import MAX_HEAD_BYTES
 from arcfmt.store.ranges import FetchStats, RangeFetcher
 
 

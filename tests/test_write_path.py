@@ -256,7 +256,7 @@ def test_follower_lock_is_never_followed_through_a_planted_link(tmp_path):
 
 def test_follower_refuses_a_tensor_in_two_shards(tmp_path, monkeypatch):
     """A step whose shards both carry tensor "a" (a bucket writer can commit such a step) is corrupt."""
-    from arcfmt.store import layout as SL
+    from arcfmt.store import objects as SL
     base, _ = pair_arrays()
     url = str(tmp_path / "stream")
     real = SL.Descriptor.digest_entries

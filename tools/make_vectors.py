@@ -918,7 +918,7 @@ class ObjectVector:
 def stream_objects():
     """Real objects of a small stream (2 shards, a keyframe step and a delta step), made by Publisher."""
     from arcfmt.store import Publisher
-    from arcfmt.store import layout as SL
+    from arcfmt.store import objects as SL
 
     with tempfile.TemporaryDirectory() as root:
         r = rng(40)

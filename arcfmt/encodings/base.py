@@ -13,9 +13,10 @@ Pure: no I/O and no container knowledge.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -23,15 +24,19 @@ from .. import backend
 from ..dtypes import DType
 from ..errors import UnsupportedError
 
+if TYPE_CHECKING:
+    from ..codecs import Trials
+    from ..layout import BytesLike
+
 
 @dataclass
 class EncodedBlock:
     """One block, encoded: what the writer compresses and frames (SPEC.md §8 BLCK fields)."""
     encoding: int
-    params: list
-    streams: list  # uncompressed bytes-like, one per stream
+    params: list[int]
+    streams: list[bytes]  # uncompressed, one per stream
     changed: int   # changed elements (informational; equals params[0] for the delta encodings)
-    dense: tuple = ()  # indices of streams that are already entropy-coded: fast codec trials only
+    dense: tuple[int, ...] = ()  # indices of streams that are already entropy-coded: fast codec trials only
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,14 @@ class Block:
     backend (:mod:`arcfmt.backend`).
     """
 
-    def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray, effort="default"):
+    def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
+                 effort: str | Trials = "default") -> None:
         self.dt, self.base, self.target, self.effort = dt, base, target, effort
 
     @cached_property
     def positions(self) -> np.ndarray:
+        # Only encodings that need a base ask (the registry offers a block without one to no other).
+        assert self.base is not None, "changed positions of a block without a base"
         return backend.selected().changes(self.base, self.target)
 
     @property
@@ -77,8 +85,8 @@ class Encoding(ABC):
     name: ClassVar[str]           # its SPEC.md name (what inspect, reports and force_encoding use)
     needs_base: ClassVar[bool] = True   # decoding reads the base (§7: not allowed without NEEDS_BASE)
     keeps_base: ClassVar[bool] = False  # the target is the base itself: decoding in place has nothing to do
-    dtypes: ClassVar[frozenset | None] = None  # dtype names it is defined for; None: all
-    param_names: ClassVar[tuple] = ()  # its fixed params, in order (their number is the param count)
+    dtypes: ClassVar[frozenset[str] | None] = None  # dtype names it is defined for; None: all
+    param_names: ClassVar[tuple[str, ...]] = ()  # its fixed params, in order (their number is the param count)
     trial_rank: ClassVar[int] = 100  # encoder: order in which candidates are tried (ties go to the first)
 
     # -- reading
@@ -91,19 +99,20 @@ class Encoding(ABC):
         if not self.defined_for(dt):
             raise UnsupportedError(f"encoding {self.name} used for dtype {dt.name}")
 
-    def param_count(self, head) -> int:
+    def param_count(self, head: Sequence[int]) -> int:
         """How many params the block has, given the ones read so far (``head``): fixed by default; an
         encoding whose count depends on a first param reads it from ``head`` (and checks it)."""
         return len(self.param_names)
 
     @abstractmethod
-    def stream_lengths(self, dt: DType, params, m: int) -> list:
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
         """Check the params (CorruptError) and return the decoded length of every stream of a block of
         ``m`` elements; their number is the stream count (SPEC.md §8: neither is stored)."""
         raise NotImplementedError
 
     @abstractmethod
-    def decode(self, dt: DType, params, streams, m: int, base: np.ndarray | None, out: np.ndarray) -> None:
+    def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
+               out: np.ndarray) -> None:
         """Write the block's target into ``out`` (which may be ``base`` itself, for in-place updates),
         making the encoding's own checks (CorruptError) before any element is written to ``base``.
         ``streams`` are the decoded streams, of exactly the lengths :meth:`stream_lengths` gave;
@@ -112,17 +121,17 @@ class Encoding(ABC):
 
     # -- describing
 
-    def changed(self, params) -> int | None:
+    def changed(self, params: Sequence[int]) -> int | None:
         """Changed elements of a block, from its params alone; None when they do not say."""
         return None
 
-    def stream_roles(self, dt: DType) -> tuple:
+    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         """A :class:`StreamRole` for every stream a block of this dtype has (SPEC.md §8 names)."""
         return ()
 
     # Optional: ``changed_in_streams(dt, streams) -> int``, the changed elements of a block counted from
     # its decoded streams alone, for encodings whose params do not say but whose streams do (xor).
-    changed_in_streams = None
+    changed_in_streams: Callable[[DType, Sequence[BytesLike]], int] | None = None
 
     # -- writing
 
@@ -132,7 +141,7 @@ class Encoding(ABC):
         writer then writes the block as ``unchanged``). InputError when it cannot code it at all."""
         raise NotImplementedError
 
-    def propose(self, block: Block, tried: list) -> EncodedBlock | None:
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """The candidate the writer should try for ``block``, or None to skip it. ``tried``: the
         candidates of the encodings of lower ``trial_rank`` so far. Default: never (forced use only)."""
         return None

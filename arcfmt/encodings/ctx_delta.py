@@ -13,7 +13,9 @@ order-preserving integers) and the encoder's choices.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +24,9 @@ from ..dtypes import DType
 from ..errors import CorruptError
 from .base import Block, EncodedBlock, Encoding, StreamRole
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..layout import BytesLike
 
 MAX_CLASSES = 16      # K
 MAX_RICE = 24         # Rice parameter of a class
@@ -40,9 +45,9 @@ def defined_for(dt: DType) -> bool:
 
 @dataclass
 class Params:
-    thresholds: list   # K-1 exponent-field thresholds, strictly increasing
-    counts: list       # K changed counts, one per class
-    rice: list         # K Rice parameters
+    thresholds: list[int]  # K-1 exponent-field thresholds, strictly increasing
+    counts: list[int]      # K changed counts, one per class
+    rice: list[int]        # K Rice parameters
     qbits: int         # bits in the quotient stream
     mag_width: int     # bytes per magnitude
 
@@ -54,16 +59,16 @@ class Params:
     def changed(self) -> int:
         return sum(self.counts)
 
-    def pack(self) -> list:
+    def pack(self) -> list[int]:
         return [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
 
     @classmethod
-    def unpack(cls, p) -> "Params":
+    def unpack(cls, p: Sequence[int]) -> Params:
         k = p[0]
         return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1])
 
 
-def param_count(head) -> int:
+def param_count(head: Sequence[int]) -> int:
     """Params are ``K``, then ``3K + 1`` more; ``K`` is checked as soon as it is read."""
     if not head:
         return 1
@@ -73,7 +78,7 @@ def param_count(head) -> int:
     return 3 * k + 2
 
 
-def stream_lengths(dt: DType, p: Params, m: int) -> list:
+def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
     """Check the params (SPEC.md §8.6) and return the decoded length of each of the 4 streams."""
     top = (1 << dt.exp_bits) - 1
     prev = 0
@@ -112,18 +117,21 @@ def unordered(dt: DType, v: np.ndarray) -> np.ndarray:
     return np.where(v >= 0, v, (half - 1) - v).astype(dt.uint)
 
 
-def class_bounds(dt: DType, thresholds) -> list:
+def class_bounds(dt: DType, thresholds: Sequence[int]) -> list[tuple[int, int | None]]:
     """``(lo, hi)`` bounds on the magnitude bits ``u AND (2^(B-1)-1)`` of each class (hi None: no bound)."""
     edges = [t << dt.mant_bits for t in thresholds]
-    return list(zip([0] + edges, edges + [None]))
+    his: list[int | None] = [*edges, None]
+    return list(zip([0] + edges, his))
 
 
 def magnitude_bits(dt: DType, base: np.ndarray) -> np.ndarray:
-    return base & dt.uint.type((1 << (_bits(dt) - 1)) - 1)
+    bits: np.ndarray = base & dt.uint.type((1 << (_bits(dt) - 1)) - 1)  # numpy types ``&`` of an array as Any
+    return bits
 
 
 def exponent_field(dt: DType, u: np.ndarray) -> np.ndarray:
-    return (u >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+    field: np.ndarray = (u >> dt.uint.type(dt.mant_bits)) & dt.uint.type((1 << dt.exp_bits) - 1)
+    return field
 
 
 def magnitude_order(dt: DType, b: np.ndarray) -> np.ndarray:
@@ -142,7 +150,7 @@ def changed_positions(base: np.ndarray, target: np.ndarray) -> np.ndarray:
     return backend.selected().changes(base, target)
 
 
-def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int = 4) -> list:
+def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int = 4) -> list[int]:
     """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges
     of the exponent histogram (sampled on large blocks)."""
     if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
@@ -156,12 +164,12 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
 
 @dataclass
 class Encoded:
-    params: list
-    streams: list
+    params: list[int]
+    streams: list[bytes]
 
 
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
-           thresholds=None, max_classes: int = 4) -> Encoded:
+           thresholds: Sequence[int] | None = None, max_classes: int = 4) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing)."""
     if thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
@@ -172,7 +180,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
 
 # ----------------------------------------------------------------------------------------- decode
 
-def decode(dt: DType, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> None:
+def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray) -> None:
     """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
     status = backend.selected().ctx_decode(dt, p, streams, m, base, out)
     if status != backend.OK:
@@ -226,19 +234,21 @@ class CtxDelta(Encoding):
     dtypes = DTYPES
     trial_rank = 10  # nearly always the smallest where it is defined
 
-    def param_count(self, head):
+    def param_count(self, head: Sequence[int]) -> int:
         return param_count(head)
 
-    def stream_lengths(self, dt, params, m):
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
         return stream_lengths(dt, Params.unpack(params), m)
 
-    def decode(self, dt, params, streams, m, base, out):
+    def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
+               out: np.ndarray) -> None:
+        assert base is not None, "ctx-delta needs a base: the container never decodes one without"
         decode(dt, Params.unpack(params), streams, m, base, out)
 
-    def changed(self, params):
+    def changed(self, params: Sequence[int]) -> int:
         return Params.unpack(params).changed
 
-    def stream_roles(self, dt):
+    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         return _ROLES
 
     def encode(self, block: Block, max_classes: int = 4) -> EncodedBlock | None:
@@ -246,9 +256,10 @@ class CtxDelta(Encoding):
         positions = block.positions
         if positions.size == 0:
             return None
+        assert block.base is not None, "ctx-delta needs a base: the registry never offers it a block without"
         enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes)
         return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
 
-    def propose(self, block, tried):
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         effort = block.effort
         return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4)

@@ -5,18 +5,25 @@ the exceptions (indices into the changed list) with their full values.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ..dtypes import DType
 from ..errors import CorruptError
 from ..planes import bytes_for, from_planes, gaps, to_planes, ungap
 from .base import Block, EncodedBlock, Encoding, StreamRole
 from .registry import register
 
+if TYPE_CHECKING:
+    from ..layout import BytesLike
+
 _ROLES = tuple(StreamRole(n, n) for n in ("positions", "steps", "exceptions", "values"))
 _FEW_CHANGES = 256  # below this many changes it is tried even where ctx-delta is: fixed overheads decide
 
 
-def _step_width(dt) -> int:
+def _step_width(dt: DType) -> int:
     return bytes_for((1 << (dt.mant_bits + 1)) - 1)
 
 
@@ -24,7 +31,7 @@ class _FloatDelta(Encoding):
     param_names = ("changed", "exceptions")
     trial_rank = 20
 
-    def stream_lengths(self, dt, params, m):
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
         c, e = params
         if not 1 <= c <= m:
             raise CorruptError(f"changed count {c} outside 1..{m}")
@@ -32,15 +39,16 @@ class _FloatDelta(Encoding):
             raise CorruptError(f"exception count {e} exceeds changed count {c}")
         return [c * bytes_for(m - 1), (c - e) * _step_width(dt), e * bytes_for(c - 1), e * dt.itemsize]
 
-    def changed(self, params):
+    def changed(self, params: Sequence[int]) -> int:
         return params[0]
 
-    def stream_roles(self, dt):
+    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         return _ROLES
 
     def encode(self, block: Block) -> EncodedBlock | None:
         """None when nothing changed."""
         dt, base, target, positions = block.dt, block.base, block.target, block.positions
+        assert base is not None, f"{self.name} needs a base: the registry never offers it a block without"
         m = base.size
         c = positions.size
         if c == 0:
@@ -62,15 +70,17 @@ class _FloatDelta(Encoding):
         ]
         return EncodedBlock(self.id, [c, e], streams, c)
 
-    def propose(self, block, tried):
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """``ctx-delta`` nearly always beats it where both are defined (it is tried first), so then
         only on blocks with few changes, where fixed overheads decide."""
         if tried and block.positions.size >= _FEW_CHANGES:
             return None
         return self.encode(block)
 
-    def decode(self, dt, params, streams, m, base, out):
+    def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
+               out: np.ndarray) -> None:
         c, e = params
+        assert base is not None, f"{self.name} needs a base: the container never decodes one without"
         udt = dt.uint
         pos = ungap(from_planes(streams[0], c, bytes_for(m - 1)))
         if pos[-1] >= m:

@@ -10,7 +10,8 @@ the package.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
@@ -18,12 +19,20 @@ from ..dtypes import DType
 from ..errors import InputError, UnsupportedError
 from .base import Block, EncodedBlock, Encoding
 
+if TYPE_CHECKING:
+    from ..codecs import Trials
+    from ..layout import BytesLike
+
+_EncodingT = TypeVar("_EncodingT", bound="Encoding | type[Encoding]")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 _lock = threading.Lock()
 _by_id: dict[int, Encoding] = {}
 _by_name: dict[str, Encoding] = {}
 # The writer's trial order, replaced as a whole (one assignment) when the table changes: every
 # encoding sorted by (trial_rank, id), and a cache (dtype code, has a base) → the ones that apply.
-_trials: tuple = ((), {})
+_trials: tuple[tuple[Encoding, ...], dict[tuple[int, bool], tuple[Encoding, ...]]] = ((), {})
 
 
 def _retrial() -> None:
@@ -31,7 +40,7 @@ def _retrial() -> None:
     _trials = (tuple(sorted(_by_id.values(), key=lambda e: (e.trial_rank, e.id))), {})
 
 
-def register(encoding):
+def register(encoding: _EncodingT) -> _EncodingT:
     """Add an encoding (an :class:`Encoding` instance, or a subclass: it is instantiated) to the table;
     returns what it was given, so it can decorate a class. ValueError if its id or name is taken."""
     enc = encoding() if isinstance(encoding, type) else encoding
@@ -50,10 +59,11 @@ def register(encoding):
     return encoding
 
 
-def unregister(encoding) -> None:
+def unregister(encoding: str | int | Encoding | type[Encoding]) -> None:
     """Remove an encoding (given by id, name or object) from the table."""
     with _lock:
-        enc = _by_name.get(encoding) if isinstance(encoding, str) else _by_id.get(getattr(encoding, "id", encoding))
+        enc = (_by_name.get(encoding) if isinstance(encoding, str)
+               else _by_id.get(encoding if isinstance(encoding, int) else encoding.id))
         if enc is None:
             raise KeyError(encoding)
         del _by_id[enc.id], _by_name[enc.name]
@@ -68,7 +78,7 @@ def get(encoding_id: int) -> Encoding:
         raise UnsupportedError(f"unknown encoding id {encoding_id}") from None
 
 
-def find(encoding_id) -> Encoding | None:
+def find(encoding_id: int) -> Encoding | None:
     """The encoding of an id, or None (an id not yet checked, e.g. from an index entry)."""
     return _by_id.get(encoding_id)
 
@@ -90,43 +100,44 @@ def registered() -> Iterator[Encoding]:
     return iter(sorted(_by_id.values(), key=lambda e: e.id))
 
 
-def keeps_base(encoding_id) -> bool:
+def keeps_base(encoding_id: int | None) -> bool:
     """Whether blocks of this id are the base itself (``unchanged``): nothing to decode in place.
     False for None or an unknown id."""
-    enc = _by_id.get(encoding_id)
+    enc = None if encoding_id is None else _by_id.get(encoding_id)
     return enc is not None and enc.keeps_base
 
 
-class _View(Mapping):
+class _View(Mapping[_K, _V], Generic[_K, _V]):
     """A read-only mapping over the live table (so that a registered encoding shows up in it)."""
 
-    def __init__(self, key, value):
+    def __init__(self, key: Callable[[Encoding], _K], value: Callable[[Encoding], _V]) -> None:
         self._key, self._value = key, value
 
-    def _items(self):
+    def _items(self) -> dict[_K, _V]:
         return {self._key(e): self._value(e) for e in registered()}
 
-    def __getitem__(self, k):
+    def __getitem__(self, k: _K) -> _V:
         return self._items()[k]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_K]:
         return iter(self._items())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(_by_id)
 
-    def __contains__(self, k):
+    def __contains__(self, k: object) -> bool:
         return k in self._items()
 
 
-NAMES = _View(lambda e: e.id, lambda e: e.name)            # id → name
-BY_NAME = _View(lambda e: e.name, lambda e: e.id)          # name → id
-NEEDS_BASE = _View(lambda e: e.id, lambda e: e.needs_base)  # id → needs a base
+NAMES: Mapping[int, str] = _View(lambda e: e.id, lambda e: e.name)            # id → name
+BY_NAME: Mapping[str, int] = _View(lambda e: e.name, lambda e: e.id)          # name → id
+NEEDS_BASE: Mapping[int, bool] = _View(lambda e: e.id, lambda e: e.needs_base)  # id → needs a base
 
 
 # ------------------------------------------------------------------------------------ writing
 
-def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray, effort="default") -> list:
+def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
+               effort: str | Trials = "default") -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
     no streams ends the trials: nothing is smaller."""
@@ -157,12 +168,14 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
     if out is None:
         keeper = next(e for e in registered() if e.keeps_base)
         out = keeper.encode(block)
+        assert out is not None, f"{keeper.name} did not code a block without changes"
     return out
 
 
 # ------------------------------------------------------------------------------------ reading
 
-def decode_block(dt: DType, encoding_id: int, params, streams, m: int, base: np.ndarray | None,
+def decode_block(dt: DType, encoding_id: int, params: Sequence[int], streams: Sequence[BytesLike], m: int,
+                 base: np.ndarray | None,
                  out: np.ndarray) -> None:
     """Write a block's target into ``out`` (which may be ``base`` itself, for in-place updates)."""
     get(encoding_id).decode(dt, params, streams, m, base, out)

@@ -6,10 +6,15 @@
         engine.load_weights(update.weights())
 
 Any fsspec URL works: local paths, ``s3://`` (s3fs), ``gs://``/``gcs://`` (gcsfs), ``memory://``.
+
+Modules: ``publisher`` and ``follower`` (the two sides), ``objects`` (the JSON objects: head,
+manifest, descriptor), ``names`` (object names, checked), ``backends`` (one adapter class per kind
+of store, and ``Store``, a stream root's objects), ``ranges`` (bounded range reads, the spool),
+``retry`` (the one retry layer, deadlines), ``errors``.
 """
 from .errors import ConflictError, MissingError, TransportError
 from .follower import Follower, StepUpdate
-from .layout import MAJOR as STREAM_MAJOR, MINOR as STREAM_MINOR
+from .objects import MAJOR as STREAM_MAJOR, MINOR as STREAM_MINOR
 from .publisher import CommitResult, Publisher, PublishResult
 from .ranges import FetchStats
 

@@ -30,10 +30,10 @@ from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
 from ..staging import OLD_TAG, Stage, open_private, recover
-from . import names as N
-from .commit import Store
+from . import names as N, retry
+from .backends import Store
 from .errors import MissingError
-from .layout import (
+from .objects import (
     MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, VERSION, Head, Manifest, canonical, digest128, parse_head,
     parse_json, parse_manifest,
 )
@@ -123,16 +123,18 @@ class Follower:
                  step_timeout: float | None = None):
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff,
                            request_timeout=request_timeout, retry_time=retry_time)
-        self.step_timeout = step_timeout
+        self.step_timeout = None if step_timeout is None else \
+            retry.check_seconds(step_timeout, "step_timeout", finite=False)
         self.url = url
         self.into = os.path.abspath(os.fspath(into)).rstrip("/")
         if not os.path.basename(self.into):
             raise InputError("--into must name a folder, not the file system root")
         self.patterns = N.tensor_patterns(tensors)
-        self.max_gap = max_gap
-        self.memory_budget = memory_budget
-        self.max_output_bytes = max_output_bytes
-        self.overhead = overhead
+        self.max_gap = retry.check_count(max_gap, "max_gap")
+        self.memory_budget = retry.check_count(memory_budget, "memory_budget")
+        self.max_output_bytes = None if max_output_bytes is None else retry.check_count(max_output_bytes,
+                                                                                        "max_output_bytes")
+        self.overhead = retry.check_number(overhead, "overhead", finite=False)
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.progress = progress
         parent, base = os.path.split(self.into)
@@ -233,7 +235,9 @@ class Follower:
         f_step = None if state is None else state["step"]
         f_hash = None if state is None else state["manifest"]
         if f_step is not None and f_step >= head.step:
-            return []
+            if f_step > head.step or f_hash == head.manifest:
+                return []
+            f_step = None  # the head's step, but another manifest: off the chain, start from a keyframe
         chain, best = [], None   # best: (cost, "delta") or (cost, chain index of a keyframe step)
         d = 0                    # delta bytes from the current manifest up to the head
         step, digest = head.step, head.manifest
@@ -271,11 +275,14 @@ class Follower:
     # ------------------------------------------------------------------------------ following
     def sync(self, until: int | None = None) -> list:
         """Apply every step up to the current head (stop early once the folder reaches ``until``)."""
-        return list(self._run(until))
+        return list(self._run(_check_until(until)))
 
     def follow(self, *, until: int | None = None, interval: float = 2.0, timeout: float | None = None):
         """Yield a :class:`StepUpdate` per applied step, polling the head every ``interval`` seconds,
         until the folder reaches ``until`` (forever if None) or ``timeout`` seconds pass without one."""
+        interval = retry.check_seconds(interval, "interval")
+        timeout = None if timeout is None else retry.check_seconds(timeout, "timeout", finite=False)
+        _check_until(until)
         last_progress = time.monotonic()
         while True:
             applied = False
@@ -400,6 +407,9 @@ class Follower:
             if xxhash.xxh3_64_hexdigest(tail) != o.tail_xxh3_64:
                 raise ChecksumError(f"{o.name}: its index and trailer do not hash to the manifest's tail_xxh3_64")
             index = _parse_tail(tail, o)
+            if len(index.entries) != s.tensors:  # the manifest counts each shard's tensors (S6, S9.4)
+                raise CorruptError(f"{o.name}: its index lists {len(index.entries)} tensors, the manifest "
+                                   f"{s.tensors}")
             src = ObjectSource(self.fetcher, self.store.path(o.name), o.name, o.size)
             src.add(o.index_offset, tail)
             plans.append(_ShardPlan(s, o, src, index, [e for e in index.entries if self.wants(e.name)]))
@@ -481,6 +491,10 @@ class Follower:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+def _check_until(until):
+    return None if until is None else retry.check_count(until, "until")
+
 
 def _groups(wanted, budget: int) -> list:
     """``wanted`` (IndexEntry, file order) cut into runs whose records total at most ``budget`` bytes

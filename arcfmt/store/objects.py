@@ -1,9 +1,11 @@
-"""The stream's small objects (SPEC.md Part II): head pointer, per-step manifest, shard descriptor.
+"""The stream's JSON objects (SPEC.md Part II): head pointer, per-step manifest, shard descriptor.
 
-Each is one JSON object in canonical form (sorted keys, no spaces, ASCII, one trailing newline), so
-the same content always has the same bytes and the same xxh3-128. Parsing is strict — size capped
-before decoding, UTF-8, no duplicate keys, no floats/NaN, every field type- and range-checked —
-because every byte comes from a shared bucket. Unknown keys are ignored (SPEC.md Part II).
+Not to be confused with :mod:`arcfmt.layout`, the byte layouts of the delta file format (Part I)
+that the data objects named here are written in. Each object is one JSON object in canonical form
+(sorted keys, no spaces, ASCII, one trailing newline), so the same content always has the same
+bytes and the same xxh3-128. Parsing is strict — size capped before decoding, UTF-8, no duplicate
+keys, no floats/NaN, every field type- and range-checked — because every byte comes from a shared
+bucket. Unknown keys are ignored (SPEC.md Part II).
 """
 from __future__ import annotations
 

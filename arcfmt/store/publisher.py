@@ -9,6 +9,9 @@ Protocol for step S, shard i of n (SPEC.md Part II):
    ``steps/S/manifest.json`` conditionally (exactly one committer wins; the others find the same
    descriptors in the winner's manifest);
 4. move ``head.json`` forward to S with compare-and-swap (never backwards).
+
+Every read and write goes through :class:`arcfmt.store.backends.Store` (the store's adapter, the one
+retry layer); the objects are :mod:`arcfmt.store.objects`.
 """
 from __future__ import annotations
 
@@ -32,9 +35,9 @@ from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
 from ..writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 from . import names as N
-from .commit import Store
+from .backends import Store
 from .errors import ConflictError
-from .layout import (
+from .objects import (
     MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, Descriptor, Head, Manifest, ObjectRef, ShardEntry,
     parse_descriptor, parse_head, parse_manifest,
 )

@@ -1,26 +1,29 @@
-"""Range reads of stream objects over fsspec: coalescing, chunking, retries, a resumable spool.
+"""Range reads of stream objects: coalescing, chunking, retries, a resumable spool, and the checks
+of every answer a store sends.
 
-``RangeFetcher.fetch`` takes many byte ranges of many objects and gets them concurrently (S3 and
-GCS: one asynchronous GET per range on the filesystem's event loop; other filesystems: one
-``fs.cat_ranges`` call per batch), splitting every range into chunks of at most ``chunk_size``
-bytes, retrying only the chunks that failed with a transient error (capped exponential backoff
-with jitter, within the retry budget and the caller's deadline), and — when a spool folder is
-given — keeping each finished chunk on disk so that an interrupted download resumes without
-fetching it again. ``ObjectSource`` is the ``ByteSource`` (``size`` + ``read(offset, length)``)
-that ``arcfmt.DeltaReader`` reads from: it serves what was prefetched and fetches any miss.
+``RangeFetcher.fetch`` takes many byte ranges of many objects and gets them concurrently through
+the filesystem's adapter (:mod:`arcfmt.store.backends`: S3 and GCS, one asynchronous GET per range
+on the filesystem's event loop; other filesystems, one ``fs.cat_ranges`` call per batch),
+splitting every range into chunks of at most ``chunk_size`` bytes, retrying only the chunks that
+failed with a transient error (capped exponential backoff with jitter, within the retry budget and
+the caller's deadline), and — when a spool folder is given — keeping each finished chunk on disk so
+that an interrupted download resumes without fetching it again. ``ObjectSource`` is the
+``ByteSource`` (``size`` + ``read(offset, length)``) that ``arcfmt.DeltaReader`` reads from: it
+serves what was prefetched and fetches any miss.
 
-The wire (``read_ranges``): an answer is never read further than the range asked for (a server
-that ignores the ``Range`` header and streams an endless body costs at most the range's length),
-every request has a total deadline (a server that trickles its answer is abandoned, a transient
-error), and what comes back is exactly the range asked for: a ``200`` with the whole object or a
-``206`` longer than asked is sliced when the slice is provably the asked bytes, and refused
-("the store answered …") otherwise; an object shorter than the range is ``TruncatedError``.
+The answers (``_plan_answer``, ``_read_body``, ``_check_len``, ``_timed``; the adapters send the
+requests and call these): an answer is never read further than the range asked for (a server that
+ignores the ``Range`` header and streams an endless body costs at most the range's length), every
+request has a total deadline (a server that trickles its answer is abandoned, a transient error),
+and what comes back is exactly the range asked for: a ``200`` with the whole object or a ``206``
+longer than asked is sliced when the slice is provably the asked bytes, and refused ("the store
+answered …") otherwise; an object shorter than the range is ``TruncatedError``. Invalid arguments
+(``chunk_size``, the retry budget, deadlines) are ``InputError``.
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
-import errno
 import os
 import re
 import stat
@@ -40,7 +43,7 @@ DEFAULT_MAX_GAP = 1 << 20
 DEFAULT_OVERHEAD = 0.04
 
 MAX_SKIP = DEFAULT_CHUNK      # bytes of an answer before the asked offset that are read and dropped at most
-WIRE_CONCURRENCY = 32         # requests in flight at once in one read_ranges call
+WIRE_CONCURRENCY = 32         # requests in flight at once in one Backend.read_ranges call
 _PIECE = 1 << 20              # bytes asked of a response body per read
 _ERROR_BODY = 1 << 16         # bytes of an error answer's body read at most (GCS)
 _MAX_INT = (1 << 63) - 1
@@ -100,29 +103,16 @@ def chunked(start: int, end: int, chunk: int) -> list:
     return [(s, min(end, s + chunk)) for s in range(start, end, chunk)]
 
 
-# ================================================================================ the wire
-
-def backend_of(fs) -> str:
-    """``local``, ``memory``, ``s3``, ``gcs`` or ``generic`` (any other fsspec filesystem)."""
-    protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    mod = type(fs).__module__
-    if "file" in protos or "local" in protos:
-        return "local"
-    if "memory" in protos:
-        return "memory"
-    if mod.startswith("s3fs") or "s3" in protos:
-        return "s3"
-    if mod.startswith("gcsfs") or "gs" in protos or "gcs" in protos:
-        return "gcs"
-    return "generic"
-
+# ================================================================================ answers
+# What a store sent back is checked here, whichever backend asked (arcfmt.store.backends sends the
+# requests): never more than the asked range is kept, and nothing that is not provably the asked bytes.
 
 def _mismatch(what, start, end, answered: str) -> TransportError:
     return TransportError(f"{what}: the store answered {answered} for a range of {end - start} bytes at offset "
                           f"{start}", transient=True)
 
 
-def _plan_answer(status, content_range, content_length, start, end, exact, what):
+def _plan_answer(status, content_range, content_length, start, end, exact, what) -> tuple[int, int, bool]:
     """From an answer's status and headers: ``(skip, want, open_ended)`` — bytes to read and drop,
     bytes to keep, and whether the body's length is unknown (read to its end or to ``want``). Every
     number in the headers is checked before use; an answer that cannot hold exactly the asked bytes
@@ -200,73 +190,6 @@ def _empty_answer(start, end, exact, what) -> bytes:
     return b""
 
 
-def _is_invalid_range(exc: BaseException) -> bool:
-    for e in (exc, exc.__cause__):
-        resp = getattr(e, "response", None)
-        if isinstance(resp, dict):
-            err = resp.get("Error") or {}
-            meta = resp.get("ResponseMetadata") or {}
-            if err.get("Code") in ("InvalidRange", "416") or meta.get("HTTPStatusCode") == 416:
-                return True
-    return False
-
-
-async def _s3_get(fs, path, start, end, exact, what, versioned=False):
-    bucket, key, vers = fs.split_path(path)
-    kw = {"VersionId": vers} if vers else {}
-    try:
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
-    except OSError as exc:
-        if not isinstance(exc, FileNotFoundError) and _is_invalid_range(exc):
-            data = _empty_answer(start, end, exact, what)
-            return (data, None) if versioned else data
-        raise
-    body = resp["Body"]
-    try:
-        meta = resp.get("ResponseMetadata") or {}
-        hdrs = {str(k).lower(): v for k, v in (meta.get("HTTPHeaders") or {}).items()}
-        plan = _plan_answer(meta.get("HTTPStatusCode"), hdrs.get("content-range"), hdrs.get("content-length"),
-                            start, end, exact, what)
-        data = await _read_body(body.read, *plan, start, end, exact, what)
-    finally:
-        body.close()
-    if versioned:
-        etag = resp.get("ETag")
-        if not isinstance(etag, str) or not etag:
-            raise TransportError(f"{what}: the store sent no ETag", transient=False)
-        return data, etag
-    return data
-
-
-async def _gcs_get(fs, path, start, end, exact, what, versioned=False):
-    from gcsfs.retry import validate_response
-
-    await fs._set_session()
-    headers = fs._get_headers({"Range": f"bytes={start}-{end - 1}"})
-    async with fs.session.request("GET", fs.url(path), params=fs._get_params({}), headers=headers,
-                                  timeout=fs.requests_timeout) as r:
-        try:
-            if r.status == 416:
-                data = _empty_answer(start, end, exact, what)
-            elif r.status >= 300:
-                content = await r.content.read(_ERROR_BODY)
-                validate_response(r.status, content, path)
-                raise TransportError(f"{what}: the store answered HTTP {r.status}",
-                                     transient=r.status in retry._RETRY_HTTP)
-            else:
-                plan = _plan_answer(r.status, r.headers.get("Content-Range"), r.headers.get("Content-Length"),
-                                    start, end, exact, what)
-                data = await _read_body(r.content.read, *plan, start, end, exact, what)
-            gen = r.headers.get("x-goog-generation")
-        finally:
-            r.close()
-    if versioned:
-        if gen is None or not _DIGITS.match(str(gen)):
-            raise TransportError(f"{what}: the server sent no x-goog-generation header", transient=False)
-        return data, str(gen)
-    return data
-
-
 async def _timed(coro, timeout, what, start, end):
     t0 = time.monotonic()
     try:
@@ -276,17 +199,6 @@ async def _timed(coro, timeout, what, start, end):
             raise                                   # the client's own socket timeout: transient as it is
         raise TransportError(f"{what}: no complete answer within {timeout:g} s (bytes {start}..{end})",
                              transient=True) from exc
-
-
-def run_async(fs, coros_fn):
-    """Run ``coros_fn()`` (a coroutine) on the filesystem's event loop from this thread."""
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, coros_fn)
-
-
-def _getter(backend):
-    return _s3_get if backend == "s3" else _gcs_get
 
 
 def _check_len(data, start, end, exact, what):
@@ -299,87 +211,6 @@ def _check_len(data, start, end, exact, what):
         raise TruncatedError(f"{what}: got {n} bytes at offset {start}, expected {need}: the object is shorter "
                              f"than its manifest says")
     return data
-
-
-def _local_check(path, start, end, exact, what) -> None:
-    """A local stream object must be a regular file (a FIFO or a device would block or never end), at
-    least ``end`` bytes long for an exact read."""
-    st = os.stat(path)
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    if not stat.S_ISREG(st.st_mode):
-        raise TransportError(f"{what}: {path} is not a regular file")
-    if exact and st.st_size < end:
-        raise TruncatedError(f"{what}: the object is {st.st_size} bytes, shorter than its manifest says (a read "
-                             f"of bytes {start}..{end})")
-
-
-def read_ranges(fs, backend: str, items, *, exact: bool, timeout: float, concurrency: int = WIRE_CONCURRENCY) -> list:
-    """``items``: ``(path, start, end, what)`` each. Returns, per item, its bytes or the exception
-    that ended it. Bytes are never longer than ``end - start``; with ``exact``, exactly that long (a
-    shorter object is ``TruncatedError``). S3 and GCS requests run concurrently, each within
-    ``timeout`` seconds; other filesystems get one ``fs.cat_ranges`` call."""
-    items = list(items)
-    if not items:
-        return []
-    if backend in ("s3", "gcs"):
-        get = _getter(backend)
-
-        async def run():
-            sem = asyncio.Semaphore(max(1, concurrency))
-
-            async def one(p, s, e, w):
-                if e <= s:
-                    return b""
-                async with sem:
-                    return await _timed(get(fs, p, s, e, exact, w), timeout, w, s, e)
-
-            return await asyncio.gather(*(one(*it) for it in items), return_exceptions=True)
-
-        return list(run_async(fs, run))
-    out = [None] * len(items)
-    todo = []
-    for i, (p, s, e, w) in enumerate(items):
-        if backend == "local":
-            try:
-                _local_check(p, s, e, exact, w)
-            except Exception as exc:  # noqa: BLE001 - reported for this item
-                out[i] = exc
-                continue
-        todo.append(i)
-    if todo:
-        try:
-            res = fs.cat_ranges([items[i][0] for i in todo], [items[i][1] for i in todo],
-                                [items[i][2] for i in todo], on_error="return")
-        except Exception as exc:  # noqa: BLE001 - a whole batch failed: each item failed so
-            res = [exc] * len(todo)
-        for i, r in zip(todo, res):
-            if not isinstance(r, BaseException):
-                _, s, e, w = items[i]
-                try:
-                    r = _check_len(r, s, e, exact, w)
-                except ArcError as exc:
-                    r = exc
-            out[i] = r
-    return out
-
-
-def read_one(fs, backend: str, path: str, start: int, end: int, *, exact: bool, timeout: float, what: str,
-             versioned: bool = False):
-    """One range (see :func:`read_ranges`); raises what ended it. ``versioned`` (S3, GCS): returns
-    ``(bytes, ETag or generation)``."""
-    if backend in ("s3", "gcs"):
-        get = _getter(backend)
-
-        async def run():
-            return await _timed(get(fs, path, start, end, exact, what, versioned), timeout, what, start, end)
-
-        return run_async(fs, run)
-    if versioned:
-        raise ValueError(f"no versioned reads on a {backend} filesystem")
-    if backend == "local":
-        _local_check(path, start, end, exact, what)
-    return _check_len(fs.cat_file(path, start=start, end=end), start, end, exact, what)
 
 
 # ================================================================================ the spool
@@ -438,13 +269,16 @@ class RangeFetcher(retry.Deadlines):
                  backoff: float = retry.DEFAULT_BACKOFF, spool_dir: str | None = None, stats: FetchStats | None = None,
                  on_bytes=None, batch: int = 16, request_timeout: float | None = None,
                  retry_time: float | None = None):
-        if chunk_size < 1:
-            raise ValueError("chunk_size must be positive")
+        # imported here: the backends build on this module's answer checks
+        from .backends import backend_for
+
+        chunk_size = retry.check_count(chunk_size, "chunk_size", 1)
+        batch = retry.check_count(batch, "batch (requests in flight)", None)
         self.fs = fs
-        self.backend = backend_of(fs)
+        self.adapter = backend_for(fs)
+        self.backend = self.adapter.name
         self.chunk_size = chunk_size
-        self.retries = retries
-        self.backoff = backoff
+        self.retries, self.backoff = retry.check_budget(retries, backoff)
         self.spool_dir = spool_dir
         self.stats = stats if stats is not None else FetchStats()
         self.on_bytes = on_bytes
@@ -625,9 +459,8 @@ class RangeFetcher(retry.Deadlines):
                     self.stats.requests += len(group)
                     if attempt:
                         self.stats.retries += len(group)
-                res = read_ranges(self.fs, self.backend, [(pieces[j][1], pieces[j][2], pieces[j][3], pieces[j][4])
-                                                          for j in group], exact=True, timeout=timeout,
-                                  concurrency=len(group))
+                res = self.adapter.read_ranges([(pieces[j][1], pieces[j][2], pieces[j][3], pieces[j][4])
+                                                for j in group], exact=True, timeout=timeout, concurrency=len(group))
                 fatal = None   # raised after the good chunks of this batch are kept (and spooled)
                 for j, r in zip(group, res):
                     _, _, s, e, key = pieces[j]

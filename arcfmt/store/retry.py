@@ -1,18 +1,24 @@
-"""Which store errors are worth retrying, and retrying them with capped exponential backoff + jitter.
+"""The stream layer's one retry layer: which store errors are worth retrying, capped exponential
+backoff with jitter, and the deadlines that bound it all.
 
-This is the stream layer's one retry layer: with ``retries=N`` an operation sends at most N + 1
-requests, and stops early once ``retry_time`` seconds have passed since its first attempt (no new
-attempt starts after that) or the caller's deadline would pass. The client libraries' own retries
-are turned off where arcfmt builds the filesystem itself (``Store``), so they do not multiply.
+With ``retries=N`` an operation sends at most N + 1 requests, and stops early once ``retry_time``
+seconds have passed since its first attempt (no new attempt starts after that) or the caller's
+deadline would pass (:class:`Deadlines`, shared by ``backends.Store`` and ``ranges.RangeFetcher``).
+The client libraries' own retries are turned off where arcfmt builds the filesystem itself
+(:func:`arcfmt.store.backends.open_fs`), so they do not multiply. The arguments that set these
+budgets are checked here (:func:`check_budget`, :func:`check_count`, :func:`check_number`,
+:func:`check_seconds`): a bad one is ``InputError``.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import math
+import operator
 import random
 import time
 
-from ..errors import ArcError
+from ..errors import ArcError, InputError
 from .errors import MissingError, TransportError
 
 DEFAULT_RETRIES = 5
@@ -61,6 +67,45 @@ def describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ArcError) else f"{type(exc).__name__}: {exc}"
 
 
+def check_count(value, what: str, minimum: int | None = 0) -> int:
+    """``value`` as an ``int`` (anything with ``__index__``, not a bool), at least ``minimum``; else ``InputError``."""
+    if not isinstance(value, bool):
+        try:
+            n = operator.index(value)
+        except TypeError:
+            pass
+        else:
+            if minimum is None or n >= minimum:
+                return n
+    least = "an integer" if minimum is None else f"an integer of at least {minimum}"
+    raise InputError(f"{what} must be {least}, not {value!r}")
+
+
+def check_number(value, what: str, *, finite: bool = True, positive: bool = False, unit: str = "") -> float:
+    """``value`` as a ``float`` ≥ 0 (``positive``: > 0; ``finite``: not infinity; never NaN or a bool);
+    else ``InputError``."""
+    if not isinstance(value, bool):
+        try:
+            t = float(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        else:
+            if (t > 0 if positive else t >= 0) and (math.isfinite(t) or not finite and t == math.inf):
+                return t
+    kind = ("a positive" if positive else "a non-negative") + (", finite" if finite else "")
+    raise InputError(f"{what} must be {kind} number{unit}, not {value!r}")
+
+
+def check_seconds(value, what: str, *, finite: bool = True, positive: bool = False) -> float:
+    """:func:`check_number` for a time in seconds."""
+    return check_number(value, what, finite=finite, positive=positive, unit=" of seconds")
+
+
+def check_budget(retries, backoff) -> tuple:
+    """``(retries, backoff)`` checked: a whole number of retries ≥ 0 and a base delay in seconds ≥ 0."""
+    return check_count(retries, "retries"), check_seconds(backoff, "backoff")
+
+
 class Deadlines:
     """Per-request and caller deadlines, shared by ``Store`` and ``RangeFetcher``.
 
@@ -76,12 +121,9 @@ class Deadlines:
     deadline: float | None = None
 
     def _init_deadlines(self, request_timeout, retry_time) -> None:
-        rt = DEFAULT_REQUEST_TIMEOUT if request_timeout is None else float(request_timeout)
-        rr = DEFAULT_RETRY_TIME if retry_time is None else float(retry_time)
-        if not rt > 0:
-            raise ValueError("request_timeout must be positive")
-        if not rr >= 0:
-            raise ValueError("retry_time must not be negative")
+        rt = DEFAULT_REQUEST_TIMEOUT if request_timeout is None else \
+            check_seconds(request_timeout, "request_timeout", positive=True)
+        rr = DEFAULT_RETRY_TIME if retry_time is None else check_seconds(retry_time, "retry_time", finite=False)
         self.request_timeout = rt
         self.retry_time = rr
         self.deadline = None
@@ -92,7 +134,7 @@ class Deadlines:
         no limit beyond the per-request one). Nested limits keep the earliest."""
         prev = self.deadline
         if seconds is not None:
-            t = time.monotonic() + float(seconds)
+            t = time.monotonic() + check_seconds(seconds, "a time limit", finite=False)
             self.deadline = t if prev is None else min(prev, t)
         try:
             yield
@@ -129,6 +171,7 @@ def call(fn, what: str, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFA
     limits = limits if limits is not None else Deadlines()
     started = time.monotonic()
     attempt = 0
+    err: Exception
     while True:
         try:
             return fn()
