@@ -1,15 +1,29 @@
 """arcfmt: lossless weight deltas for RL weight sync — a versioned binary format (SPEC.md)."""
 from .api import apply_in_place, decode, encode
 from .errors import (
-    ArcError, BadMagicError, ChecksumError, CorruptError, FileAccessError, FormatError, InputError, MissingTensorError, LimitError,
-    ReservedBitsError, SafetensorsError, TruncatedError, UnknownRecordError, UnsupportedError,
-    UnsupportedVersionError, VerificationError, WrongBaseError,
+    ArcError,
+    BadMagicError,
+    ChecksumError,
+    CorruptError,
+    FileAccessError,
+    FormatError,
+    InputError,
+    LimitError,
+    MissingTensorError,
+    ReservedBitsError,
+    SafetensorsError,
+    TruncatedError,
+    UnknownRecordError,
+    UnsupportedError,
+    UnsupportedVersionError,
+    VerificationError,
+    WrongBaseError,
 )
+from .layout import MAJOR as _MAJOR
+from .layout import MINOR as _MINOR
 from .reader import BufferSource, DeltaReader, FileSource, StreamReader
 from .store import Follower, Publisher
 from .writer import DeltaWriter
-
-from .layout import MAJOR as _MAJOR, MINOR as _MINOR
 
 __version__ = "0.1.0"                 # the one place (pyproject.toml reads it: [tool.setuptools.dynamic])
 FORMAT_VERSION = (_MAJOR, _MINOR)     # the version every file is written as (SPEC.md §16)

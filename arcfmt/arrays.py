@@ -11,9 +11,8 @@ from .errors import InputError
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:  # t: a torch.Tensor (torch is optional, and unannotated)
-    import torch  # only reached when a torch tensor was passed in
-
     import ml_dtypes
+    import torch  # only reached when a torch tensor was passed in
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

@@ -19,7 +19,6 @@ from .safetensors_io import INDEX_NAME, Checkpoint, open_checkpoint
 from .staging import OLD_TAG, TMP_TAG, Stage, recover
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 
-
 # --------------------------------------------------------------------------------------- encode
 
 def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_step=None, target_step=None,

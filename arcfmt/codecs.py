@@ -11,11 +11,10 @@ from __future__ import annotations
 import bz2
 import lzma
 import threading
-
-import zstandard
-
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import ClassVar, Generic, TypeAlias, TypeVar
+
+import zstandard
 
 from .errors import CorruptError, LimitError, UnsupportedError
 from .layout import MAX_WINDOW, MAX_XZ_MEMORY, BytesLike

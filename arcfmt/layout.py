@@ -29,10 +29,27 @@ from typing import BinaryIO, TypeAlias
 import numpy as np
 import numpy.typing as npt
 from construct import (
-    Bytes, Construct, Container, FormatField, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct, Tell, this,
+    Bytes,
+    Construct,
+    Container,
+    FormatField,
+    GreedyBytes,
+    Int8ul,
+    Int16ul,
+    Int32ul,
+    Int64ul,
+    Struct,
+    Tell,
+    this,
 )
 from construct.core import (
-    ConstructError, StreamError, stream_read, stream_read_entire, stream_seek, stream_tell, stream_write,
+    ConstructError,
+    StreamError,
+    stream_read,
+    stream_read_entire,
+    stream_seek,
+    stream_tell,
+    stream_write,
 )
 
 from .errors import CorruptError, InputError, LimitError

@@ -26,7 +26,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import xxhash
 
-from . import encodings, layout as L, records
+from . import encodings, records
+from . import layout as L
 from .arrays import as_uint, release
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash

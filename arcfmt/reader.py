@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from . import codecs, encodings, layout as L, pipeline, records
+from . import codecs, encodings, pipeline, records
+from . import layout as L
 from .errors import (
-    CorruptError, InputError, MissingTensorError, TruncatedError,
+    CorruptError,
+    InputError,
+    MissingTensorError,
+    TruncatedError,
 )
-
 
 # --------------------------------------------------------------------------------------- sources
 

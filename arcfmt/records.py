@@ -8,11 +8,21 @@ from typing import Protocol
 
 import numpy as np
 
-from . import codecs, encodings, layout as L
+from . import codecs, encodings
+from . import layout as L
 from .dtypes import DType, from_code
 from .errors import (
-    ArcError, BadMagicError, UnsupportedError, ChecksumError, CorruptError, InputError, LimitError, ReservedBitsError,
-    TruncatedError, UnknownRecordError, UnsupportedVersionError,
+    ArcError,
+    BadMagicError,
+    ChecksumError,
+    CorruptError,
+    InputError,
+    LimitError,
+    ReservedBitsError,
+    TruncatedError,
+    UnknownRecordError,
+    UnsupportedError,
+    UnsupportedVersionError,
 )
 from .integrity import record_checksum
 from .layout import BytesLike

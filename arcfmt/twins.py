@@ -10,7 +10,14 @@ import numpy as np
 
 from .backend import OK
 from .encodings.ctx_delta import (
-    MAX_RICE, Params, class_bounds, exponent_field, magnitude_bits, magnitude_order, ordered, unordered,
+    MAX_RICE,
+    Params,
+    class_bounds,
+    exponent_field,
+    magnitude_bits,
+    magnitude_order,
+    ordered,
+    unordered,
 )
 from .errors import CorruptError
 from .planes import bytes_for, from_planes, gaps, to_planes

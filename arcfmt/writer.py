@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import codecs, encodings, layout as L, records
+from . import codecs, encodings, records
+from . import layout as L
 from .arrays import as_uint, release
 from .errors import InputError, LimitError
 from .integrity import DigestEntry, model_digest, tensor_hash

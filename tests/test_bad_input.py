@@ -26,12 +26,22 @@ import xxhash
 import zstandard
 
 import arcfmt
-from arcfmt import layout as L, records
+from arcfmt import layout as L
+from arcfmt import records
 from arcfmt.errors import (
-    ArcError, BadMagicError, ChecksumError, CorruptError, LimitError, ReservedBitsError, TruncatedError,
-    UnknownRecordError, UnsupportedError, UnsupportedVersionError, VerificationError, WrongBaseError,
+    ArcError,
+    BadMagicError,
+    ChecksumError,
+    CorruptError,
+    LimitError,
+    ReservedBitsError,
+    TruncatedError,
+    UnknownRecordError,
+    UnsupportedError,
+    UnsupportedVersionError,
+    VerificationError,
+    WrongBaseError,
 )
-
 from support.data import StreamReader, assert_bit_exact, stream_decode
 from support.records import Rec, assemble, fix_trailer_checksum, parse_file, patch_trailer, tens_payload, u64, varint
 
@@ -828,7 +838,7 @@ def test_zstd_frame_rules(small_file, reader):
         expect(CorruptError, reader, f, base)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bomb(kind: str) -> bytes:
     """16 MiB of zeros, compressed: far beyond the 4 bytes the block's stream decodes to."""
     data = bytes(16 << 20)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
 import subprocess
 import sys

@@ -6,15 +6,16 @@ import io
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_bad_input import READERS, _raw, _w_block_file, blck_payload, expect
 
 import arcfmt
 from arcfmt import twins
-from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.dtypes import BF16
+from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.errors import CorruptError
 from support.data import BY_NAME, assert_bit_exact, bits_of, from_bits, make_pair, random_values, stream_decode
-from test_bad_input import READERS, _raw, _w_block_file, blck_payload, expect
 
 CTX_NAMES = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"]
 
@@ -244,6 +245,7 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
     on, their largest possible allocations are added (bitmaps, counts, per-change arrays).
     """
     import tracemalloc
+
     from arcfmt import backend, codecs, encodings
     chosen = backend.compiled() if compiled else backend.twins()
     if chosen is None:

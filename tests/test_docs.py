@@ -12,7 +12,6 @@ import re
 import warnings
 from pathlib import Path
 
-
 import arcfmt
 from arcfmt.cli import build_parser
 

@@ -30,10 +30,6 @@ import time
 import numpy as np
 import pytest
 
-
-from support.faults import FaultProxy, act, s3_fs, s3_options
-from support.store import Remote, _unique, assert_folder, kinds, split, trajectory
-
 from arcfmt.errors import ChecksumError, CorruptError, TruncatedError
 from arcfmt.reader import DeltaReader
 from arcfmt.safetensors_io import write_file
@@ -47,7 +43,8 @@ from arcfmt.store import (
 from arcfmt.store import names as N
 from arcfmt.store.follower import STATE_NAME
 from arcfmt.store.objects import Head, canonical
-
+from support.faults import FaultProxy, act, s3_fs, s3_options
+from support.store import Remote, _unique, assert_folder, kinds, split, trajectory
 
 SHARDS = 2
 CHUNK = 512            # small range requests: a step of the test model takes a dozen of them

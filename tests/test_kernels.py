@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ctx_delta import CTX_NAMES, _dtype
 
 from arcfmt import backend, twins
 from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.errors import CorruptError
 from support.data import BY_NAME, bits_of, random_values
-from test_ctx_delta import CTX_NAMES, _dtype
 
 kernels = backend.compiled()
 pytestmark = pytest.mark.skipif(kernels is None, reason="numba not installed or ARCFMT_JIT=0")

@@ -14,12 +14,13 @@ import struct
 import pytest
 from construct import Construct, GreedyBytes, If, Int8ul, Int64ul, Struct, Tell, this
 from construct.core import stream_read, stream_write
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from arcfmt import encodings, layout as L
+from arcfmt import encodings
+from arcfmt import layout as L
 from arcfmt.dtypes import from_name
 from arcfmt.errors import ArcError, CorruptError, InputError, LimitError
-
 
 # ------------------------------------------------------------------------------------ the oracle
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import arcfmt
-from arcfmt import layout as L, records
+from arcfmt import layout as L
+from arcfmt import records
 from arcfmt.errors import ArcError, CorruptError, InputError, LimitError, VerificationError
 from arcfmt.integrity import model_digest
-
 from support.data import StreamReader, assert_bit_exact, stream_decode
 from support.records import Rec, assemble, parse_file
 

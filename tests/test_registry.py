@@ -23,7 +23,6 @@ from arcfmt.report import report_figures
 from arcfmt.writer import DeltaWriter
 from support.data import assert_bit_exact, stream_decode
 
-
 # ------------------------------------------------------------------------------------ toy encodings
 
 class Sub(Encoding):

@@ -12,14 +12,27 @@ import io
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import arcfmt
-
 from support.data import (
-    BY_NAME, DTYPES, FLOAT_DTYPES, INT_DTYPES, StreamReader, assert_bit_exact, assert_same_tensor, bits_of,
-    encodings_of, from_bits, make_pair, random_bits, random_values, roundtrip, stream_decode,
+    BY_NAME,
+    DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    StreamReader,
+    assert_bit_exact,
+    assert_same_tensor,
+    bits_of,
+    encodings_of,
+    from_bits,
+    make_pair,
+    random_bits,
+    random_values,
+    roundtrip,
+    stream_decode,
 )
 
 EFFORTS = ["fast", "default"]

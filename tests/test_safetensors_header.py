@@ -7,7 +7,8 @@ import io
 import numpy as np
 import pytest
 
-from arcfmt import dtypes, safetensors_io as S
+from arcfmt import dtypes
+from arcfmt import safetensors_io as S
 from arcfmt.checkpoint_writer import ShardLayout
 from arcfmt.errors import SafetensorsError
 

@@ -6,11 +6,9 @@ import threading
 
 import pytest
 
-
 from arcfmt.store import ConflictError, Follower, Publisher
 from arcfmt.store import names as N
 from arcfmt.store.backends import Store
-
 from support.store import MLP, Remote, _unique, assert_folder, publish_step, run_cli_trajectory, split, trajectory
 
 pytestmark = pytest.mark.servers  # every test here talks to a real local server

@@ -10,16 +10,22 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-
 from arcfmt.errors import ChecksumError, CorruptError, InputError, TruncatedError, WrongBaseError
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import ConflictError, Follower, MissingError, Publisher
 from arcfmt.store import names as N
 from arcfmt.store.backends import Store
 from arcfmt.store.follower import STATE_NAME
-
 from support.store import (
-    MLP, arcfmt, assert_folder, folder_tensors, next_step, publish_step, run_cli_trajectory, split, trajectory,
+    MLP,
+    arcfmt,
+    assert_folder,
+    folder_tensors,
+    next_step,
+    publish_step,
+    run_cli_trajectory,
+    split,
+    trajectory,
 )
 
 

@@ -9,14 +9,19 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from arcfmt.errors import (
-    ChecksumError, CorruptError, InputError, LimitError, TruncatedError, UnsupportedVersionError,
+    ChecksumError,
+    CorruptError,
+    InputError,
+    LimitError,
+    TruncatedError,
+    UnsupportedVersionError,
 )
-from arcfmt.store import names as N, objects as SL
+from arcfmt.store import names as N
+from arcfmt.store import objects as SL
 from arcfmt.store.backends import Store, _precondition_failed
 from arcfmt.store.errors import MissingError, TransportError
 from arcfmt.store.ranges import FetchStats, ObjectSource, RangeFetcher, chunked, coalesce
 from arcfmt.store.retry import is_transient
-
 
 H32 = "0123456789abcdef" * 2
 

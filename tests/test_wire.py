@@ -26,10 +26,6 @@ from typing import ClassVar
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-
-from support.faults import FaultProxy, act, s3_fs, s3_options
-from support.store import Remote, _unique, assert_folder, publish_step, trajectory
-
 from arcfmt.errors import (
     ArcError,
     ChecksumError,
@@ -38,13 +34,14 @@ from arcfmt.errors import (
     TruncatedError,
 )
 from arcfmt.store import Follower, Publisher, TransportError
-from arcfmt.store import objects as SL
 from arcfmt.store import names as N
+from arcfmt.store import objects as SL
 from arcfmt.store import ranges as R
 from arcfmt.store.backends import Store
 from arcfmt.store.objects import MAX_HEAD_BYTES
 from arcfmt.store.ranges import FetchStats, RangeFetcher
-
+from support.faults import FaultProxy, act, s3_fs, s3_options
+from support.store import Remote, _unique, assert_folder, publish_step, trajectory
 
 H32 = "0123456789abcdef" * 2
 SHARDS = 2

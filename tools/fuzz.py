@@ -66,15 +66,16 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 
+import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
 import numpy as np
 
-import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
-
-from arcfmt import ArcError  # noqa: E402
+from arcfmt import (
+    ArcError,  # noqa: E402
+    records,
+)
+from arcfmt import layout as L  # noqa: E402
 from arcfmt.errors import CorruptError, LimitError, WrongBaseError  # noqa: E402
 from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
-
-from arcfmt import layout as L, records  # noqa: E402
 from support.data import BF16, write_delta  # noqa: E402
 from support.records import assemble, split, varint  # noqa: E402  (the one record toolkit)
 
@@ -1074,7 +1075,9 @@ def _fix_tails(objs, obj) -> None:
 def _replace_data(rng, objs, name, new) -> None:
     """Replace data object ``name`` by ``new`` and update every reference to it (and the chain)."""
     import re
+
     import xxhash
+
     from arcfmt import records
     from arcfmt.store import names as N
     from arcfmt.store.objects import canonical
@@ -1291,6 +1294,7 @@ def folder_problem(into: str, published: dict, patterns, want_step=None, mutated
     """None when ``into`` is absent or holds one whole published step (every selected tensor, exact),
     and no staging entry is left beside it; else what is wrong."""
     import fnmatch
+
     from arcfmt.safetensors_io import open_checkpoint
 
     left = _leftovers(os.path.dirname(into))

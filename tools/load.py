@@ -41,7 +41,6 @@ import tempfile
 import threading
 import time
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 import _paths  # noqa: E402, F401  (this checkout's arcfmt and tests/support)
 

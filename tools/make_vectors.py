@@ -12,30 +12,39 @@ from __future__ import annotations
 
 import argparse
 import bz2 as _bz2
-import lzma as _lzma
 import hashlib
 import json
+import lzma as _lzma
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 
+import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
 import ml_dtypes
 import numpy as np
 import zstandard
 
-import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
-
-from arcfmt import layout as L, records  # noqa: E402
+from arcfmt import layout as L  # noqa: E402
+from arcfmt import records
 from arcfmt.integrity import model_digest, record_checksum  # noqa: E402
-from arcfmt.safetensors_io import write_file  # noqa: E402
 from arcfmt.planes import bytes_for, from_planes, ungap  # noqa: E402
+from arcfmt.safetensors_io import write_file  # noqa: E402
+
 # The record toolkit and data makers are tests/support's; the names stay importable from here
 # (``mv.split``, ``mv.assemble``, ``mv.BF16``, ``mv.write_delta``, ... for tools/fuzz.py).
 from support.data import BF16, write_delta  # noqa: E402, F401
 from support.records import (  # noqa: E402, F401
-    Parts, Rec, assemble, fix_trailer_checksum, raw_record, set_first_encoding, split, tens_payload, varint,
+    Parts,
+    Rec,
+    assemble,
+    fix_trailer_checksum,
+    raw_record,
+    set_first_encoding,
+    split,
+    tens_payload,
+    varint,
 )
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance")
@@ -171,8 +180,8 @@ CTX_TYPES = (("bf16", BF16), ("f16", np.float16), ("f32", np.float32), ("f8_e4m3
 def ctx_case(seed, dt, m=4096, specials=True):
     """RL-like data: small weights change often and by several steps, large ones rarely by one; plus
     sign flips, zero crossings and special values, which ctx-delta carries as ordinary steps."""
-    from arcfmt.encodings.ctx_delta import ordered, unordered
     from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings.ctx_delta import ordered, unordered
     r = rng(seed)
     adt = from_numpy(np.dtype(dt))
     vals = (r.standard_normal(m) * np.exp2(r.uniform(-12, 0, m))).astype(dt)
@@ -196,8 +205,8 @@ def ctx_case(seed, dt, m=4096, specials=True):
 def ctx_custom(base, target, thresholds, codec="raw", block_elems=None) -> bytes:
     """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds."""
     from arcfmt import encodings
-    from arcfmt.encodings import ctx_delta as ctx
     from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings import ctx_delta as ctx
     d = write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta", force_codec=codec,
                     block_elems=block_elems or max(1, base.size))
     p = split(d)

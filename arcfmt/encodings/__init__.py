@@ -11,12 +11,24 @@ writer, pipeline) and the tools that describe files (report, inspect) only ever 
 """
 from __future__ import annotations
 
+from . import ctx_delta, float_delta, keyframe, unchanged, xor  # noqa: E402,F401  (the built-ins register)
 from .base import Block, EncodedBlock, Encoding, StreamRole
 from .registry import (
-    BY_NAME, NAMES, NEEDS_BASE, by_name, candidates, decode_block, encode_forced, find, for_dtype, get,
-    keeps_base, register, registered, unregister,
+    BY_NAME,
+    NAMES,
+    NEEDS_BASE,
+    by_name,
+    candidates,
+    decode_block,
+    encode_forced,
+    find,
+    for_dtype,
+    get,
+    keeps_base,
+    register,
+    registered,
+    unregister,
 )
-from . import unchanged, xor, float_delta, keyframe, ctx_delta  # noqa: E402,F401  (the built-ins register)
 
 UNCHANGED = unchanged.Unchanged.id
 XOR = xor.Xor.id

@@ -14,7 +14,8 @@ of store, and ``Store``, a stream root's objects), ``ranges`` (bounded range rea
 """
 from .errors import ConflictError, MissingError, TransportError
 from .follower import Follower, StepUpdate
-from .objects import MAJOR as STREAM_MAJOR, MINOR as STREAM_MINOR
+from .objects import MAJOR as STREAM_MAJOR
+from .objects import MINOR as STREAM_MINOR
 from .publisher import CommitResult, Publisher, PublishResult
 from .ranges import FetchStats
 

@@ -49,7 +49,14 @@ from . import retry
 from .errors import MissingError, TransportError
 from .objects import MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, digest128
 from .ranges import (
-    _DIGITS, _ERROR_BODY, WIRE_CONCURRENCY, _check_len, _empty_answer, _plan_answer, _read_body, _timed,
+    _DIGITS,
+    _ERROR_BODY,
+    WIRE_CONCURRENCY,
+    _check_len,
+    _empty_answer,
+    _plan_answer,
+    _read_body,
+    _timed,
 )
 
 _WARNED: set[str] = set()   # names of filesystem classes already warned about (once per process each)

@@ -20,22 +20,39 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from .. import layout as FL, pipeline, records
+from .. import layout as FL
+from .. import pipeline, records
 from ..checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json, write_new_file
 from ..errors import (
-    ArcError, ChecksumError, CorruptError, FormatError, InputError, LimitError, VerificationError, WrongBaseError,
+    ArcError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    InputError,
+    LimitError,
+    VerificationError,
+    WrongBaseError,
     os_error,
 )
 from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
 from ..staging import OLD_TAG, Stage, open_private, recover
-from . import names as N, retry
+from . import names as N
+from . import retry
 from .backends import Store
 from .errors import MissingError
 from .objects import (
-    MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, VERSION, Head, Manifest, canonical, digest128, parse_head,
-    parse_json, parse_manifest,
+    MAX_HEAD_BYTES,
+    MAX_MANIFEST_BYTES,
+    VERSION,
+    Head,
+    Manifest,
+    canonical,
+    digest128,
+    parse_head,
+    parse_json,
+    parse_manifest,
 )
 from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats, ObjectSource, RangeFetcher, coalesce
 

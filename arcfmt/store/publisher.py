@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from .. import layout as FL, records
+from .. import layout as FL
+from .. import records
 from ..arrays import as_numpy, as_uint
 from ..errors import ArcError, InputError
 from ..integrity import model_digest, tensor_hash
@@ -38,8 +39,17 @@ from . import names as N
 from .backends import Store
 from .errors import ConflictError
 from .objects import (
-    MAX_DESCRIPTOR_BYTES, MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, Descriptor, Head, Manifest, ObjectRef, ShardEntry,
-    parse_descriptor, parse_head, parse_manifest,
+    MAX_DESCRIPTOR_BYTES,
+    MAX_HEAD_BYTES,
+    MAX_MANIFEST_BYTES,
+    Descriptor,
+    Head,
+    Manifest,
+    ObjectRef,
+    ShardEntry,
+    parse_descriptor,
+    parse_head,
+    parse_manifest,
 )
 
 HEAD_ATTEMPTS = 32

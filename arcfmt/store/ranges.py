@@ -74,7 +74,7 @@ def coalesce(ranges, *, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAUL
     bytes needed — so the bytes requested never exceed (1 + overhead) × the bytes needed.
     """
     rs = sorted((int(s), int(e)) for s, e in ranges if e > s)
-    merged = []
+    merged: list[list[int]] = []
     for s, e in rs:
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], e)
@@ -83,13 +83,14 @@ def coalesce(ranges, *, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAUL
     needed = sum(e - s for s, e in merged)
     budget = overhead * needed
     gaps = sorted((merged[i + 1][0] - merged[i][1], i) for i in range(len(merged) - 1))
-    bridge, spent = set(), 0
+    bridge: set[int] = set()
+    spent = 0
     for g, i in gaps:
         if g > max_gap or spent + g > budget:
             break
         spent += g
         bridge.add(i)
-    out = []
+    out: list[list[int]] = []
     for i, (s, e) in enumerate(merged):
         if i - 1 in bridge:
             out[-1][1] = e
@@ -118,7 +119,8 @@ def _plan_answer(status, content_range, content_length, start, end, exact, what)
     number in the headers is checked before use; an answer that cannot hold exactly the asked bytes
     is refused (transient ``TransportError``), an object shorter than an exact range is
     ``TruncatedError``."""
-    clen = None
+    clen: int | None = None
+    avail: int | None
     if content_length is not None:
         if not _DIGITS.match(str(content_length).strip()):
             raise TransportError(f"{what}: the store sent a malformed Content-Length {str(content_length)[:40]!r}",
@@ -285,7 +287,7 @@ class RangeFetcher(retry.Deadlines):
         self.batch = max(1, batch)
         self._lock = threading.Lock()
         self._init_deadlines(request_timeout, retry_time)
-        self._refused = None
+        self._refused: str | None = None
 
     # -- the spool folder: opened without following a symlink, used through its descriptor only
     def _spool_open(self, create: bool) -> int | None:
@@ -329,7 +331,7 @@ class RangeFetcher(retry.Deadlines):
     def _spool_index(dfd: int | None) -> dict:
         if dfd is None:
             return {}
-        index = {}
+        index: dict[tuple[str, int, int], str] = {}
         try:
             names = os.listdir(dfd)
         except OSError:
@@ -412,7 +414,7 @@ class RangeFetcher(retry.Deadlines):
             for cs, ce in chunked(s, e, self.chunk_size) or [(s, s)]:
                 pieces.append((i, path, cs, ce, key))
         got = self._fetch_pieces(pieces)
-        parts = [[] for _ in requests]
+        parts: list[list[bytes]] = [[] for _ in requests]
         for p, data in zip(pieces, got):
             parts[p[0]].append(data)
         return [ps[0] if len(ps) == 1 else b"".join(ps) for ps in parts]
@@ -434,7 +436,7 @@ class RangeFetcher(retry.Deadlines):
         self._spool_put(spool[0], key, s, e, data)
 
     def _fetch_with(self, pieces, spool) -> list:
-        out = [None] * len(pieces)
+        out: list[bytes | None] = [None] * len(pieces)
         index = self._spool_index(spool[0])
         pending = []
         for j, (_, _, s, e, key) in enumerate(pieces):
@@ -461,7 +463,7 @@ class RangeFetcher(retry.Deadlines):
                         self.stats.retries += len(group)
                 res = self.adapter.read_ranges([(pieces[j][1], pieces[j][2], pieces[j][3], pieces[j][4])
                                                 for j in group], exact=True, timeout=timeout, concurrency=len(group))
-                fatal = None   # raised after the good chunks of this batch are kept (and spooled)
+                fatal: ArcError | None = None   # raised after the good chunks of this batch are kept (and spooled)
                 for j, r in zip(group, res):
                     _, _, s, e, key = pieces[j]
                     if isinstance(r, BaseException):
@@ -512,8 +514,8 @@ class ObjectSource:
         self.path = path
         self.key = key
         self.size = size
-        self._starts = []   # sorted chunk starts
-        self._chunks = []   # (start, end, memoryview), parallel to _starts
+        self._starts: list[int] = []   # sorted chunk starts
+        self._chunks: list[tuple[int, int, memoryview]] = []   # (start, end, memoryview), parallel to _starts
         self._lock = threading.Lock()
         self.misses = 0
 
@@ -549,7 +551,8 @@ class ObjectSource:
 
     def _pieces(self, offset, end):
         """The cached pieces covering [offset, end) in order (``None`` for a gap), and the gaps."""
-        pieces, gaps = [], []
+        pieces: list[memoryview | None] = []
+        gaps: list[tuple[int, int]] = []
         pos = offset
         with self._lock:
             while pos < end:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import xxhash
 
-from arcfmt import layout as L, records
+from arcfmt import layout as L
+from arcfmt import records
 from arcfmt.integrity import record_checksum
 
 __all__ = [
