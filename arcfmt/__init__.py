@@ -29,8 +29,10 @@ __version__ = "0.1.0"                 # the one place (pyproject.toml reads it: 
 FORMAT_VERSION = (_MAJOR, _MINOR)     # the version every file is written as (SPEC.md §16)
 
 __all__ = [
-    "encode", "decode", "apply_in_place", "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader", "BufferSource", "FileSource", "ArcError", "FormatError",
+    "encode", "decode", "apply_in_place", "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader",
+    "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
-    "VerificationError", "InputError", "SafetensorsError", "FileAccessError", "MissingTensorError", "FORMAT_VERSION", "__version__",
+    "VerificationError", "InputError", "SafetensorsError", "FileAccessError", "MissingTensorError",
+    "FORMAT_VERSION", "__version__",
 ]

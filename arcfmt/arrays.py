@@ -1,6 +1,9 @@
 """Turning caller arrays (numpy, ml_dtypes, torch) into the unsigned views transforms work on, and back."""
 from __future__ import annotations
 
+import ctypes as _ctypes
+import ctypes.util as _ctypes_util
+import mmap as _mmap
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -52,10 +55,6 @@ def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ memory-mapped input
-
-import ctypes as _ctypes
-import ctypes.util as _ctypes_util
-import mmap as _mmap
 
 _PAGE = _mmap.PAGESIZE
 _MADV_DONTNEED = 4

@@ -93,8 +93,9 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     ``out_path``: where the target goes (same layout as the base). ``in_place``: replace the base
     itself, crash-safely, keeping its modes and owner. ``max_output_bytes``: the most tensor bytes
     the output may hold (default: what the base backs plus a bound scaled to the delta's size, so a
-    small file cannot fill a disk). Every base tensor and both digests are checked before anything is written; the output is staged beside its destination, re-opened and checked,
-    and only then swapped in. Files beside the weights in a folder (config, tokenizer) come along.
+    small file cannot fill a disk). Every base tensor and both digests are checked before anything is
+    written; the output is staged beside its destination, re-opened and checked, and only then swapped
+    in. Files beside the weights in a folder (config, tokenizer) come along.
     """
     if in_place == (out_path is not None):
         raise InputError("give exactly one of an output path or in_place=True")

@@ -342,7 +342,8 @@ def cmd_follow(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arcfmt", description="Lossless weight deltas for RL weight sync (SPEC.md).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"arcfmt {__version__} (format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})")
+    p.add_argument("--version", action="version",
+                   version=f"arcfmt {__version__} (format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -369,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--base-step", type=int, help="step id of the base (default: from a 'stepNNN' name)")
     e.add_argument("--target-step", type=int, help="step id of the target (default: from a 'stepNNN' name)")
     e.add_argument("--effort", choices=["fast", "default", "max"], default="default",
-                   help="codec trials per stream: fast = zstd-3; default = zstd-15 (zstd-9 and xz-6 from 16 KiB); max = strongest")
+                   help="codec trials per stream: fast = zstd-3; default = zstd-15 (zstd-9 and xz-6 from 16 KiB); "
+                        "max = strongest")
     e.add_argument("--block-elems", type=int, default=1 << 20, help="elements per block (default 1048576)")
     e.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())

@@ -16,7 +16,7 @@ from typing import ClassVar, Generic, TypeAlias, TypeVar
 
 import zstandard
 
-from .errors import CorruptError, LimitError, UnsupportedError
+from .errors import CorruptError, InputError, LimitError, UnsupportedError
 from .layout import MAX_WINDOW, MAX_XZ_MEMORY, BytesLike
 
 RAW, ZSTD, XZ, BZ2 = 0, 1, 2, 3
@@ -98,9 +98,9 @@ def register(codec: _CodecT) -> _CodecT:
     """Add a codec (instance, or subclass: instantiated) to the table; returns what it was given."""
     c = codec() if isinstance(codec, type) else codec
     if not isinstance(c.id, int) or not 0 <= c.id <= 255:
-        raise ValueError(f"codec id {c.id!r} is not a u8")
+        raise InputError(f"codec id {c.id!r} is not a u8")
     if c.id in _by_id or c.name in _by_name:
-        raise ValueError(f"codec id {c.id} or name {c.name!r} is taken")
+        raise InputError(f"codec id {c.id} or name {c.name!r} is taken")
     _by_id[c.id] = c
     _by_name[c.name] = c
     return codec

@@ -33,7 +33,8 @@ def make_model_pair(seed: int = 0, layers: int = 2, d: int = 128, vocab: int = 4
         if name.endswith("norm.weight"):
             w = (1 + 0.05 * rng.standard_normal(shape)).astype(np.float32)
             base[name] = w
-            target[name] = (w + lr * rng.standard_normal(shape).astype(np.float32) * (rng.random(shape) < 0.3)).astype(np.float32)
+            target[name] = (w + lr * rng.standard_normal(shape).astype(np.float32)
+                            * (rng.random(shape) < 0.3)).astype(np.float32)
             continue
         master = (rng.standard_normal(shape) * 0.02).astype(np.float32)
         step = lr * np.sign(rng.standard_normal(shape)).astype(np.float32) * rng.random(shape).astype(np.float32)
@@ -104,7 +105,8 @@ def run_demo(workdir: str | None = None, seed: int = 0) -> dict:
         lines = [
             "arcfmt demo: a 2-layer BF16 model (FP32 norms) and its next RL step, stored as 2 safetensors shards",
             f"  model          {model_bytes / 1e6:8.2f} MB in {len(target)} tensors",
-            f"  changed values {changed_values:8d} ({100 * changed_values / sum(a.size for a in target.values()):.2f} % of all values)",
+            f"  changed values {changed_values:8d} "
+            f"({100 * changed_values / sum(a.size for a in target.values()):.2f} % of all values)",
             f"  delta file     {size / 1e3:8.2f} kB = {res['ratio_percent']:.3f} % of the model, "
             f"{res['bytes_per_changed_value']:.2f} bytes per changed value",
             f"  encodings used {', '.join(enc)}",

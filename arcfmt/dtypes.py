@@ -72,7 +72,8 @@ def from_name(name: str) -> DType:
 def from_numpy(dt: npt.DTypeLike) -> DType:
     dt = np.dtype(dt)
     if dt.byteorder == ">":
-        raise InputError(f"big-endian arrays are not supported ({dt}); convert with .astype('{dt.newbyteorder('<').str}')")
+        raise InputError(f"big-endian arrays are not supported ({dt}); "
+                         f"convert with .astype('{dt.newbyteorder('<').str}')")
     key = dt.newbyteorder("=") if dt.byteorder in "<>" else dt
     try:
         return _BY_NUMPY[key]

@@ -274,7 +274,7 @@ class DeltaReader:
     def describe(self) -> dict:
         """Everything ``arcfmt inspect`` shows: identity, and per tensor its blocks and streams."""
         tensors = []
-        for i, name in enumerate(self.names):
+        for _i, name in enumerate(self.names):
             th = self.header(name)
             e = self.entries[name]
             blocks: list[dict[str, Any]] = []  # JSON-like, as describe() returns it

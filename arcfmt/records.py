@@ -79,7 +79,8 @@ def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
     if record_checksum(bytes(data[:L.TRAILER_CHECKED_SIZE]), b"") != t.checksum:
         raise ChecksumError(f"trailer checksum mismatch at offset {file_size - L.TRAILER_SIZE}")
     if t.major != L.MAJOR:
-        raise UnsupportedVersionError(f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
+        raise UnsupportedVersionError(
+            f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
     if t.flags:
         raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits must be zero")
     if t.index_offset < L.FIRST_RECORD_OFFSET or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:

@@ -1,10 +1,11 @@
 """A picture of a delta: one self-contained HTML page (inline SVG charts, no script, no external resource).
 
 ``report_figures`` gathers the numbers (everything ``DeltaReader.describe`` gives, grouped by the stream
-roles of SPEC.md §8 as the encoding registry names them, plus totals); ``render_html`` draws them; ``render_report`` does both. The page has
-a header (identity, size, share of the model), where the bytes go (by stream role, by codec, elements
-by encoding), a bar per tensor of bytes split by stream role, a bar per tensor of the changed fraction,
-the codec chosen for every stream, and a table with the same numbers.
+roles of SPEC.md §8 as the encoding registry names them, plus totals); ``render_html`` draws them;
+``render_report`` does both. The page has a header (identity, size, share of the model), where the
+bytes go (by stream role, by codec, elements by encoding), a bar per tensor of bytes split by stream
+role, a bar per tensor of the changed fraction, the codec chosen for every stream, and a table with the
+same numbers.
 
 Everything taken from the file (tensor names above all) is untrusted and is escaped before it is
 written into the page.
@@ -239,7 +240,8 @@ def report_figures(delta, base=None) -> dict:
                 nbytes=t["elements"] * itemsize, needs_base=t["needs_base"], block_elems=t["block_elems"],
                 block_count=len(t["blocks"]), encodings=t["encodings"], bytes=t["bytes"],
                 header_bytes=header_bytes, streams=streams,
-                changed=changed, changed_fraction=(changed / t["elements"]) if changed is not None and t["elements"] else None,
+                changed=changed,
+                changed_fraction=(changed / t["elements"]) if changed is not None and t["elements"] else None,
                 changed_source=("+".join(sorted(sources)) if sources else ("file" if changed is not None else None)),
                 base_status=status))
     tensor_bytes = sum(t["bytes"] for t in tensors)
@@ -550,21 +552,24 @@ def _stacked(svg_id: str, items: list, label: str, fmt) -> str:
         f'<span class="key"><i style="background:{color}"></i>{_e(key)} <b>{_e(fmt(v))}</b>'
         f'<small>{_e(fmt_pct(v / total)) if total else ""}</small></span>'
         for key, v, color in items if v > 0)
-    return f'<div class="stack"><div class="stacklabel">{_e(label)}</div>{"".join(out)}<div class="legend">{legend}</div></div>'
+    return (f'<div class="stack"><div class="stacklabel">{_e(label)}</div>{"".join(out)}'
+            f'<div class="legend">{legend}</div></div>')
 
 
 # ------------------------------------------------------------------------------------ page
 
 CSS = """
 :root{--fg:#1d2330;--muted:#667085;--line:#e4e7ec;--bg:#fff;--card:#f7f8fa;--zebra:#f5f6f8;--accent:#3f6fa8}
-@media (prefers-color-scheme:dark){:root{--fg:#e6e8ee;--muted:#9aa3b2;--line:#303644;--bg:#14171d;--card:#1c2028;--zebra:#1a1e25;--accent:#8fb3e6}}
+@media (prefers-color-scheme:dark){:root{--fg:#e6e8ee;--muted:#9aa3b2;--line:#303644;--bg:#14171d;--card:#1c2028;
+--zebra:#1a1e25;--accent:#8fb3e6}}
 *{box-sizing:border-box}
 body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
 main{max-width:1240px;margin:0 auto;padding:28px 24px 60px}
 h1{font-size:24px;margin:0 0 4px}
 h2{font-size:17px;margin:36px 0 6px}
 p.sub,p.hint{color:var(--muted);margin:0 0 12px}
-.badge{display:inline-block;font-size:12px;padding:1px 8px;border-radius:10px;background:var(--accent);color:#fff;vertical-align:3px;margin-left:6px}
+.badge{display:inline-block;font-size:12px;padding:1px 8px;border-radius:10px;background:var(--accent);color:#fff;
+vertical-align:3px;margin-left:6px}
 .badge.kf{background:#e15759}.badge.empty{background:#7f7f7f}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(180px,1fr));gap:12px;margin:18px 0}
 .card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:12px 14px}
@@ -573,7 +578,8 @@ p.sub,p.hint{color:var(--muted);margin:0 0 12px}
 .card .s{font-size:12px;color:var(--muted)}
 .card.bad{border-color:#e15759}.card.good{border-color:#59a14f}
 dl.ids{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:0;font-size:13px}
-dl.ids dt{color:var(--muted)}dl.ids dd{margin:0;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:anywhere}
+dl.ids dt{color:var(--muted)}
+dl.ids dd{margin:0;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:anywhere}
 .stack{margin:10px 0 16px}.stacklabel{font-weight:600;margin-bottom:4px}
 .legend{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:12.5px;margin-top:4px}
 .key i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
@@ -598,7 +604,8 @@ td.num{text-align:right}
 td.streams{white-space:normal;min-width:420px}
 td.name{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;max-width:420px;overflow:hidden;text-overflow:ellipsis}
 .mini{display:inline-block;height:8px;border-radius:2px;background:var(--accent);vertical-align:0;margin-right:6px;opacity:.75}
-.chip{display:inline-block;border-left:4px solid;padding:0 5px;margin:1px 3px 1px 0;background:var(--card);border-radius:2px}
+.chip{display:inline-block;border-left:4px solid;padding:0 5px;margin:1px 3px 1px 0;background:var(--card);
+border-radius:2px}
 .status-ok{color:#3f9a5a}.status-bad{color:#e15759}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
 """
@@ -688,7 +695,8 @@ def _table(fig: dict, cap: int) -> tuple[str, int]:
 
 def _legend(keys, colors) -> str:
     return '<div class="legend">' + "".join(
-        f'<span class="key"><i style="background:{colors.get(k, _FALLBACK)}"></i>{_e(k)}</span>' for k in keys) + "</div>"
+        f'<span class="key"><i style="background:{colors.get(k, _FALLBACK)}"></i>{_e(k)}</span>'
+        for k in keys) + "</div>"
 
 
 def _capped(left: int, total: int, shown: int, what: str) -> str:
@@ -751,11 +759,12 @@ def render_html(fig: dict, *, max_bars: int = 1000, max_rows: int = 5000) -> str
             f'<div class="scroll">{bchart}</div></section>')
         cchart, _ = changed_chart(fig, max_bars)
         enc_keys = [k for k in ENCODING_COLORS if k in fig["blocks_by_encoding"]]
+        enc_mixed = ["mixed"] if any(len(t["encodings"]) > 1 for t in fig["tensors"]) else []
         body.append(
             '<section id="changed"><h2>Changed fraction per tensor</h2>'
             '<p class="hint">Changed values ÷ values. Coloured by encoding (purple-pink: several). Hatched: '
             'not known from the file (keyframe blocks); a base counts them.</p>'
-            f'{_legend(enc_keys + (["mixed"] if any(len(t["encodings"]) > 1 for t in fig["tensors"]) else []), {**ENCODING_COLORS, "mixed": CODEC_COLORS["mixed"]})}'
+            f'{_legend(enc_keys + enc_mixed, {**ENCODING_COLORS, "mixed": CODEC_COLORS["mixed"]})}'
             f'{_capped(left, n, shown, "chart")}<div class="scroll">{cchart}</div></section>')
         kchart, _ = codec_chart(fig, max_bars)
         codec_keys = [k for k in CODEC_COLORS if k in fig["bytes_by_codec"]] + (

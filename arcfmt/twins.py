@@ -299,7 +299,8 @@ def _ranks(p: Params, streams) -> np.ndarray:
             continue
         g = quot[off:off + ck].astype(np.int64) << r
         if r:
-            g |= rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64) @ (np.int64(1) << np.arange(r, dtype=np.int64))
+            g |= (rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64)
+                  @ (np.int64(1) << np.arange(r, dtype=np.int64)))
         out.append(np.cumsum(g + 1) - 1)
         off += ck
         roff += ck * r

@@ -27,8 +27,9 @@ and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
 By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
 (header, size, trailer, INDX, META, every TENS with its base, every BLCK, then the
 tensor hashes and the digests).  In that mode it reads only the 16-byte header of each
-record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream`` decodes front to back (SPEC §12.2, steps 1-7) and only uses
-the index at the end, to cross-check it against the records seen.
+record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream``
+decodes front to back (SPEC §12.2, steps 1-7) and only uses the index at the end, to cross-check it
+against the records seen.
 
 Memory: no declared size is allocated before it is checked against the SPEC §14
 limits; tensors are reconstructed and hashed block by block, so the largest
@@ -80,8 +81,9 @@ Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P6 S7 `time_ms` has no stated range: any integer (negative, or beyond 64 bits) is accepted.
   P7 S5 tensors entries: "a string valid as §7 says" brings §7's categories for the name (over
      MAX_NAME_BYTES UTF-8 bytes = `limit`, checked first; lone-surrogate escape, empty, control
-     character, the reserved name `__metadata__` = `corrupt`); an unknown dtype name and a shape of more than 16 dims are `corrupt`
-     (S2/S10), not §7's `unsupported` / `limit`; MAX_TENSOR_ELEMS is not applied (S5 does not).
+     character, the reserved name `__metadata__` = `corrupt`); an unknown dtype name and a shape of more
+     than 16 dims are `corrupt` (S2/S10), not §7's `unsupported` / `limit`; MAX_TENSOR_ELEMS is not
+     applied (S5 does not).
   P8 S5: the 2^20 tensor-count `limit` is checked when the `tensors` field is reached (after
      step, num_shards, shard, file, target_digest, writer), before its entries.
   P9 S2: an integer literal of 4000+ digits is out of every stated range; it is mapped to
@@ -1484,7 +1486,7 @@ def _parse_json_iterative(text):
             try:
                 s, end = scanstring(text, pos + 1, True)
             except ValueError as exc:
-                raise _JsonReject(str(exc))
+                raise _JsonReject(str(exc)) from exc
             return "scalar", s, end
         for lit, val in (("true", True), ("false", False), ("null", None)):
             if text.startswith(lit, pos):
@@ -1531,7 +1533,7 @@ def _parse_json_iterative(text):
                 try:
                     key, pos = scanstring(text, pos + 1, True)
                 except ValueError as exc:
-                    raise _JsonReject(str(exc))
+                    raise _JsonReject(str(exc)) from exc
                 pos = _WS_RE.match(text, pos).end()
                 if pos >= n or text[pos] != ":":
                     raise _JsonReject(f"expected ':' at offset {pos}")
@@ -1584,7 +1586,7 @@ def parse_json(data, what):
             obj = json.loads(text, object_pairs_hook=_pairs, parse_float=_reject_float,
                              parse_int=parse_json_int, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:  # including a byte order mark (ASSUMPTION P1)
-            raise _JsonReject(f"not JSON ({exc})")
+            raise _JsonReject(f"not JSON ({exc})") from exc
         except RecursionError:  # deeper than Python's json module goes: certainly beyond S2's 64 levels
             obj = _parse_json_iterative(text)
     except _JsonReject as exc:

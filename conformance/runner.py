@@ -220,8 +220,9 @@ def cmd_run(args) -> int:
         for r in rows:
             if r["outcome"] != "pass" or args.verbose:
                 print(f"{r['vector']:{w}s}  {r['mode']:6s}  {r['outcome']:7s}  {r['detail']}")
-        print(f"{args.impl or 'reference'}: {len(rows)} runs of {len(vectors) - skipped} vectors — {counts['pass']} passed, "
-              f"{counts['fail']} failed, {counts['crash']} crashed, {counts['timeout']} timed out"
+        print(f"{args.impl or 'reference'}: {len(rows)} runs of {len(vectors) - skipped} vectors — "
+              f"{counts['pass']} passed, {counts['fail']} failed, {counts['crash']} crashed, "
+              f"{counts['timeout']} timed out"
               + (f" ({skipped} stream-object vectors not run: no --impl-objects)" if skipped else ""))
     return 0 if counts["pass"] == len(rows) else 1
 

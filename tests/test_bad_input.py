@@ -939,7 +939,8 @@ def test_unsupported_encodings(small_file, reader):
         f = assemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, enc, [1, 0], _raw([0], [1], b"", b""))))
         expect(UnsupportedError, reader, f, small_file[0])
     # ctx-delta (5) on an integer tensor: rejected at the encoding byte, before its params.
-    f = assemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
+    f = assemble(p, replace(p, lambda r: r is kb,
+                            blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
     expect(UnsupportedError, reader, f, small_file[0])
     ui = [r.name for r in p.recs if r.type == L.TENS].index("u")
     ub = blocks_of(p, "u")[0]

@@ -157,7 +157,8 @@ def test_block_head(tail, encoding, prefix):
         assert outcome(lambda: L.BlockPayload.parse(payload, param_count=_pc, stream_count=_sc), BLCK_FIELDS) == spec
 
 
-@given(st.integers(0, 2**40), st.integers(0, 2**30), st.integers(0, 255), st.lists(st.integers(0, 2**64 - 1), max_size=50),
+@given(st.integers(0, 2**40), st.integers(0, 2**30), st.integers(0, 255),
+       st.lists(st.integers(0, 2**64 - 1), max_size=50),
        st.lists(st.tuples(st.integers(0, 255), st.integers(0, 2**40)), max_size=8))
 @settings(max_examples=300, deadline=None)
 def test_build_block_head(tensor, block, encoding, params, streams):

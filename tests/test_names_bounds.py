@@ -200,7 +200,7 @@ def test_stream_reader_never_yields_a_reserved_name():
     bad = with_tensor(p, payload_name=RESERVED.encode(), index_name=RESERVED)
     got = []
     with pytest.raises(CorruptError):
-        for name, arr in StreamReader(io.BytesIO(bad)):
+        for name, _arr in StreamReader(io.BytesIO(bad)):
             got.append(name)
     assert got == []
 

@@ -147,14 +147,14 @@ def test_built_in_table_is_the_spec_table():
 def test_taken_ids_and_names_are_refused(toys):
     class Again(Sub):
         name = "test-sub-2"
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         encodings.register(Again)  # id 200 is taken
     class Renamed(Sub):
         id = 210
         name = "xor"
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         encodings.register(Renamed)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         codecs.register(Reverse)
 
 

@@ -273,7 +273,9 @@ def test_longer_answers_are_sliced(s3_stream, tmp_path, extra, earlier):
     """``206`` answers longer than asked, or starting before the asked offset (filler around the real
     bytes): the follower keeps exactly the asked bytes and applies the steps bit for bit."""
     remote, traj = s3_stream
-    rule = lambda r: act("longer", extra=extra, earlier=earlier) if _is_data_get(r) else None
+    def rule(r):
+        return act("longer", extra=extra, earlier=earlier) if _is_data_get(r) else None
+
     with _proxy(remote, rule) as proxy:
         fol = Follower(remote.url, tmp_path / "f", storage_options=s3_options(proxy.endpoint), chunk_size=CHUNK)
         ups = fol.sync()
@@ -287,7 +289,9 @@ def test_bodies_cut_short_are_retried(s3_stream, tmp_path):
     """The first answer of every range request ends halfway: retried (by arcfmt alone: the filesystem
     it builds has the client libraries' retries off), then applied."""
     remote, traj = s3_stream
-    rule = lambda r: act("cut") if _is_data_get(r) and r.attempt == 0 else None
+    def rule(r):
+        return act("cut") if _is_data_get(r) and r.attempt == 0 else None
+
     with _proxy(remote, rule) as proxy:
         fol = Follower(remote.url, tmp_path / "f", storage_options=s3_options(proxy.endpoint), chunk_size=CHUNK,
                        backoff=0.01)
@@ -313,7 +317,9 @@ def test_trickling_answers_hit_the_request_deadline(s3_stream, tmp_path):
     each request is abandoned at its total deadline and retried; a read whose every attempt trickles
     ends after ``retries`` retries, in bounded time."""
     remote, traj = s3_stream
-    rule = lambda r: act("trickle", seconds=0.05) if _is_data_get(r) and r.attempt == 0 else None
+    def rule(r):
+        return act("trickle", seconds=0.05) if _is_data_get(r) and r.attempt == 0 else None
+
     with _proxy(remote, rule) as proxy:
         so = s3_options(proxy.endpoint)
         fol = Follower(remote.url, tmp_path / "f", storage_options=so, chunk_size=1 << 20, backoff=0.01)

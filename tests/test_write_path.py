@@ -373,7 +373,8 @@ def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, k
         b, t, d = _folder_pair(tmp_path)
         (b / "config.json").write_text("{}")
     pristine = tmp_path / "pristine"
-    (shutil.copytree if kind == "folder" else shutil.copy2)(b, pristine, **({"symlinks": True} if kind == "folder" else {}))
+    (shutil.copytree if kind == "folder" else shutil.copy2)(
+        b, pristine, **({"symlinks": True} if kind == "folder" else {}))
     old, new = digest_tree(b), None
     status, names = _apply_killed(b, d, None)
     assert status == 0 and names

@@ -188,7 +188,8 @@ def main(argv=None):
         if "arc_v3" in per_pair:
             v3 = {(r["base"], r["target"]): r for r in per_pair["arc_v3"] if not r.get("error")}
             t["arcfmt_smaller_than_arc_v3_pairs"] = sum(
-                1 for r in rows if (r["base"], r["target"]) in v3 and r["bytes"] <= v3[(r["base"], r["target"])]["bytes"])
+                1 for r in rows if (r["base"], r["target"]) in v3
+                and r["bytes"] <= v3[(r["base"], r["target"])]["bytes"])
             t["arcfmt_faster_decode_than_arc_v3_pairs"] = sum(
                 1 for r in rows if (r["base"], r["target"]) in v3
                 and r["decode_s"] <= v3[(r["base"], r["target"])]["decode_s"])
@@ -208,7 +209,8 @@ def main(argv=None):
         return
     for t in report["trajectories"]:
         print(f"\n{t['trajectory']}: {t['pairs']} step pairs")
-        print(f"| {'method':12s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} | {'decode MB/s':>11s} | bit-exact |")
+        print(f"| {'method':12s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} "
+              f"| {'decode MB/s':>11s} | bit-exact |")
         print(f"|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|-----------|")
         for name, s in t["methods"].items():
             if s is None:
@@ -234,7 +236,8 @@ def main(argv=None):
                 other = r["bytes"] - ro.get("positions", 0) - ro.get("steps", 0) - ro.get("headers", 0)
                 print(f"  {name[:48]:48s} {r['bytes']:>9d} B  {r['changed']:>8d} changed  "
                       f"{r['bytes'] / max(r['changed'], 1):.3f} B/changed  "
-                      f"{ro.get('positions', 0):>8d} / {ro.get('steps', 0):>8d} / {other:>7d} / {ro.get('headers', 0):>6d}")
+                      f"{ro.get('positions', 0):>8d} / {ro.get('steps', 0):>8d} / {other:>7d} / "
+                      f"{ro.get('headers', 0):>6d}")
 
 
 if __name__ == "__main__":

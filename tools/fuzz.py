@@ -235,7 +235,8 @@ def check_safetensors(rng, tmpdir):
             k = next((k for k in h if k != "__metadata__"), None)
             if k is not None:
                 field = ["dtype", "shape", "data_offsets"][int(rng.integers(3))]
-                h[k][field] = [["F32", "X9", 5, None][int(rng.integers(4))], [-1, 2], [0, 1 << 62], "s"][int(rng.integers(4))]
+                h[k][field] = [["F32", "X9", 5, None][int(rng.integers(4))], [-1, 2], [0, 1 << 62],
+                               "s"][int(rng.integers(4))]
                 hb = json.dumps(h).encode()
                 data = bytearray(len(hb).to_bytes(8, "little") + hb + bytes(data[8 + n:]))
         except (ValueError, UnicodeDecodeError):
@@ -285,7 +286,8 @@ def _read_leb(buf, pos: int):
 def _same_tensors(got: dict, want: dict) -> str | None:
     """None when ``got`` holds exactly ``want`` (names, dtypes, shapes, bytes); else what differs."""
     if set(got) != set(want):
-        return f"tensor names differ: extra {sorted(set(got) - set(want))[:4]!r}, missing {sorted(set(want) - set(got))[:4]!r}"
+        return (f"tensor names differ: extra {sorted(set(got) - set(want))[:4]!r}, "
+                f"missing {sorted(set(want) - set(got))[:4]!r}")
     for k, w in want.items():
         g, w = np.asarray(got[k]), np.asarray(w)
         if g.dtype != w.dtype or g.shape != w.shape or g.tobytes() != w.tobytes():
@@ -356,7 +358,8 @@ def random_name(rng):
         return BAD_NAMES[int(rng.integers(len(BAD_NAMES)))]
     if r < 0.7:  # a valid name with one control character or lone surrogate put in
         s = VALID_NAMES[int(rng.integers(len(VALID_NAMES)))]
-        bad = chr(int(rng.choice(list(range(32)) + [127]))) if rng.random() < 0.6 else chr(0xD800 + int(rng.integers(0x800)))
+        bad = (chr(int(rng.choice(list(range(32)) + [127]))) if rng.random() < 0.6
+               else chr(0xD800 + int(rng.integers(0x800))))
         k = int(rng.integers(len(s) + 1))
         return s[:k] + bad + s[k:]
     if r < 0.88:  # random code points, now and then a control character or a surrogate
@@ -503,7 +506,8 @@ def check_names(rng, tmpdir, cached):
                 if got.names != [name]:
                     return f"names: safetensors round trip of {name!r} gave {got.names!r}", data
         except Exception as exc:  # noqa: BLE001
-            return _arc_fail(f"names: round trip of {name!r}", exc) or f"names: round trip of {name!r} refused: {exc}", data
+            return (_arc_fail(f"names: round trip of {name!r}", exc)
+                    or f"names: round trip of {name!r} refused: {exc}"), data
     # 2. by record surgery into a valid file: both readers must refuse
     if isinstance(name, str):
         raw = name.encode("utf-8", "surrogatepass")
@@ -772,8 +776,8 @@ def check_layouts(rng, tmpdir, case, timed=None):
             write_odd_safetensors(rng, tpath, target, _metadata(rng))
         dpath = os.path.join(work, "delta.arc")
         encode_checkpoints(src, tpath, dpath, base_step=int(rng.integers(0, 3)), target_step=3,
-                           block_elems=int(rng.choice([7, 64, 1 << 20])), effort=["fast", "default"][int(rng.integers(2))],
-                           workers=1, keyframe=rng.random() < 0.1)
+                           block_elems=int(rng.choice([7, 64, 1 << 20])),
+                           effort=["fast", "default"][int(rng.integers(2))], workers=1, keyframe=rng.random() < 0.1)
         clean = True
         if rng.random() < 0.12:  # a damaged delta: refused, or (if the damage is harmless) the target
             with open(dpath, "rb") as f:
@@ -898,8 +902,8 @@ def build_stream(rng):
     return dict(objects=_stream_objects(url), published=published, shards=n, steps=steps)
 
 
-_JSON_VALUES = [2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 2 ** 64 - 2, 2 ** 64, 2 ** 70, -1, -(2 ** 63), 0, 1, 52, 56, 107, 108,
-                4096, 10 ** 30, True, False, None, "", "x", "0" * 32, "f" * 16, "F" * 32, [], {}, [1, 0], [2, 0],
+_JSON_VALUES = [2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 2 ** 64 - 2, 2 ** 64, 2 ** 70, -1, -(2 ** 63), 0, 1, 52, 56, 107,
+                108, 4096, 10 ** 30, True, False, None, "", "x", "0" * 32, "f" * 16, "F" * 32, [], {}, [1, 0], [2, 0],
                 [1], [0, 0, 0], "head.json", "../x", "steps/../head.json", "model.safetensors",
                 "model.safetensors.index.json", "a" * 300 + ".safetensors", "BF16", "\ud800", "\x00"]
 
@@ -958,7 +962,8 @@ def mutate_json_obj(rng, obj, stream) -> None:
         elif k == 1:
             ref["size"] = size + int(rng.choice([-1, 1, 2, -56, 4096]))
         elif k == 2:
-            ref["index_offset"] = int(rng.choice([size - 56, size - 55, size, size + 1, 52, 51, io_ + 1, io_ - 1, 2 ** 63 - 1]))
+            ref["index_offset"] = int(rng.choice([size - 56, size - 55, size, size + 1, 52, 51, io_ + 1, io_ - 1,
+                                                  2 ** 63 - 1]))
         elif k == 3:
             ref["size"], ref["index_offset"] = 2 ** 63 - 1, 2 ** 63 - 1 - 56
         elif k == 4:
@@ -1000,7 +1005,8 @@ def _encode_json(rng, obj) -> bytes:
         if r < 0.85:
             return canonical(obj)
         if r < 0.95:
-            return json.dumps(obj, indent=int(rng.integers(0, 3)), ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+            return json.dumps(obj, indent=int(rng.integers(0, 3)),
+                              ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
         text = canonical(obj).decode()
         k = int(rng.integers(5))
         if k == 0:
@@ -1331,7 +1337,8 @@ def folder_problem(into: str, published: dict, patterns, want_step=None, mutated
 # WrongBaseError keeps that step's chunks in its spool (Follower._apply forgets them only after a
 # FormatError or VerificationError), so when the damage was in the object's bytes, the next sync
 # reuses them and fails once more (ChecksumError, which does clear them). Set it to 1 to see that.
-REPAIR_ATTEMPTS = 1   # a repaired stream must be followed at the first attempt (the spool is cleared on WrongBaseError too)
+# A repaired stream must be followed at the first attempt (the spool is cleared on WrongBaseError too).
+REPAIR_ATTEMPTS = 1
 
 
 def check_store(rng, tmpdir, stream, case):

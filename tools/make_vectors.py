@@ -195,7 +195,8 @@ def ctx_case(seed, dt, m=4096, specials=True):
     if specials:
         w = np.dtype(dt).itemsize * 8
         sign = 1 << (w - 1)
-        sp = [0, sign, 1, sign | 1, (1 << (w - 1)) - 1, (1 << w) - 1, (adt.exp_bits and ((1 << adt.exp_bits) - 1) << adt.mant_bits)]
+        sp = [0, sign, 1, sign | 1, (1 << (w - 1)) - 1, (1 << w) - 1,
+              (adt.exp_bits and ((1 << adt.exp_bits) - 1) << adt.mant_bits)]
         k = len(sp)
         u[:k * k] = np.repeat(np.array(sp, np.uint64), k).astype(u.dtype)
         t[:k * k] = np.tile(np.array(sp, np.uint64), k).astype(u.dtype)
@@ -936,7 +937,7 @@ def stream_objects():
             b = {f"s{k}.w": (r.standard_normal((16, 8)) * 0.02).astype(BF16)}
             t = {n: (a.astype(np.float32) * 1.001).astype(BF16) for n, a in b.items()}
             steps.append((b, t))
-        for k, (b, t) in enumerate(steps):
+        for k, (b, _t) in enumerate(steps):
             pub = Publisher(root, shard=k, num_shards=2)
             pub.publish(0, b)
         objs = {}
@@ -1202,7 +1203,8 @@ RULES = [  # (vector name glob, rules it exercises)
     ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
     ("y_keyframe_*", ["R-KEYFRAME", "R-DTYPE"]), ("y_unchanged", ["R-UNCHANGED"]),
     ("y_codec_raw", ["R-RAW"]), ("y_codec_zstd", ["R-ZSTD"]), ("y_codec_xz", ["R-XZ"]), ("y_codec_bz2", ["R-BZ2"]),
-    ("y_zero_dim_at_elems_limit", ["R-ELEMS", "R-ELEMS-ZERO-DIM", "R-ELEMS-PARTIAL"]), ("y_empty_tensor", ["R-ELEMS"]), ("y_scalar", ["R-ELEMS"]),
+    ("y_zero_dim_at_elems_limit", ["R-ELEMS", "R-ELEMS-ZERO-DIM", "R-ELEMS-PARTIAL"]), ("y_empty_tensor", ["R-ELEMS"]),
+    ("y_scalar", ["R-ELEMS"]),
     ("y_note_record", ["R-ANCILLARY"]), ("y_unknown_ancillary", ["R-ANCILLARY"]),
     ("y_multiblock", ["R-BLOCK-ORDINALS", "R-INDEX-TILING"]), ("y_multi_tensor", ["R-NAME", "R-TARGET-DIGEST"]),
     ("y_shape_and_dtype_change", ["R-NO-BASE", "R-KEYFRAME"]),
@@ -1229,8 +1231,10 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_empty_stream_not_raw", ["R-EMPTY-STREAM"]), ("n_changed_count_beyond_block", ["R-DELTA-PARAMS"]),
     ("n_exception_count_beyond_changed", ["R-DELTA-PARAMS"]), ("n_position_beyond_block", ["R-POSITIONS"]),
     ("n_step_*", ["R-STEP"]), ("n_exception_keeps_exponent", ["R-EXCEPTION-VALUE"]),
-    ("n_exception_index_beyond_changed", ["R-EXCEPTION-INDEX"]), ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE"]),
-    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]), ("n_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
+    ("n_exception_index_beyond_changed", ["R-EXCEPTION-INDEX"]),
+    ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE"]),
+    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]),
+    ("n_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
     ("n_unknown_encoding", ["R-ENCODING"]), ("n_encoding_dtype_mismatch", ["R-ENCODING"]),
     ("n_unknown_dtype", ["R-DTYPE"]), ("n_name_invalid_utf8", ["R-NAME"]), ("n_name_control_char", ["R-NAME"]),
     ("n_name_empty", ["R-NAME"]), ("n_name_reserved", ["R-NAME-RESERVED"]), ("n_varint_not_minimal", ["R-VARINT"]),
@@ -1242,8 +1246,10 @@ RULES = [  # (vector name glob, rules it exercises)
     ("n_index_encoding_mismatch", ["R-BLOCK-ENCODING-INDEX", "R-STREAM-CROSSCHECK"]),
     ("n_index_name_mismatch", ["R-INDEX-NAME", "R-STREAM-CROSSCHECK"]),
     ("n_duplicate_*", ["R-NAME-UNIQUE"]), ("n_index_other_type_*", ["R-INDEX-OTHER-TYPES"]),
-    ("n_first_record_not_meta", ["R-RECORD-ORDER"]), ("n_target_digest_mismatch", ["R-TARGET-DIGEST", "R-VERIFY-EVERY-PATH"]),
-    ("n_base_digest_mismatch", ["R-BASE-DIGEST", "R-VERIFY-EVERY-PATH"]), ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
+    ("n_first_record_not_meta", ["R-RECORD-ORDER"]),
+    ("n_target_digest_mismatch", ["R-TARGET-DIGEST", "R-VERIFY-EVERY-PATH"]),
+    ("n_base_digest_mismatch", ["R-BASE-DIGEST", "R-VERIFY-EVERY-PATH"]),
+    ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
     ("n_data_after_trailer_stream", ["R-STREAM-END"]), ("n_wrong_base_*", ["R-BASE"]),
     ("n_index_hides_critical_record", ["R-INDEX-OTHER-HEADERS", "R-CRITICAL"]), ("n_second_meta", ["R-RECORD-ORDER"]),
     ("n_tens_while_blocks_due", ["R-RECORD-ORDER", "R-INDEX-ORDER"]),

@@ -292,7 +292,8 @@ def run_pair(peer, peer_name, base_path, target_path, repeat, load) -> dict:
         if exact:
             for k, t in target_sd.items():
                 r = recon[k]
-                if r.dtype != t.dtype or r.shape != t.shape or not torch.equal(_int_view(r, torch), _int_view(t, torch)):
+                if (r.dtype != t.dtype or r.shape != t.shape
+                        or not torch.equal(_int_view(r, torch), _int_view(t, torch))):
                     exact = False
                     break
         rec["exact"] = bool(exact)
@@ -313,7 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads / z4ai threads (default 2)")
     ap.add_argument(
         "--workers", type=int, default=1,
-        help="arc_*: >1 passes a ThreadPoolExecutor(N) to the peer's dict API (default 1: the peer's default, sequential)",
+        help="arc_*: >1 passes a ThreadPoolExecutor(N) to the peer's dict API "
+             "(default 1: the peer's default, sequential)",
     )
     ap.add_argument(
         "--arc3-wait-multiplier", type=float, default=None,

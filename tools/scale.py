@@ -170,7 +170,8 @@ def main(argv=None):
         print("| model | phase | GB | seconds | MB/s | peak RSS MiB | bit-exact |")
         print("|---|---|---|---|---|---|---|")
         for label, k, nb, s, mbs, rss, ex in rows:
-            print(f"| {label} | {k} | {nb / 1e9:.2f} | {s:.1f} | {mbs:.0f} | {rss / 2**20:.0f} | {'yes' if ex else 'NO'} |")
+            print(f"| {label} | {k} | {nb / 1e9:.2f} | {s:.1f} | {mbs:.0f} | {rss / 2**20:.0f} "
+                  f"| {'yes' if ex else 'NO'} |")
         print(f"delta: {big['delta_bytes'] / 1e6:.1f} MB for {big['model_bytes'] / 1e9:.2f} GB "
               f"({100 * big['delta_bytes'] / big['model_bytes']:.3f} %); big/small speed: "
               + ", ".join(f"{k} {big[k]['vs_small_speed']:.2f}" for k in ("encode", "apply_new", "apply_in_place")))

@@ -152,7 +152,7 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
             t0 = time.perf_counter()
             results = [None] * n
 
-            def pub(i):
+            def pub(i, results=results, step=step, parts=parts):  # run and joined within this iteration
                 results[i] = pubs[i].publish(step, parts[i])
 
             pts = [threading.Thread(target=pub, args=(i,)) for i in range(n)]

@@ -47,12 +47,12 @@ def register(encoding: _EncodingT) -> _EncodingT:
     if not isinstance(enc, Encoding):
         raise TypeError(f"{encoding!r} is not an Encoding")
     if not isinstance(enc.id, int) or not 0 <= enc.id <= 255:
-        raise ValueError(f"encoding id {enc.id!r} is not a u8")
+        raise InputError(f"encoding id {enc.id!r} is not a u8")
     with _lock:
         if enc.id in _by_id:
-            raise ValueError(f"encoding id {enc.id} is taken by {_by_id[enc.id].name}")
+            raise InputError(f"encoding id {enc.id} is taken by {_by_id[enc.id].name}")
         if enc.name in _by_name:
-            raise ValueError(f"encoding name {enc.name!r} is taken by id {_by_name[enc.name].id}")
+            raise InputError(f"encoding name {enc.name!r} is taken by id {_by_name[enc.name].id}")
         _by_id[enc.id] = enc
         _by_name[enc.name] = enc
         _retrial()

@@ -130,12 +130,12 @@ class Backend(abc.ABC):
         """The storage options to build a filesystem of ours with (the client's own retries off)."""
         return storage_options
 
-    @classmethod
+    @classmethod  # noqa: B027 - an optional hook, a no-op by default
     def own_client(cls, fs, storage_options: dict) -> None:
         """Adjust a filesystem just built from ``client_options``."""
 
     # -- reads
-    def _check_object(self, path, start, end, exact, what) -> None:
+    def _check_object(self, path, start, end, exact, what) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Called before a range is read (local files: it must be a regular file)."""
 
     def read_ranges(self, items, *, exact: bool, timeout: float, concurrency: int = WIRE_CONCURRENCY) -> list:

@@ -48,6 +48,8 @@ from .objects import (
     VERSION,
     Head,
     Manifest,
+    ObjectRef,
+    ShardEntry,
     canonical,
     digest128,
     parse_head,
@@ -108,8 +110,8 @@ class StepUpdate:
 
 @dataclass
 class _ShardPlan:
-    entry: object
-    obj: object
+    entry: ShardEntry
+    obj: ObjectRef
     source: ObjectSource
     index: records.Index
     wanted: list = field(default_factory=list)     # IndexEntry of the tensors to rebuild
@@ -255,7 +257,8 @@ class Follower:
             if f_step > head.step or f_hash == head.manifest:
                 return []
             f_step = None  # the head's step, but another manifest: off the chain, start from a keyframe
-        chain, best = [], None   # best: (cost, "delta") or (cost, chain index of a keyframe step)
+        chain: list[Manifest] = []
+        best: tuple[int, int | str] | None = None   # (cost, "delta") or (cost, chain index of a keyframe step)
         d = 0                    # delta bytes from the current manifest up to the head
         step, digest = head.step, head.manifest
         while True:
@@ -275,7 +278,7 @@ class Follower:
                     best = (c, len(chain) - 1)
                 if f_step is None:
                     break         # a new folder: the latest keyframe is the cheapest start
-            if m.base_step is None:
+            if m.base_step is None or m.base_manifest is None:   # both or neither (parse_manifest)
                 break
             d += m.cost("delta")
             if best is not None and d >= best[0]:
@@ -284,9 +287,9 @@ class Follower:
         if best is None:
             raise MissingError(f"no keyframe is reachable from the head (step {head.step}) for a folder at "
                                f"step {None if state is None else state['step']}")
-        if best[1] == "delta":
-            return [(m, "delta") for m in reversed(chain)]
         k = best[1]
+        if isinstance(k, str):   # "delta"
+            return [(m, "delta") for m in reversed(chain)]
         return [(chain[k], "keyframe")] + [(m, "delta") for m in reversed(chain[:k])]
 
     # ------------------------------------------------------------------------------ following
@@ -339,7 +342,8 @@ class Follower:
                 return self._apply_step(m, kind, head, cur)
         except (FormatError, VerificationError, WrongBaseError):
             # Bytes that failed a check may sit in the spool (a damaged object, a byte flipped in
-            # transit, a base hash flipped in the object): drop this step's chunks, or every later attempt would reuse them and fail again.
+            # transit, a base hash flipped in the object): drop this step's chunks, or every later attempt
+            # would reuse them and fail again.
             self.fetcher.forget(keep=lambda key: _step_of_key(key) != m.step)
             raise
 
@@ -430,7 +434,7 @@ class Follower:
             src = ObjectSource(self.fetcher, self.store.path(o.name), o.name, o.size)
             src.add(o.index_offset, tail)
             plans.append(_ShardPlan(s, o, src, index, [e for e in index.entries if self.wants(e.name)]))
-        owner = {}
+        owner: dict[str, str] = {}
         for p in plans:  # one step is one model: a name in two shards would be two tensors (S6)
             for e in p.index.entries:
                 other = owner.setdefault(e.name, p.obj.name)
@@ -495,13 +499,13 @@ class Follower:
         total = sum(lay.tensor_bytes for lay in layouts)
         write_json(stage.file(INDEX_NAME), {"metadata": {"total_size": total, "arcfmt_step": str(m.step)},
                                             "weight_map": weight_map}, stage.owner_of(INDEX_NAME))
+        files = sorted(lay.file for lay in layouts)
         state = dict(format=STATE_FORMAT, version=VERSION, step=m.step, manifest=m.digest,
-                     model_digest=m.model_digest, tensors=self.patterns,
-                     files=sorted(lay.file for lay in layouts))
+                     model_digest=m.model_digest, tensors=self.patterns, files=files)
         write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
         if os.path.isdir(self.into):
             prev = self.state() if old_state is None else old_state
-            own = {INDEX_NAME, STATE_NAME, *state["files"], *((prev or {}).get("files") or [])}
+            own = {INDEX_NAME, STATE_NAME, *files, *((prev or {}).get("files") or [])}
             stage.carry(self.into, own, link=True)
         check_written(stage, layouts)
         stage.commit()
@@ -516,7 +520,9 @@ def _check_until(until):
 def _groups(wanted, budget: int) -> list:
     """``wanted`` (IndexEntry, file order) cut into runs whose records total at most ``budget`` bytes
     (a tensor bigger than the budget is a group of its own)."""
-    groups, cur, size = [], [], 0
+    groups: list[list[records.IndexEntry]] = []
+    cur: list[records.IndexEntry] = []
+    size = 0
     for e in wanted:
         n = e.tens_size + sum(b.size for b in e.blocks)
         if cur and size + n > budget:

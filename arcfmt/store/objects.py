@@ -185,8 +185,8 @@ def _parse_object(obj, kind, step, shard, num_shards, where) -> ObjectRef:
     name = N.check_object_name(f.get("name", str), step, shard, num_shards, kind, digest, where)
     index_offset = f.int("index_offset", FL.FIRST_RECORD_OFFSET, size - MIN_TAIL_BYTES)
     if size - index_offset > MAX_TAIL_BYTES:
-        # the tail is one INDX record (a record header and at most MAX_RECORD_PAYLOAD bytes, SPEC.md §14) and the trailer:
-        # a follower reads it whole, so a larger one is refused before any request is planned
+        # the tail is one INDX record (a record header and at most MAX_RECORD_PAYLOAD bytes, SPEC.md §14) and the
+        # trailer: a follower reads it whole, so a larger one is refused before any request is planned
         raise LimitError(f"{where}: its index and trailer would be {size - index_offset} bytes "
                          f"(size {size} - index_offset {index_offset}), more than {MAX_TAIL_BYTES}")
     tail = f.hex16("tail_xxh3_64")
@@ -313,7 +313,11 @@ class ShardEntry:
                     keyframe=None if self.keyframe is None else self.keyframe.to_json())
 
     def object(self, kind: str) -> ObjectRef:
-        return self.delta if kind == "delta" else self.keyframe
+        """The shard's object of ``kind``; asked only for a kind its manifest says every shard has."""
+        ref = self.delta if kind == "delta" else self.keyframe
+        if ref is None:
+            raise CorruptError(f"shard {self.shard} has no {kind} object")
+        return ref
 
 
 @dataclass
@@ -327,7 +331,7 @@ class Manifest:
     keyframe_step: int          # latest step <= this one with keyframes, along the base chain
     model_digest: str           # SPEC.md §13.2 over every tensor of every shard
     tensors: int
-    shards: list = field(default_factory=list)   # ShardEntry, shard order
+    shards: list[ShardEntry] = field(default_factory=list)   # shard order
     writer: str | None = None   # every shard's descriptor names this writer
     raw: bytes = b""
 

@@ -147,17 +147,17 @@ class Publisher:
         self.remember = remember
         self.state_dir = state_dir
         self.tmp_dir = tmp_dir
-        self._last = None   # (step, {name: array}) of the previous publish
+        self._last: tuple[int, dict[str, np.ndarray]] | None = None   # (step, {name: array}) of the previous publish
 
     # ------------------------------------------------------------------------------ state
-    def _state_paths(self):
+    def _state_paths(self, state_dir: str) -> tuple[str, str]:
         stem = f"arcfmt-publisher-shard-{self.shard:05d}-of-{self.num_shards:05d}"
-        return os.path.join(self.state_dir, stem + ".json"), os.path.join(self.state_dir, stem + ".safetensors")
+        return os.path.join(state_dir, stem + ".json"), os.path.join(state_dir, stem + ".safetensors")
 
     def _load_state(self):
         if not self.state_dir:
             return None
-        jpath, cpath = self._state_paths()
+        jpath, cpath = self._state_paths(self.state_dir)
         try:
             with open(jpath, "rb") as f:
                 st = json.load(f)
@@ -177,7 +177,7 @@ class Publisher:
         if not self.state_dir:
             return
         os.makedirs(self.state_dir, exist_ok=True)
-        jpath, cpath = self._state_paths()
+        jpath, cpath = self._state_paths(self.state_dir)
         # The tensors go to a file named by their step, and the JSON switches to it with one rename: a
         # kill at any moment leaves a state whose step and tensors agree (else the next step's delta
         # would be made from one step's tensors but labelled with another base step).
@@ -251,7 +251,7 @@ class Publisher:
                                  model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start)
         t0 = time.perf_counter()
         made = {}
-        tmpfiles = []
+        tmpfiles: list[str] = []
         try:
             if base_map is not None:
                 made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles)
@@ -375,7 +375,8 @@ class Publisher:
             if (d.step, d.shard, d.num_shards) != (step, i, n):
                 raise ConflictError(f"{dn} describes step {d.step} shard {d.shard} of {d.num_shards}")
             descs.append(d)
-        bases = {d.delta.base_step for d in descs if d.delta is not None}
+        # a delta object always has its base_step (ObjectRef.kind); the second test only tells mypy so
+        bases = {d.delta.base_step for d in descs if d.delta is not None and d.delta.base_step is not None}
         use_delta = all(d.delta is not None for d in descs) and len(bases) == 1
         use_kf = all(d.keyframe is not None for d in descs)
         base_m = None
@@ -401,7 +402,9 @@ class Publisher:
         if len(writers) > 1:
             raise ConflictError(f"step {step} cannot be committed: its shards come from different writers "
                                 f"({', '.join(w or '(none)' for w in writers)})")
-        entries, owner, files = [], {}, {}
+        entries = []
+        owner: dict[bytes, int] = {}   # tensor name → shard
+        files: dict[str, int] = {}     # file name, lower case → shard
         for d in descs:
             for e in d.digest_entries():
                 if e[0] in owner:
@@ -413,8 +416,15 @@ class Publisher:
                 raise ConflictError(f"step {step}: shards {files[d.file.lower()]} and {d.shard} use the same "
                                     f"file name {d.file!r}")
             files[d.file.lower()] = d.shard
-        m = Manifest(step, base_m.step if use_delta else None, base_m.digest if use_delta else None, use_kf,
-                     step if use_kf else base_m.keyframe_step, model_digest(entries).hex(), len(entries),
+        m_base_step: int | None = None
+        m_base_digest: str | None = None
+        keyframe_step = step
+        if use_delta:
+            assert base_m is not None   # read and parsed above whenever use_delta still holds
+            m_base_step, m_base_digest = base_m.step, base_m.digest
+            if not use_kf:
+                keyframe_step = base_m.keyframe_step
+        m = Manifest(step, m_base_step, m_base_digest, use_kf, keyframe_step, model_digest(entries).hex(), len(entries),
                      [ShardEntry(d.shard, d.file, d.digest, d.target_digest, len(d.tensors),
                                  d.delta if use_delta else None, d.keyframe if use_kf else None) for d in descs],
                      descs[0].writer)
