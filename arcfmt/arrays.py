@@ -70,13 +70,21 @@ def _madvise() -> Callable[..., int] | None:
 
 
 def is_mapped(a: object) -> bool:
-    """Whether ``a`` is a view of a memory-mapped file (np.memmap or mmap)."""
+    """Whether ``a`` is a view of a file mapped *shared* (an ``np.memmap`` opened ``r`` or ``r+``), whose
+    pages can be handed back and read again from the file.
+
+    Only such a mapping: ``np.memmap.copy()`` is an ``np.memmap`` too but lives in anonymous memory,
+    as do ``mmap.mmap(-1, n)`` buffers and copy-on-write (``c``) maps — dropping their pages would
+    zero the caller's data (it did: ``encode`` of copied memmap arrays wiped the base).
+    """
     x = a
     for _ in range(32):
         if x is None:
             return False
-        if isinstance(x, (_mmap.mmap, np.memmap)):
-            return True
+        if isinstance(x, np.memmap):
+            return getattr(x, "_mmap", None) is not None and x.mode in ("r", "r+", "readonly", "readwrite")
+        if isinstance(x, _mmap.mmap):
+            return False  # anonymous or of unknown kind: never released
         x = getattr(x, "base", None)
     return False
 

@@ -487,3 +487,20 @@ def test_a_folder_whose_index_maps_no_tensor_opens(tmp_path):
     write_file(tmp_path / "m" / "a.safetensors", {})
     (tmp_path / "m" / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
     assert open_checkpoint(tmp_path / "m").tensors() == {}
+
+
+def test_encode_and_decode_never_touch_the_callers_arrays(tmp_path):
+    """Copies of memory-mapped tensors are np.memmap instances in anonymous memory: releasing their
+    pages (as is right for a file's pages) zeroed the caller's base. Found while benchmarking."""
+    base, target = pair_arrays(n=1 << 16)
+    write_file(tmp_path / "b.safetensors", base)
+    write_file(tmp_path / "t.safetensors", target)
+    b = {k: v.copy() for k, v in open_checkpoint(tmp_path / "b.safetensors").tensors().items()}
+    t = {k: v.copy() for k, v in open_checkpoint(tmp_path / "t.safetensors").tensors().items()}
+    assert isinstance(b["w"], np.memmap)
+    d = arcfmt.encode(b, t, block_elems=4096)
+    assert all(b[k].tobytes() == base[k].tobytes() for k in base)
+    for _ in range(2):
+        got = arcfmt.decode(b, d)
+        assert all(got[k].tobytes() == target[k].tobytes() for k in target)
+        assert all(b[k].tobytes() == base[k].tobytes() for k in base)
