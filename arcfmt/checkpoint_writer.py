@@ -318,6 +318,11 @@ class CheckpointSink:
         self._written.add(id(lay))
         self.bytes_written += lay.size
 
+    def needs_drain(self, th: object) -> bool:
+        """Whether every tensor in flight must be done before ``th`` opens: it starts a new file while
+        the last one is still open (files are written one after the other)."""
+        return self._cur is not None and bool(self._order) and self._order[0][0] is not self._cur[0]
+
     def open(self, th):
         lay, spec = self._order.popleft()
         assert (spec.name, spec.dtype, tuple(spec.shape)) == (th.name, th.dtype, tuple(th.shape)), \

@@ -311,6 +311,10 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 yield from _flush(ready)
                 continue
             th = item.th
+            barrier = getattr(sink, "needs_drain", None)
+            if barrier is not None and barrier(th):  # e.g. the sink's next file starts with this tensor
+                drain()
+                yield from _flush(ready)
             t = _Tensor(item, sink.open(th))
             if th.block_count == 0:
                 verify_hash(th, tensor_hash(np.empty(0, th.dtype.uint)))

@@ -504,3 +504,22 @@ def test_encode_and_decode_never_touch_the_callers_arrays(tmp_path):
         got = arcfmt.decode(b, d)
         assert all(got[k].tobytes() == target[k].tobytes() for k in target)
         assert all(b[k].tobytes() == base[k].tobytes() for k in base)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_blocks_in_flight_across_files_of_a_folder(tmp_path, monkeypatch, in_place):
+    """Every block on the helper threads, so the next file's first tensor opens while the last
+    file's blocks are still in flight: the writer waits for them (found by tools/scale.py)."""
+    monkeypatch.setattr(pipeline, "SHARED_MIN_ELEMS", 1)
+    b, t, d = _folder_pair(tmp_path, shards=3)
+    out = b if in_place else tmp_path / "o"
+    apply_delta(b, d, None if in_place else out, in_place=in_place, workers=2)
+    assert digest_tree(out) == digest_tree(t)
+    url = str(tmp_path / "stream")
+    tensors = open_checkpoint(t).tensors()
+    names = list(tensors)
+    for s in range(2):
+        arcfmt.Publisher(url, shard=s, num_shards=2).publish(0, {n: np.array(tensors[n]) for n in names[s::2]})
+    (u,) = arcfmt.Follower(url, into=tmp_path / "f", workers=2).sync()
+    got = open_checkpoint(tmp_path / "f").tensors()
+    assert all(got[n].tobytes() == np.asarray(tensors[n]).tobytes() for n in names)

@@ -105,9 +105,10 @@ def phase(args):
     os.sync()  # the previous phase's writeback must not be billed to this one
     p = subprocess.run([sys.executable, "-c", RUN, *args, "--no-progress"], capture_output=True, text=True, cwd=ROOT)
     last = [line for line in p.stderr.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not last:
+    res = json.loads(last[-1]) if last else None
+    if p.returncode != 0 or res is None or res["rc"] != 0:  # main() returns its exit code: check it too
         raise SystemExit(f"phase {args[0]} failed: {p.stdout}\n{p.stderr}")
-    return json.loads(last[-1])
+    return res
 
 
 def digest_tree(path):
