@@ -11,13 +11,14 @@ from __future__ import annotations
 import bz2
 import lzma
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import ClassVar, Generic, TypeAlias, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import ClassVar, TypeAlias, TypeVar
 
 import zstandard
 
 from .errors import CorruptError, InputError, LimitError, UnsupportedError
 from .layout import MAX_WINDOW, MAX_XZ_MEMORY, BytesLike
+from .tables import TableView
 
 RAW, ZSTD, XZ, BZ2 = 0, 1, 2, 3
 
@@ -135,27 +136,8 @@ def registered() -> Iterator[Codec]:
     return iter(sorted(_by_id.values(), key=lambda c: c.id))
 
 
-class _View(Mapping[_K, _V], Generic[_K, _V]):
-    """A read-only mapping over the live table."""
-
-    def __init__(self, key: Callable[[Codec], _K], value: Callable[[Codec], _V]) -> None:
-        self._key, self._value = key, value
-
-    def _items(self) -> dict[_K, _V]:
-        return {self._key(c): self._value(c) for c in registered()}
-
-    def __getitem__(self, k: _K) -> _V:
-        return self._items()[k]
-
-    def __iter__(self) -> Iterator[_K]:
-        return iter(self._items())
-
-    def __len__(self) -> int:
-        return len(_by_id)
-
-
-NAMES: Mapping[int, str] = _View(lambda c: c.id, lambda c: c.name)    # id → name
-BY_NAME: Mapping[str, int] = _View(lambda c: c.name, lambda c: c.id)  # name → id
+NAMES: Mapping[int, str] = TableView(registered, lambda c: c.id, lambda c: c.name)    # id → name
+BY_NAME: Mapping[str, int] = TableView(registered, lambda c: c.name, lambda c: c.id)  # name → id
 
 
 # ------------------------------------------------------------------------------------ the codecs

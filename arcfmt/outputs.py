@@ -23,6 +23,7 @@ import os
 import stat
 
 from .errors import InputError, os_error
+from .staging import fsync_dir
 
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
@@ -222,19 +223,6 @@ def _rename_noreplace(tmp: str, path: str) -> None:
         pass
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: str, tmp: str, fill, *, overwrite: bool = False):
     """``fill(f)`` into the new file ``tmp`` (beside ``path``), then rename it over ``path``; returns what
     ``fill`` returned. ``overwrite``: replace an existing ``path`` (a symbolic link: the link itself),
@@ -269,7 +257,7 @@ def write_atomic(path: str, tmp: str, fill, *, overwrite: bool = False):
             raise InputError(f"{path} already exists; use --force to replace it") from None
         except OSError as exc:
             raise os_error(exc, "write", path) from None
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
         return result
     except BaseException:
         try:

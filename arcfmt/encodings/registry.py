@@ -10,13 +10,14 @@ the package.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from ..dtypes import DType
 from ..errors import InputError, UnsupportedError
+from ..tables import TableView
 from .base import Block, EncodedBlock, Encoding
 
 if TYPE_CHECKING:
@@ -107,31 +108,9 @@ def keeps_base(encoding_id: int | None) -> bool:
     return enc is not None and enc.keeps_base
 
 
-class _View(Mapping[_K, _V], Generic[_K, _V]):
-    """A read-only mapping over the live table (so that a registered encoding shows up in it)."""
-
-    def __init__(self, key: Callable[[Encoding], _K], value: Callable[[Encoding], _V]) -> None:
-        self._key, self._value = key, value
-
-    def _items(self) -> dict[_K, _V]:
-        return {self._key(e): self._value(e) for e in registered()}
-
-    def __getitem__(self, k: _K) -> _V:
-        return self._items()[k]
-
-    def __iter__(self) -> Iterator[_K]:
-        return iter(self._items())
-
-    def __len__(self) -> int:
-        return len(_by_id)
-
-    def __contains__(self, k: object) -> bool:
-        return k in self._items()
-
-
-NAMES: Mapping[int, str] = _View(lambda e: e.id, lambda e: e.name)            # id → name
-BY_NAME: Mapping[str, int] = _View(lambda e: e.name, lambda e: e.id)          # name → id
-NEEDS_BASE: Mapping[int, bool] = _View(lambda e: e.id, lambda e: e.needs_base)  # id → needs a base
+NAMES: Mapping[int, str] = TableView(registered, lambda e: e.id, lambda e: e.name)            # id → name
+BY_NAME: Mapping[str, int] = TableView(registered, lambda e: e.name, lambda e: e.id)          # name → id
+NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e: e.needs_base)  # id → needs a base
 
 
 # ------------------------------------------------------------------------------------ writing

@@ -57,6 +57,7 @@ from .ranges import (
     _plan_answer,
     _read_body,
     _timed,
+    read_fd,
 )
 
 _WARNED: set[str] = set()   # names of filesystem classes already warned about (once per process each)
@@ -338,14 +339,7 @@ def _local_read(p: str, n: int, what: str) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "is a directory", p)
         if not stat.S_ISREG(st.st_mode):
             raise TransportError(f"{what}: {p} is not a regular file")
-        parts, got = [], 0
-        while got < n:
-            b = os.read(fd, min(n - got, 8 << 20))
-            if not b:
-                break
-            parts.append(b)
-            got += len(b)
-        return b"".join(parts)
+        return read_fd(fd, n)
     finally:
         os.close(fd)
 

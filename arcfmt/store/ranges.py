@@ -247,7 +247,8 @@ def _unlink_at(name: str, dfd: int) -> None:
         pass  # gone already, or not ours to remove: the spool is only a cache
 
 
-def _read_fd(fd: int, n: int) -> bytes:
+def read_fd(fd: int, n: int) -> bytes:
+    """At most ``n`` bytes from an open file, in reads of at most 8 MiB."""
     parts, got = [], 0
     while got < n:
         b = os.read(fd, min(n - got, 8 << 20))
@@ -357,7 +358,7 @@ class RangeFetcher(retry.Deadlines):
             return None
         try:
             st = os.fstat(fd)
-            data = _read_fd(fd, want) if stat.S_ISREG(st.st_mode) and st.st_size == want else None
+            data = read_fd(fd, want) if stat.S_ISREG(st.st_mode) and st.st_size == want else None
         except OSError:
             data = None
         finally:
