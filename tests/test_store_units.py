@@ -22,9 +22,7 @@ from arcfmt.store.backends import Store, _precondition_failed
 from arcfmt.store.errors import MissingError, TransportError
 from arcfmt.store.ranges import FetchStats, ObjectSource, RangeFetcher, chunked, coalesce
 from arcfmt.store.retry import is_transient
-
-H32 = "0123456789abcdef" * 2
-
+from support.store import H32, object_ref
 
 # ------------------------------------------------------------------------------------ names
 
@@ -88,20 +86,13 @@ def test_tensor_patterns():
 
 # ------------------------------------------------------------------------------------ layouts
 
-def _obj(kind="delta", step=5, shard=0, n=1, **kw):
-    d = dict(name=N.object_name(step, shard, n, kind, H32), size=1000, xxh3_128=H32, index_offset=800,
-             tail_xxh3_64="0123456789abcdef")
-    if kind == "delta":
-        d.update(base_step=step - 1, base_digest=H32)
-    d.update(kw)
-    return d
 
 
 def _manifest(**kw):
     m = dict(format=SL.MANIFEST_FORMAT, version=[1, 0], step=5, base_step=4, base_manifest=H32, keyframe=False,
              keyframe_step=0, model_digest=H32, tensors=3, writer=None,
              shards=[dict(shard=0, file="a.safetensors", descriptor=H32, target_digest=H32, tensors=3,
-                          delta=_obj(), keyframe=None)])
+                          delta=object_ref(), keyframe=None)])
     m.update(kw)
     return m
 
@@ -143,7 +134,7 @@ def test_manifest_rejects(patch, err):
 ])
 def test_manifest_rejects_bad_objects(patch):
     m = _manifest()
-    m["shards"][0]["delta"] = _obj(**patch)
+    m["shards"][0]["delta"] = object_ref(**patch)
     with pytest.raises(CorruptError):
         SL.parse_manifest(SL.canonical(m), "m")
 
@@ -170,7 +161,7 @@ def test_json_strictness():
 
 def test_descriptor_checks():
     d = dict(format=SL.DESCRIPTOR_FORMAT, version=[1, 0], step=5, shard=0, num_shards=1, file="a.safetensors",
-             target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=_obj(), keyframe=None,
+             target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=object_ref(), keyframe=None,
              writer="job-7")
     assert SL.parse_descriptor(SL.canonical(d), "d").tensors == [("w", "BF16", (2, 3), "0123456789abcdef")]
     for patch in (dict(tensors=[["w", "BF16", [2], "x"]]), dict(tensors=[["w", "NOPE", [2], "0" * 16]]),

@@ -41,21 +41,13 @@ from arcfmt.store.backends import Store
 from arcfmt.store.objects import MAX_HEAD_BYTES
 from arcfmt.store.ranges import FetchStats, RangeFetcher
 from support.faults import FaultProxy, act, s3_fs, s3_options
-from support.store import Remote, _unique, assert_folder, publish_step, trajectory
+from support.store import H32, Remote, _unique, assert_folder, object_ref, publish_step, trajectory
 
-H32 = "0123456789abcdef" * 2
 SHARDS = 2
 CHUNK = 512
 BOUND = 32 << 20      # what a client may have pulled off one socket (kernel buffers included) at most
 
 
-def _obj(kind="delta", step=5, shard=0, n=1, **kw):
-    d = dict(name=N.object_name(step, shard, n, kind, H32), size=1000, xxh3_128=H32, index_offset=800,
-             tail_xxh3_64="0123456789abcdef")
-    if kind == "delta":
-        d.update(base_step=step - 1, base_digest=H32)
-    d.update(kw)
-    return d
 
 
 def _manifest(obj):
@@ -85,7 +77,7 @@ BIG = (1 << 63) - 1
     (1000, -1, CorruptError),
 ])
 def test_object_sizes_are_bounded_by_the_structure(size, index_offset, err):
-    raw = _manifest(_obj(size=size, index_offset=index_offset))
+    raw = _manifest(object_ref(size=size, index_offset=index_offset))
     if err is None:
         m = SL.parse_manifest(raw, "m")
         assert m.shards[0].delta.tail_size <= SL.MAX_TAIL_BYTES
@@ -93,7 +85,7 @@ def test_object_sizes_are_bounded_by_the_structure(size, index_offset, err):
         with pytest.raises(err, match="index_offset|size|index and trailer"):
             SL.parse_manifest(raw, "m")
     d = dict(format=SL.DESCRIPTOR_FORMAT, version=[1, 0], step=5, shard=0, num_shards=1, file="a.safetensors",
-             target_digest=H32, tensors=[], delta=_obj(size=size, index_offset=index_offset), keyframe=None,
+             target_digest=H32, tensors=[], delta=object_ref(size=size, index_offset=index_offset), keyframe=None,
              writer=None)
     if err is None:
         SL.parse_descriptor(SL.canonical(d), "d")

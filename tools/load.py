@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import _paths  # noqa: E402, F401  (this checkout's arcfmt and tests/support)
 
 from support import servers  # noqa: E402  (starts the local servers)
+from support.store import next_step  # noqa: E402  (one RL-like step of a model)
 
 servers.use_client_env()
 
@@ -225,13 +226,7 @@ def synthesize(files, steps, work, density, seed, log):
         nxt = {}
         for name, a in prev.items():
             if a.dtype.kind in "fV" or "bfloat16" in str(a.dtype) or "float8" in str(a.dtype):
-                u = np.ascontiguousarray(a).view(f"<u{a.dtype.itemsize}").reshape(-1).copy()
-                k = max(1, int(u.size * density))
-                idx = rng.choice(u.size, size=k, replace=False)
-                up = rng.random(k) < 0.5
-                u[idx[up]] += 1
-                u[idx[~up]] -= 1
-                nxt[name] = u.view(a.dtype).reshape(a.shape)
+                nxt[name] = next_step({name: a}, rng, density)[name]
             else:
                 nxt[name] = a
         p = os.path.join(work, "synth", f"step{len(files):04d}.safetensors")

@@ -197,3 +197,17 @@ def run_cli_trajectory(url, tmp_path, traj, env=None, steps=3, shards=2, extra=(
                env=env, rc=0)
     assert "verified" in p.stdout and "lag 0" in p.stdout
     assert_folder(tmp_path / "mlp", traj[steps - 1], {n for n in traj[0] if ".mlp." in n})
+
+
+H32 = "0123456789abcdef" * 2  # a well-formed 32-hex digest
+
+
+def object_ref(kind="delta", step=5, shard=0, n=1, **kw) -> dict:
+    """A well-formed data-object reference of a manifest or descriptor (SPEC S4), fields overridable."""
+    from arcfmt.store import names as N
+    d = dict(name=N.object_name(step, shard, n, kind, H32), size=1000, xxh3_128=H32, index_offset=800,
+             tail_xxh3_64="0123456789abcdef")
+    if kind == "delta":
+        d.update(base_step=step - 1, base_digest=H32)
+    d.update(kw)
+    return d
