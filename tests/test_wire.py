@@ -332,7 +332,12 @@ def test_trickling_answers_hit_the_request_deadline(s3_stream, tmp_path):
         with pytest.raises(TransportError, match=r"no complete answer within 0.5 s .*\(after 2 retries\)"):
             st.read(N.HEAD, MAX_HEAD_BYTES)
         assert time.monotonic() - t0 < 4
-        assert proxy.count(_is_head) == 3
+        # the message proves 3 attempts; under load the last one can be abandoned before the proxy has
+        # logged it, so give its log a moment and never allow more than 3
+        settle = time.monotonic() + 2
+        while proxy.count(_is_head) < 3 and time.monotonic() < settle:
+            time.sleep(0.05)
+        assert 2 <= proxy.count(_is_head) <= 3
 
 
 @pytest.mark.servers
