@@ -1,23 +1,82 @@
-"""The two calls most users need: ``encode`` a delta to bytes, ``decode`` it back against the base."""
+"""The calls most users need: ``encode``/``decode`` in memory, ``encode_files``/``apply_files`` on disk.
+
+Arrays in are numpy (ml_dtypes for BF16/FP8) or torch tensors; arrays out are numpy unless the caller
+gave torch (or asked for it with ``framework="pt"``, as ``safetensors.safe_open`` does).
+"""
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import pipeline
 from .arrays import as_numpy
 from .errors import InputError
 from .reader import DeltaReader
-from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
+from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
 
+if TYPE_CHECKING:
+    from .checkpoint import ApplyResult
+
+# --------------------------------------------------------------------------------- torch in, torch out
+
+_FRAMEWORKS = {"np": "np", "numpy": "np", "pt": "pt", "torch": "pt", "pytorch": "pt"}
+
+
+def _is_torch(x: object) -> bool:
+    return type(x).__module__.split(".", 1)[0] == "torch"
+
+
+def wants_torch(base: Any, framework: str | None) -> bool:
+    """Whether decoded tensors go back as torch tensors: ``framework`` ``"pt"`` (or ``"torch"``) yes,
+    ``"np"`` (or ``"numpy"``) no; ``None`` (the default) follows the base — torch when it holds torch
+    tensors (``base`` a mapping of them, or one tensor), numpy otherwise (no base: numpy)."""
+    if framework is not None:
+        try:
+            return _FRAMEWORKS[framework] == "pt"
+        except (KeyError, TypeError):
+            raise InputError(f"framework must be 'np' or 'pt' (or None: like the base), not {framework!r}") from None
+    if isinstance(base, Mapping):
+        return any(_is_torch(v) for v in base.values())
+    return _is_torch(base)
+
+
+def as_framework(arrays: dict, base: Any, framework: str | None = None, device: Any = None) -> dict:
+    """``arrays`` (name → decoded numpy array) as the caller wants them (see :func:`wants_torch`).
+
+    Torch tensors share the decoded arrays' memory (no copy) on the CPU, or are moved to ``device``
+    when given; with ``device=None`` a tensor goes where its same-named base tensor is (a new tensor:
+    where the first torch base tensor is). ``device`` without torch output is an InputError."""
+    if not wants_torch(base, framework):
+        if device is not None:
+            raise InputError("device= is for torch output: pass framework='pt' (or torch base tensors)")
+        return arrays
+    from . import torch as _torch  # the one module that imports torch (ImportError with the pip hint)
+
+    return _torch.from_decoded(arrays, base, device)
+
+
+# --------------------------------------------------------------------------------- in memory
 
 def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step=None,
            block_elems: int = DEFAULT_BLOCK_ELEMS, effort: str = "default", workers=None,
-           keyframe: bool = False) -> bytes:
-    """Encode ``target`` as a delta from ``base`` (name → array). ``base=None`` or ``keyframe=True``
-    writes a full lossless snapshot that needs no base."""
+           keyframe: bool = False, on_mismatch: str = "warn") -> bytes:
+    """Encode ``target`` as a delta from ``base`` (name → array: numpy, ml_dtypes or torch) to bytes.
+
+    ``base=None`` or ``keyframe=True`` writes a full lossless snapshot that needs no base. A target
+    tensor without a base tensor of the same name, dtype and shape is stored whole (a keyframe
+    tensor); ``on_mismatch`` says what to do about it: ``"warn"`` (default: one
+    :class:`arcfmt.KeyframeWarning` naming them), ``"error"`` (:class:`arcfmt.InputError`, before
+    anything is encoded) or ``"ignore"``. ``base_step``/``target_step`` label the file (a reader can
+    refuse a delta against the wrong step); ``effort``: ``"fast"``, ``"default"`` or ``"max"``.
+    """
     if not isinstance(target, Mapping) or (base is not None and not isinstance(base, Mapping)):
         raise InputError("base and target must be mappings of tensor name to array")
+    if base is not None and not keyframe:   # a keyframe file has no base to mismatch
+        check_mismatches(base, target, on_mismatch, stacklevel=2)
+    else:
+        check_mismatches({}, {}, on_mismatch)  # only the value is checked
     buf = io.BytesIO()
     with DeltaWriter(buf, base_step=base_step, target_step=target_step, block_elems=block_elems,
                      effort=effort, workers=workers) as w:
@@ -26,19 +85,27 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
     return buf.getvalue()
 
 
-def decode(base: Mapping | None, delta, *, names=None, workers=None, max_output_bytes: int | None = None) -> dict:
-    """Rebuild the target (name → numpy array) from ``base`` and an arcfmt file (bytes or file object).
+def decode(base: Mapping | None, delta, *, names=None, workers=None, max_output_bytes: int | None = None,
+           framework: str | None = None, device: Any = None) -> dict:
+    """Rebuild the target (name → array) from ``base`` and an arcfmt file (bytes, a file object, or
+    any ``DeltaReader`` source).
 
     Bit-exact and verified: every tensor against its hash, the model against its digest. Raises a
-    subclass of :class:`arcfmt.ArcError` on any bad input or wrong base. ``max_output_bytes`` bounds
-    the memory the rebuilt tensors may take (by default: what the bases back, plus a bound scaled to
-    the file, so a small file cannot make gigabytes).
+    subclass of :class:`arcfmt.ArcError` on any bad input or wrong base. ``names``: only these tensors
+    (the digests are then not checked, as they cover the whole model). ``max_output_bytes`` bounds the
+    memory the rebuilt tensors may take (by default: what the bases back, plus a bound scaled to the
+    file, so a small file cannot make gigabytes).
+
+    Torch in, torch out: with torch base tensors the result holds torch tensors (on each base tensor's
+    device), else numpy arrays; ``framework="pt"`` or ``"np"`` chooses explicitly (as in
+    ``safetensors.safe_open``), ``device`` places torch output.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
-    return reader.decode_all({} if base is None else base, names)
+    return reader.decode_all({} if base is None else base, names, framework=framework, device=device)
 
 
-def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_output_bytes: int | None = None):
+def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
+                   max_output_bytes: int | None = None) -> Iterator[tuple[str, Any]]:
     """Apply a delta straight into live arrays (numpy, or CPU torch tensors), without a full copy.
 
     Yields ``(name, array)`` for every tensor that changed — the pairs a vLLM-style
@@ -47,8 +114,9 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_outp
     rebuilt into private memory and verified against the file's hash *before* any byte of the live
     array is overwritten (blocks whose encoding is ``unchanged`` are never touched). A tensor whose
     dtype or shape changes, or that is new, is yielded as a fresh array instead (the caller must
-    install it). Raises a subclass of :class:`arcfmt.ArcError`; tensors already yielded stay
-    updated, the failing one and those after it are untouched.
+    install it; a torch tensor when ``arrays`` holds torch tensors). Raises a subclass of
+    :class:`arcfmt.ArcError`; tensors already yielded stay updated, the failing one and those after
+    it are untouched.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
     wanted, bases, _ = reader.selection(arrays, names)
@@ -71,4 +139,53 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None, max_outp
             pipeline.verify_hash(reader.header(n), base_hash)
             continue
         items.append(reader.item(n, bases[n]))
-    yield from pipeline.run(items, sink, workers=reader.workers)
+    torch_out = wants_torch(arrays, None)
+    for name, arr in pipeline.run(items, sink, workers=reader.workers):
+        if torch_out and name not in live:
+            arr = as_framework({name: arr}, arrays)[name]
+        yield name, arr
+
+
+# --------------------------------------------------------------------------------- files on disk
+
+def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out, *, base_step: int | None = None,
+                 target_step: int | None = None, block_elems: int = DEFAULT_BLOCK_ELEMS, effort: str = "default",
+                 workers: int | None = None, keyframe: bool = False, force: bool = False,
+                 on_mismatch: str = "warn", progress: Callable[[int], object] | None = None) -> DeltaWriter:
+    """Write the delta between two safetensors checkpoints (a ``.safetensors`` file or a sharded folder
+    with its ``model.safetensors.index.json``) to ``out``: what ``arcfmt encode BASE TARGET -o OUT`` does.
+
+    ``base=None`` (or ``keyframe=True``) writes a keyframe of ``target``. ``out`` is a path, written
+    atomically (an existing file is refused unless ``force``; an input never), or a binary file
+    object. Tensors are read memory-mapped, so checkpoints larger than memory stream through.
+    ``on_mismatch`` as for :func:`encode`; ``progress(nbytes)`` is called as target tensors are read.
+    Returns the closed :class:`DeltaWriter` (``.size``: bytes written; ``.stats``: per tensor).
+    """
+    from .checkpoint import encode_checkpoints
+
+    return encode_checkpoints(None if base is None else os.fspath(base), os.fspath(target), out,
+                              base_step=base_step, target_step=target_step, block_elems=block_elems,
+                              effort=effort, workers=workers, keyframe=keyframe, progress=progress, force=force,
+                              on_mismatch=on_mismatch, stacklevel=3)
+
+
+def apply_files(base: str | os.PathLike, delta, out: str | os.PathLike | None = None, *, in_place: bool = False,
+                workers: int | None = None, max_output_bytes: int | None = None,
+                progress: Callable[[int], object] | None = None) -> ApplyResult:
+    """Rebuild the target checkpoint from the one at ``base`` and a delta: what ``arcfmt apply`` does.
+
+    ``delta``: a path, bytes, a binary file object or a :class:`DeltaReader`. Give exactly one of
+    ``out`` (a new file or folder, laid out as the base; an existing one is refused; an existing folder
+    receives a file named as the base) or ``in_place=True`` (replace the base, keeping its mode and
+    owner). All or nothing: every base tensor and both digests are checked before anything is written,
+    the output is verified bit-exact before one atomic rename exposes it, and files beside the weights
+    (config, tokenizer) come along. Returns an ``ApplyResult`` (``path``, ``tensors``,
+    ``changed_tensors``, ``bytes_written``, ``files``).
+    """
+    from .checkpoint import apply_delta
+
+    return apply_delta(os.fspath(base), delta, None if out is None else os.fspath(out), in_place=in_place,
+                       workers=workers, progress=progress, max_output_bytes=max_output_bytes)
+
+
+__all__ = ["encode", "decode", "apply_in_place", "encode_files", "apply_files", "as_framework", "wants_torch"]

@@ -101,6 +101,23 @@ def compiled() -> Backend | None:
     return kernels
 
 
+def first_compile_pending() -> bool:
+    """Whether the compiled backend will be chosen and numba has no cached build of its kernels yet:
+    the first call then compiles them (seconds, once per install), which a command says beforehand.
+    Looks for numba's cache index files only; imports nothing."""
+    if os.environ.get("ARCFMT_JIT", "1") == "0":
+        return False
+    import importlib.util
+    if importlib.util.find_spec("numba") is None:
+        return False
+    here = os.path.dirname(os.path.abspath(__file__))
+    place = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(here, "__pycache__")
+    for _root, _dirs, files in os.walk(place):
+        if any(f.startswith("kernels.") and f.endswith(".nbi") for f in files):
+            return False
+    return True
+
+
 def twins() -> Backend:
     """The numpy backend (always available)."""
     from . import twins as t

@@ -17,21 +17,27 @@ from .errors import ArcError, InputError, LimitError, os_error
 from .reader import DeltaReader
 from .safetensors_io import INDEX_NAME, Checkpoint, open_checkpoint
 from .staging import OLD_TAG, TMP_TAG, Stage, recover
-from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
+from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
 
 # --------------------------------------------------------------------------------------- encode
 
 def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_step=None, target_step=None,
                        block_elems=DEFAULT_BLOCK_ELEMS, effort="default", workers=None, keyframe=False,
-                       progress=None, force=False) -> DeltaWriter:
+                       progress=None, force=False, on_mismatch: str = "warn", stacklevel: int = 2) -> DeltaWriter:
     """Write the delta from the checkpoint at ``base_path`` to the one at ``target_path`` into ``out``
     (a path, written atomically, or a binary file object). Returns the closed writer (sizes, stats).
+    The one implementation behind ``arcfmt encode`` and :func:`arcfmt.encode_files`.
 
     A path ``out`` that exists is refused unless ``force``, and one that is the same file as an input
-    (through links too, each shard of a folder) always: arcfmt.outputs.check_output."""
+    (through links too, each shard of a folder) always: arcfmt.outputs.check_output. Target tensors
+    without a same-named, same-dtype, same-shape base tensor become keyframes: ``on_mismatch``
+    ``"warn"`` (one :class:`arcfmt.KeyframeWarning`, ``stacklevel`` as for :func:`warnings.warn` from
+    here), ``"error"`` (InputError before the output is created) or ``"ignore"``."""
     from . import outputs
 
-    base_path = base_path if base_path is not None and not keyframe else None
+    base_path = os.fspath(base_path) if base_path is not None and not keyframe else None
+    target_path = os.fspath(target_path)
+    check_mismatches({}, {}, on_mismatch)  # a bad value fails before anything is read
     for p in (target_path, base_path):
         if p is not None:
             outputs.check_readable(p)
@@ -43,6 +49,8 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
     except OSError as exc:
         raise os_error(exc, "read", exc.filename or target_path) from None
     tensors = target.tensors()
+    if base_path is not None:
+        check_mismatches(base, tensors, on_mismatch, stacklevel=stacklevel)
 
     def items():
         for name, arr in tensors.items():
@@ -79,6 +87,10 @@ def _atomic_file(path: str, fill, *, overwrite: bool = False):
 
 @dataclass
 class ApplyResult:
+    """What :func:`apply_delta` (``arcfmt.apply_files``) did: the output ``path``, the number of
+    ``tensors`` in it and of ``changed_tensors``, the tensor ``bytes_written`` and the ``files``
+    written or linked."""
+
     path: str
     tensors: int
     changed_tensors: int
@@ -91,7 +103,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     """Rebuild the target checkpoint from the one at ``base_path`` and an arcfmt file.
 
     ``out_path``: where the target goes (same layout as the base). ``in_place``: replace the base
-    itself, crash-safely, keeping its modes and owner. ``max_output_bytes``: the most tensor bytes
+    itself, crash-safely, keeping its modes and owner. The one implementation behind ``arcfmt apply``
+    and :func:`arcfmt.apply_files`. ``max_output_bytes``: the most tensor bytes
     the output may hold (default: what the base backs plus a bound scaled to the delta's size, so a
     small file cannot fill a disk). Every base tensor and both digests are checked before anything is
     written; the output is staged beside its destination, re-opened and checked, and only then swapped
@@ -149,6 +162,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
 
 @dataclass
 class ApplyPlan:
+    """How :func:`plan_apply` lays the output out."""
+
     layouts: list        # ShardLayout of every file to write, in order
     copies: list         # SafetensorsFile of the base whose every tensor is unchanged: linked or copied
     bases: dict          # name -> checked base flat view (or None)

@@ -3,20 +3,31 @@
 Exit codes: 0 success; 1 the input was refused (bad, corrupt or wrong-base file: an ArcError; an
 output that exists, without --force, or that is one of the inputs; or an operating-system error on a
 file: ``arcfmt: error (io): cannot read|write PATH: reason``); 2 usage error; 3 unexpected internal
-error (a bug: please report it with --debug output).
+error (a bug: please report it with --debug output); 130 interrupted (Ctrl-C); 141 standard output
+closed by its reader before the command was done (``arcfmt inspect x.arc | head``): no message, the
+status a tool killed by SIGPIPE has, so a shell pipeline reads the same as with coreutils.
+
+Conventions (see EPILOG): ``-`` is stdin for ``apply``/``inspect`` DELTA and stdout for ``encode
+-o -``; ``-o DIR/`` writes ``DIR/stepNNNN.<ext>``; ``-q`` / ``ARCFMT_QUIET=1`` silence everything on
+stderr but errors, ``ARCFMT_NO_PROGRESS=1`` the progress bars; each store retry is one stderr line
+(:func:`arcfmt.store.retry.set_notifier`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import stat
 import sys
+import tempfile
 import time
 from typing import Any
 
 from . import FORMAT_VERSION, __version__
+from .backend import first_compile_pending
 from .errors import ArcError
 
 EPILOG = """examples:
@@ -29,11 +40,22 @@ EPILOG = """examples:
   arcfmt report step31.arc --base ckpt/step0030 -o step31.html
   arcfmt publish s3://bucket/run42 --step 17 --shard 3/8 ckpt/step0017/model-00004-of-00008.safetensors
   arcfmt follow s3://bucket/run42 --into /models/run42 [--tensors 'model.layers.*.mlp.*'] [--once|--until STEP]
+  arcfmt status s3://bucket/run42 [--json]
+  arcfmt prune s3://bucket/run42 --keep-last 50 [--keep-keyframes 2] [--dry-run]
 
 Commands that write a file refuse one that exists unless --force, and always one of their inputs.
+'-' is standard input for the DELTA of apply and inspect (a pipe is copied to a private temporary
+file in TMPDIR first) and standard output for encode -o - (never a terminal). -o DIR/ writes into
+the folder DIR (made if missing), naming the file after its target step: DIR/step0031.arc.
+
+quiet: -q (before or after the command) or ARCFMT_QUIET=1: no progress bars, notes, warnings or
+retry lines on stderr, only errors; ARCFMT_NO_PROGRESS=1: no progress bars. Without them, each
+retry of a failing store request is one stderr line.
 
 exit codes: 0 ok, 1 input refused (corrupt, truncated, wrong base, an existing output, ...) or an
-OS error on a file ("error (io): cannot read|write PATH: reason"), 2 usage, 3 internal error
+OS error on a file ("error (io): cannot read|write PATH: reason"), 2 usage, 3 internal error,
+130 interrupted (Ctrl-C), 141 stdout closed early by its reader (`arcfmt inspect x.arc | head`:
+no message; 128 + SIGPIPE, as for any tool that head stops)
 """
 
 
@@ -68,6 +90,212 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
+# --------------------------------------------------------------------------- shell conventions
+
+MIN_BLOCK_ELEMS = 1024   # the least --block-elems the command line takes (the format allows 1; see --help)
+_SPOOL_CHUNK = 1 << 20
+_TRUE = ("", "0", "false", "no", "off")
+
+
+def _env_flag(name: str) -> bool:
+    """An environment switch: set to anything but '', 0, false, no or off."""
+    return os.environ.get(name, "").strip().lower() not in _TRUE
+
+
+def _note(args, text: str) -> None:
+    """A line for the user on stderr (a warning, a retry, a hint); none with -q / ARCFMT_QUIET."""
+    if not getattr(args, "quiet", False):
+        print(f"arcfmt: {text}", file=sys.stderr, flush=True)
+
+
+def _count_at_least(least: int):
+    """An argparse type: an integer of at least ``least`` (else a usage error, exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes an integer, not {text!r}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {n}")
+        return n
+    return parse
+
+
+def _block_elems(text: str) -> int:
+    from .layout import MAX_BLOCK_ELEMS
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of elements, not {text!r}") from None
+    if n < MIN_BLOCK_ELEMS:
+        raise argparse.ArgumentTypeError(
+            f"{n} is below {MIN_BLOCK_ELEMS}: every block carries a record header, a stream table and codec "
+            f"framing, so blocks this small encode slowly into a delta that can outgrow the model (the format "
+            f"allows 1..{MAX_BLOCK_ELEMS}; arcfmt.encode(..., block_elems=N) takes any of them)")
+    if n > MAX_BLOCK_ELEMS:
+        raise argparse.ArgumentTypeError(f"{n} is above the format's limit of {MAX_BLOCK_ELEMS} (SPEC.md §14)")
+    return n
+
+
+def _is_folder_path(path: str) -> bool:
+    """``-o DIR/`` (a trailing slash) or ``-o DIR`` for a folder that exists: write into that folder."""
+    return path.endswith(os.sep) or bool(os.altsep and path.endswith(os.altsep)) or os.path.isdir(path)
+
+
+def _into_folder(path: str, name: str) -> str:
+    """``path/name``, making the folder ``path`` (and its parents) if it is missing."""
+    from .errors import os_error
+
+    if not os.path.isdir(path):
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "write", path) from None
+    return os.path.join(path, name)
+
+
+def _step_file(step: int | None, fallback: str, ext: str) -> str:
+    """The name of a file written into a folder: ``step0017.arc`` after its target step, else after
+    ``fallback`` (the target's own name, without its extension)."""
+    if step is not None:
+        return f"step{step:04d}{ext}"
+    stem = os.path.basename(os.path.normpath(fallback))
+    for old in (".safetensors", ".arc"):
+        if stem.endswith(old) and len(stem) > len(old):
+            stem = stem[:-len(old)]
+    return stem + ext
+
+
+def _binary_stdout():
+    """stdout for binary output (``-o -``); a usage error where it is a terminal."""
+    if sys.stdout is None:
+        raise UsageError("-o -: there is no standard output")
+    if sys.stdout.isatty():
+        raise UsageError("refusing to write a binary delta to a terminal: redirect or pipe stdout, or give -o FILE")
+    sys.stdout.flush()
+    return sys.stdout.buffer
+
+
+@contextlib.contextmanager
+def _open_delta(path: str):
+    """The delta file ``path`` opened for reading; ``-``: standard input. A pipe is copied to a private,
+    already-unlinked temporary file first (the reader needs random access), checking the free space of
+    its folder (TMPDIR) before every MiB, so the copy is bounded by the disk as the file itself is."""
+    from .errors import LimitError, os_error
+
+    if path != "-":
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise os_error(exc, "read", path) from None
+        with f:
+            yield f
+        return
+    if sys.stdin is None:
+        raise UsageError("DELTA is '-' but there is no standard input")
+    fd = sys.stdin.fileno()
+    if os.isatty(fd):
+        raise UsageError("DELTA is '-' (standard input), which is a terminal: pipe or redirect a delta into it")
+    if stat.S_ISREG(os.fstat(fd).st_mode):  # `< file.arc`: read it where it is
+        with os.fdopen(os.dup(fd), "rb") as f:
+            yield f
+        return
+    folder = tempfile.gettempdir()
+    try:
+        spool = tempfile.TemporaryFile(prefix=".arcfmt-stdin-", dir=folder)
+    except OSError as exc:
+        raise os_error(exc, "write", folder) from None
+    with spool:
+        total = 0
+        while True:
+            try:
+                chunk = os.read(fd, _SPOOL_CHUNK)
+            except OSError as exc:
+                raise os_error(exc, "read", "standard input") from None
+            if not chunk:
+                break
+            try:
+                free = shutil.disk_usage(folder).free
+                if len(chunk) > free:
+                    raise LimitError(f"standard input: more than {total} bytes, and {folder} has {free} bytes free "
+                                     f"to hold them (set TMPDIR to a folder with more room, or give a file)")
+                spool.write(chunk)
+            except OSError as exc:
+                raise os_error(exc, "write", folder) from None
+            total += len(chunk)
+        spool.seek(0)
+        yield spool
+
+
+def _stdout_gone() -> None:
+    """After EPIPE on stdout: point stdout at /dev/null, so that Python's own flush at exit does not
+    fail again (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+def _file_kind(path: str) -> str | None:
+    """What ``path`` holds, from its first bytes: 'arcfmt', 'safetensors', 'folder' (of safetensors
+    shards), or None (something else, or unreadable: the command's own error says which)."""
+    from .layout import MAGIC
+
+    try:
+        if os.path.isdir(path):
+            return "folder" if any(n.endswith(".safetensors") for n in os.listdir(path)) else None
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return None
+    if head.startswith(MAGIC[:len(head)]) and len(head) >= 8:
+        return "arcfmt"
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30:
+        return "safetensors"
+    return None
+
+
+def _check_apply_order(args) -> None:
+    """The hint for the common mistake: BASE and DELTA swapped (or two checkpoints given)."""
+    from .errors import InputError
+
+    dk = None if args.delta == "-" else _file_kind(args.delta)
+    bk = _file_kind(args.base)
+    if dk in ("safetensors", "folder"):
+        what = "a safetensors file" if dk == "safetensors" else "a folder of safetensors shards"
+        hint = ("swapped arguments? (arcfmt apply BASE DELTA)" if bk == "arcfmt" else
+                "the delta comes second (arcfmt apply BASE DELTA); to make one: arcfmt encode BASE TARGET -o D.arc")
+        raise InputError(f"DELTA {args.delta} is {what}, not an arcfmt delta — {hint}")
+    if bk == "arcfmt":
+        raise InputError(f"BASE {args.base} is an arcfmt delta, not a checkpoint — the checkpoint comes first "
+                         f"(arcfmt apply BASE DELTA)")
+
+
+def _already_target(base_path: str, reader) -> bool:
+    """Whether the checkpoint at ``base_path`` already holds this delta's target: every tensor of the
+    delta there, of its dtype and shape, with its target hash (the delta was applied already)."""
+    from .arrays import as_uint
+    from .integrity import tensor_hash
+    from .safetensors_io import open_checkpoint
+
+    try:
+        tensors = open_checkpoint(base_path).tensors()
+        for name in reader.names:
+            th = reader.header(name)
+            arr = tensors.get(name)
+            if arr is None:
+                return False
+            dt, shape, u = as_uint(arr)
+            if dt is not th.dtype or tuple(shape) != th.shape or tensor_hash(u) != th.target_hash:
+                return False
+    except (ArcError, OSError, ValueError):
+        return False
+    return bool(reader.names)
+
+
 def cmd_encode(args) -> int:
     from .checkpoint import encode_checkpoints
     from .outputs import check_output, check_readable
@@ -83,49 +311,83 @@ def cmd_encode(args) -> int:
         base, target = args.paths
     base_step = args.base_step if args.base_step is not None else _step_of(base)
     target_step = args.target_step if args.target_step is not None else _step_of(target)
+    # a keyframe is written once per many steps and read by every new follower: the fast codec trials
+    # (as Publisher does), ~30x faster for a few % more bytes; --effort overrides
+    effort = args.effort or ("fast" if base is None else "default")
     for p in (target, base):
         if p is not None:
             check_readable(p)
-    check_output(args.output, [base, target], args.force)  # before minutes of reading; again when writing
+    to_stdout = args.output == "-"
+    output = args.output
+    out: Any
+    if to_stdout:
+        out = _binary_stdout()
+        shown = "<stdout>"
+    else:
+        if _is_folder_path(output):
+            output = _into_folder(output, _step_file(target_step, target, ".arc"))
+        check_output(output, [base, target], args.force)  # before minutes of reading; again when writing
+        out = shown = output
     total = open_checkpoint(target).nbytes
     update, close = _progress(total, "encode", args.progress)
     t0 = time.perf_counter()
     try:
-        w = encode_checkpoints(base, target, args.output, base_step=base_step, target_step=target_step,
-                               block_elems=args.block_elems, effort=args.effort, workers=args.workers,
+        w = encode_checkpoints(base, target, out, base_step=base_step, target_step=target_step,
+                               block_elems=args.block_elems, effort=effort, workers=args.workers,
                                keyframe=args.keyframe, progress=update, force=args.force)
     finally:
         close()
+    if to_stdout:
+        out.flush()
     dt = time.perf_counter() - t0
     changed = sum(b.changed or 0 for t in w.stats for b in t.blocks)
     size = w.size
     assert size is not None  # encode_checkpoints returns the writer closed
-    res = dict(output=args.output, bytes=size, model_bytes=total, ratio_percent=100 * size / max(total, 1),
+    res = dict(output=output, bytes=size, model_bytes=total, ratio_percent=100 * size / max(total, 1),
                tensors=len(w.stats), changed_elements=changed, seconds=dt, mb_per_s=total / 1e6 / max(dt, 1e-9),
-               base_step=base_step, target_step=target_step)
+               base_step=base_step, target_step=target_step, effort=effort)
+    if size > total:
+        why = ("the tensors hardly compress" if base is None else
+               "BASE and TARGET share little: is BASE the step before TARGET? (--keyframe needs no base)")
+        _note(args, f"warning: the delta ({_fmt_bytes(size)}) is larger than its target's weights "
+                    f"({_fmt_bytes(total)}): {why}")
+    report = sys.stderr if to_stdout else sys.stdout  # with -o -, stdout holds the delta
     if args.json:
-        print(json.dumps(res))
-    else:
-        print(f"wrote {args.output}: {_fmt_bytes(size)} for {_fmt_bytes(total)} of weights "
+        print(json.dumps(res), file=report)
+    elif not (to_stdout and args.quiet):
+        print(f"wrote {shown}: {_fmt_bytes(size)} for {_fmt_bytes(total)} of weights "
               f"({res['ratio_percent']:.3f} %), {len(w.stats)} tensors, {changed} changed values, "
-              f"{dt:.2f} s ({res['mb_per_s']:.0f} MB/s)")
+              f"{dt:.2f} s ({res['mb_per_s']:.0f} MB/s)", file=report)
     return 0
 
 
 def cmd_apply(args) -> int:
     from .checkpoint import apply_delta
+    from .errors import WrongBaseError
     from .reader import DeltaReader
+    from .safetensors_io import open_checkpoint
 
     if args.in_place == (args.output is not None):
         raise UsageError("arcfmt apply needs exactly one of -o OUT or --in-place")
+    _check_apply_order(args)
     t0 = time.perf_counter()
-    with open(args.delta, "rb") as f:
+    with _open_delta(args.delta) as f:
         reader = DeltaReader(f, workers=args.workers)
+        output = args.output
+        if output is not None and _is_folder_path(output) and not open_checkpoint(args.base).is_dir:
+            # one file into a folder: named after the step it is at (the base's own name would be wrong)
+            output = _into_folder(output, _step_file(reader.target_step, args.base, ".safetensors"))
         total = sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names)
         update, close = _progress(total, "apply", args.progress)
         try:
-            res = apply_delta(args.base, reader, args.output, in_place=args.in_place, workers=args.workers,
+            res = apply_delta(args.base, reader, output, in_place=args.in_place, workers=args.workers,
                               progress=update)
+        except WrongBaseError as exc:
+            if _already_target(args.base, reader):
+                at = "this delta's target" if reader.target_step is None else f"step {reader.target_step}"
+                raise WrongBaseError(f"BASE {args.base} is already at {at}, the target of this delta "
+                                     f"(applied twice?): nothing to do") from exc
+            raise
         finally:
             close()
     dt = time.perf_counter() - t0
@@ -140,66 +402,137 @@ def cmd_apply(args) -> int:
     return 0
 
 
+def _roles(encoding: str, dtype: str, count: int) -> list[str]:
+    """The role of each stream of a block (quotients, signs, ...), as its encoding registers them."""
+    from . import encodings
+    from .dtypes import from_name
+
+    try:
+        names = [r.name for r in encodings.by_name(encoding).stream_roles(from_name(dtype))]
+    except (KeyError, ArcError):
+        names = []
+    return names[:count] + [f"stream {k}" for k in range(len(names), count)]
+
+
+def _streams_text(streams: dict) -> str:
+    return "  ".join(f"{role} {'/'.join(v['codecs'])}:{v['stored']}" for role, v in streams.items())
+
+
+def _by_role(blocks: list, dtype: str) -> dict:
+    """role → stored, decoded and codecs, summed over ``blocks``."""
+    per: dict[str, dict[str, Any]] = {}
+    for b in blocks:
+        for s in b["streams"]:
+            p = per.setdefault(s["role"], dict(stored=0, decoded=0, codecs=set()))
+            p["stored"] += s["stored"]
+            p["decoded"] += s["decoded"]
+            p["codecs"].add(s["codec"])
+    return {k: dict(stored=v["stored"], decoded=v["decoded"], codecs=sorted(v["codecs"])) for k, v in per.items()}
+
+
 def cmd_inspect(args) -> int:
     from .reader import DeltaReader
 
-    with open(args.delta, "rb") as f:
-        d = DeltaReader(f).describe()
-    if not args.blocks:
-        for t in d["tensors"]:
-            per: dict[str, dict[str, Any]] = {}  # stream → stored, decoded, codecs
-            for b in t["blocks"]:
-                for i, s in enumerate(b["streams"]):
-                    key = f"s{i}"
-                    p = per.setdefault(key, dict(stored=0, decoded=0, codecs=set()))
-                    p["stored"] += s["stored"]
-                    p["decoded"] += s["decoded"]
-                    p["codecs"].add(s["codec"])
-            t["streams"] = {k: dict(stored=v["stored"], decoded=v["decoded"], codecs=sorted(v["codecs"]))
-                            for k, v in per.items()}
-            t["block_count"] = len(t.pop("blocks"))
+    with _open_delta(args.delta) as f:
+        try:
+            d = DeltaReader(f).describe()
+        except ArcError as exc:
+            if args.delta != "-" and exc.category == "bad_magic" and _file_kind(args.delta) == "safetensors":
+                raise type(exc)(f"{exc} ({args.delta} is a safetensors file: inspect takes an arcfmt delta)") \
+                    from None
+            raise
+    keyframe = not any(t["needs_base"] for t in d["tensors"])
+    d["kind"] = "keyframe" if keyframe else "delta"
+    for t in d["tensors"]:
+        for b in t["blocks"]:
+            for role, s in zip(_roles(b["encoding"], t["dtype"], len(b["streams"])), b["streams"]):
+                s["role"] = role
+        t["streams"] = _by_role(t["blocks"], t["dtype"])
+        t["block_count"] = len(t["blocks"])
+        if not t["needs_base"]:
+            t["changed"] = None  # a keyframe tensor: every value is stored, nothing is "changed"
+        if not args.blocks:
+            del t["blocks"]
+    known = [t["changed"] for t in d["tensors"] if t["needs_base"]]
+    all_roles: dict[str, int] = {}
+    for t in d["tensors"]:
+        for role, v in t["streams"].items():
+            all_roles[role] = all_roles.get(role, 0) + v["stored"]
+    d["totals"] = dict(tensors=len(d["tensors"]), elements=sum(t["elements"] for t in d["tensors"]),
+                       changed=None if not known or any(c is None for c in known) else sum(known),
+                       bytes=sum(t["bytes"] for t in d["tensors"]), streams=all_roles)
     if args.json:
         print(json.dumps(d, indent=None))
         return 0
-    steps = f"step {d['base_step']} → {d['target_step']}"
-    print(f"arcfmt {d['format_version']} · {_fmt_bytes(d['file_bytes'])} · {steps} · "
-          f"{len(d['tensors'])} tensors · index {_fmt_bytes(d['index_bytes'])}")
-    print(f"base digest {d['base_digest']}  target digest {d['target_digest']}")
-    print(f"{'tensor':48s} {'dtype':8s} {'shape':>16s} {'changed':>9s} {'bytes':>9s}  encoding / streams (codec:bytes)")
+    dash = "—"
+    base_step = dash if d["base_step"] is None else d["base_step"]
+    print(f"arcfmt {d['format_version']} · {d['kind']} · {_fmt_bytes(d['file_bytes'])} · step {base_step} → "
+          f"{d['target_step'] if d['target_step'] is not None else dash} · {len(d['tensors'])} tensors · "
+          f"index {_fmt_bytes(d['index_bytes'])}")
+    print(f"base digest {dash if keyframe else d['base_digest']}  target digest {d['target_digest']}")
+    width = max([len("tensor"), len("total"), *(len(t["name"]) for t in d["tensors"])])
+    if args.blocks:
+        width = max(width, len("  block 0000000"))
+    encs = sorted({e for t in d["tensors"] for e in t["encodings"]})
+    ew = max([len("encoding"), *(len(",".join(t["encodings"])) for t in d["tensors"])])
+    print(f"{'tensor':{width}s} {'dtype':8s} {'shape':>16s} {'changed':>9s} {'bytes':>10s}  {'encoding':{ew}s}  "
+          f"streams (role codec:bytes)")
+
+    def changed_text(c, needs_base):
+        return dash if not needs_base else "?" if c is None else str(c)
+
     for t in d["tensors"]:
         shape = "×".join(map(str, t["shape"])) or "()"
-        ch = "?" if t["changed"] is None else str(t["changed"])
+        print(f"{t['name']:{width}s} {t['dtype']:8s} {shape:>16s} {changed_text(t['changed'], t['needs_base']):>9s} "
+              f"{t['bytes']:>10d}  {','.join(t['encodings']):{ew}s}  {_streams_text(t['streams'])}")
         if args.blocks:
-            streams = "; ".join(
-                f"{b['encoding']}[" + " ".join(f"{s['codec']}:{s['stored']}" for s in b["streams"]) + "]"
-                for b in t["blocks"])
-        else:
-            streams = ",".join(t["encodings"]) + " " + " ".join(
-                f"{'/'.join(v['codecs'])}:{v['stored']}" for v in t["streams"].values())
-        print(f"{t['name'][:48]:48s} {t['dtype']:8s} {shape:>16s} {ch:>9s} {t['bytes']:>9d}  {streams}")
+            for k, b in enumerate(t["blocks"]):
+                lo = k * t["block_elems"]
+                hi = min(t["elements"], lo + t["block_elems"])
+                streams = "  ".join(f"{s['role']} {s['codec']}:{s['stored']}" for s in b["streams"])
+                ch = changed_text(b["changed"], t["needs_base"])
+                print(f"{'  block ' + str(k):{width}s} {'':8s} {f'{lo}..{hi}':>16s} {ch:>9s} "
+                      f"{b['record_bytes']:>10d}  {b['encoding']:{ew}s}  {streams}")
+    tot = d["totals"]
+    ch = dash if keyframe else "?" if tot["changed"] is None else str(tot["changed"])
+    print(f"{'total':{width}s} {'':8s} {str(tot['elements']) + ' el.':>16s} {ch:>9s} {tot['bytes']:>10d}  "
+          f"{','.join(encs):{ew}s}  " + "  ".join(f"{r}:{n}" for r, n in tot["streams"].items()))
     return 0
 
 
 def cmd_report(args) -> int:
     from .checkpoint import _atomic_file
     from .outputs import check_output, check_readable
-    from .report import render_html, report_figures
+    from .report import base_problems, render_html, report_figures
 
     for p in (args.delta, args.base):
         if p is not None:
             check_readable(p)
-    check_output(args.output, [args.delta, args.base], args.force)
+    output = args.output
+    if _is_folder_path(output):  # -o DIR/: DIR/stepNNNN.html, after the delta's target step
+        from .reader import DeltaReader
+
+        with _open_delta(args.delta) as f:
+            step = DeltaReader(f).target_step
+        output = _into_folder(output, _step_file(step, args.delta, ".html"))
+    check_output(output, [args.delta, args.base], args.force)
     fig = report_figures(args.delta, args.base)
     page = render_html(fig).encode("utf-8")
-    # a temp file beside it, fsync, rename; OS errors name args.output (FileAccessError, category io)
-    _atomic_file(args.output, lambda f: f.write(page), overwrite=args.force)
+    # a temp file beside it, fsync, rename; OS errors name the output (FileAccessError, category io)
+    _atomic_file(output, lambda f: f.write(page), overwrite=args.force)
+    # a base that does not match: the page is written (it shows which tensors), the exit status is 1
+    bad = base_problems(fig)
+    wrong = (f"WRONG BASE: {sum(len(v) for _, v in bad)} of {fig['tensor_count']} tensors do not match "
+             f"{args.base} (" + ", ".join(f"{len(v)} {k}" for k, v in bad) + ")") if bad else ""
     if args.json:
         print(json.dumps(fig))
+        if wrong:
+            print(f"arcfmt: {wrong}", file=sys.stderr)
     else:
         changed = "unknown" if fig["changed"] is None else f"{fig['changed']} changed values"
-        print(f"wrote {args.output}: {fig['kind']} of {_fmt_bytes(fig['file_bytes'])}, {fig['tensor_count']} tensors, "
-              f"{changed}, page {_fmt_bytes(len(page))}")
-    return 0
+        print(f"wrote {output}: {fig['kind']} of {_fmt_bytes(fig['file_bytes'])}, {fig['tensor_count']} tensors, "
+              f"{changed}, page {_fmt_bytes(len(page))}" + (f"; {wrong}" if wrong else ""))
+    return 1 if wrong else 0
 
 
 def cmd_demo(args) -> int:
@@ -270,8 +603,10 @@ def cmd_publish(args) -> int:
     if args.base is None and args.base_step is not None:
         raise UsageError("--base-step needs --base")
     pub = Publisher(args.url, shard=shard, num_shards=num_shards, keyframe_every=args.keyframe_every,
+                    sign_key=args.sign_key, stream_id=args.stream_id,
                     storage_options=_storage_options(args.storage_option), effort=args.effort,
-                    workers=args.workers, remember=False, state_dir=args.state, writer=args.writer)
+                    workers=args.workers, remember=False, state_dir=args.state, writer=args.writer,
+                    on_commit=args.on_commit, keep_last=args.keep_last)
     res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
                       file_name=args.file_name)
     out = res.as_dict()
@@ -291,7 +626,8 @@ def cmd_publish(args) -> int:
         state = f"waiting for base step {c.waiting_for_base} to be committed"
     else:
         state = f"waiting for shard(s) {', '.join(map(str, c.waiting_for))}"
-    print(f"published step {step} shard {shard}/{num_shards} ({res.file}): {'; '.join(parts)}; {state}; "
+    why = f" (a keyframe: {res.note})" if res.note else ""
+    print(f"published step {step} shard {shard}/{num_shards} ({res.file}): {'; '.join(parts)}{why}; {state}; "
           f"{res.seconds:.2f} s")
     return 0
 
@@ -305,7 +641,7 @@ def cmd_follow(args) -> int:
 
     def progress(event):
         nonlocal bar
-        if event["event"] == "bytes":
+        if event["event"] == "bytes" and args.progress:
             if bar is None:
                 from tqdm import tqdm
                 bar = tqdm(desc="download", unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=sys.stderr)
@@ -313,10 +649,15 @@ def cmd_follow(args) -> int:
         elif event["event"] == "step" and bar is not None:
             bar.close()
             bar = None
+        elif event["event"] == "waiting" and not args.quiet:
+            print(f"arcfmt: waiting for a stream at {event['url']}", file=sys.stderr, flush=True)
 
     fol = Follower(args.url, args.into, tensors=args.tensors, storage_options=_storage_options(args.storage_option),
-                   chunk_size=args.chunk_size, workers=args.workers, progress=progress if args.progress else None)
-    updates = fol.sync() if args.once else fol.follow(until=args.until, interval=args.interval, timeout=args.timeout)
+                   trust=args.trust, stream_id=args.stream_id,
+                   chunk_size=args.chunk_size, workers=args.workers, progress=progress,
+                   missing_wait=args.missing_wait)
+    updates = fol.sync() if args.once else fol.follow(until=args.until, interval=args.interval, timeout=args.timeout,
+                                                      wait=args.wait, wake_fifo=args.wake_fifo)
     n = 0
     for u in updates:
         n += 1
@@ -335,21 +676,178 @@ def cmd_follow(args) -> int:
     if args.json:
         print(json.dumps(summary))
     elif n == 0:
-        print("nothing published yet" if head is None else f"{fol.into} is at step {fol.step} (head {head.step})")
+        print("nothing committed yet" if head is None else f"{fol.into} is at step {fol.step} (head {head.step})")
     return 0
+
+
+def cmd_mirror(args) -> int:
+    from .store import Mirror
+
+    if args.follow + args.once + (args.until is not None) > 1:
+        raise UsageError("give one of --once, --follow and --until")
+    options = {}
+    for flag, pairs in (("--src-option", args.src_option), ("--dst-option", args.dst_option)):
+        for item in pairs or []:
+            if not item.partition("=")[0] or "=" not in item:
+                raise UsageError(f"{flag} takes KEY=VALUE, not {item!r}")
+        options[flag] = _storage_options(pairs)
+    mir = Mirror(args.src, args.dst, src_options=options["--src-option"], dst_options=options["--dst-option"],
+                 chunk_size=args.chunk_size, missing_wait=args.missing_wait, tmp_dir=args.tmp_dir)
+    if args.follow or args.until is not None:
+        results = mir.follow(until=args.until, interval=args.interval, timeout=args.timeout, wait=args.wait)
+    else:
+        results = iter(mir.sync())
+    n = 0
+    for r in results:
+        n += 1
+        if args.json:
+            print(json.dumps(r.as_dict()), flush=True)
+            continue
+        have = f", {r.objects_present} already there" if r.objects_present else ""
+        head = "head moved" if r.head_moved else "head already past it"
+        print(f"step {r.step}: copied {r.objects_copied} data object{'' if r.objects_copied == 1 else 's'}{have}, "
+              f"{_fmt_bytes(r.bytes_copied)} written, {_fmt_bytes(r.bytes_read)} read from the source, every hash "
+              f"checked{', signature copied' if r.signed else ''}, in {r.seconds:.2f} s; {head}; source head "
+              f"{r.source_head}, lag {r.lag_steps} step(s)", flush=True)
+    src_head, dst_head = mir.source_head(), mir.head()
+    summary = dict(event="done", step=None if dst_head is None else dst_head.step,
+                   source_head=None if src_head is None else src_head.step, mirrored=n, dst=args.dst)
+    if args.json:
+        print(json.dumps(summary))
+    elif n == 0:
+        print(f"nothing published yet at {args.src}" if src_head is None else
+              f"{args.dst} is at step {summary['step']} (source head {summary['source_head']})")
+    return 0
+
+
+def _age(s) -> str:
+    if s is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s / n:.1f}{unit}"
+    return f"{s:.0f}s"
+
+
+def cmd_status(args) -> int:
+    from .store import status
+
+    if args.steps < 0:
+        raise UsageError("--steps takes a number of steps, 0 for all")
+    st = status(args.url, storage_options=_storage_options(args.storage_option), details=args.details)
+    if args.json:
+        print(json.dumps(st.as_dict()))
+        return 0
+    h = st.head
+    print(f"stream {st.url}")
+    if h is None:
+        print("head: none (nothing committed yet)")
+    else:
+        print(f"head: step {h.step}, manifest {h.manifest}, keyframe step {h.keyframe_step}, "
+              f"moved {_age(h.age_seconds)} ago")
+    kf = st.keyframes
+    print(f"committed steps: {len(st.steps)}" + (f" ({st.steps[0].step} .. {st.steps[-1].step})" if st.steps else "")
+          + f"; keyframes: {len(kf)}" + (f" (latest {kf[-1]})" if kf else ""))
+    shown = st.steps if args.steps == 0 else st.steps[-args.steps:]
+    if shown:
+        print(f"{'step':>10}  {'kind':<8}  {'bytes':>11}  {'shards':>6}  {'writer':<20}  {'age':>7}")
+        for s in reversed(shown):
+            print(f"{s.step:>10}  {s.kind or '?':<8}  {_fmt_bytes(s.bytes):>11}  {s.shards or '-':>6}  "
+                  f"{(s.writer or '-')[:20]:<20}  {_age(s.age_seconds):>7}")
+        if len(shown) < len(st.steps):
+            print(f"{'':>10}  ... {len(st.steps) - len(shown)} older step(s) (--steps 0 shows all)")
+    for s in st.pending:
+        if s.blocked:
+            print(f"claimed, can never commit: step {s.step}: {s.blocked} ({_fmt_bytes(s.bytes)}, "
+                  f"{_age(s.age_seconds)} old); every rank publishes its next step as a keyframe on its own")
+            continue
+        print(f"claimed, not committed: step {s.step}: descriptors of shard(s) {s.descriptors or 'none'} present, "
+              f"waiting for {s.missing or 'the commit'} ({_fmt_bytes(s.bytes)}, {_age(s.age_seconds)} old)")
+    if st.new_follower_bytes is not None:
+        path = st.new_follower_path
+        print(f"a new follower downloads now: {_fmt_bytes(st.new_follower_bytes)} (keyframe of step {path[0][0]} + "
+              f"{len(path) - 1} delta(s))")
+    elif st.plan_error:
+        print(f"a new follower cannot start now: {st.plan_error}")
+    print(f"stored: {_fmt_bytes(st.total_bytes)} in {st.objects} objects"
+          + (f"; {st.other} other object(s) not of the stream (never touched)" if st.other else "")
+          + f"; {st.manifests_read} manifests read in {st.seconds:.2f} s")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    from .store import prune
+
+    res = prune(args.url, keep_last=args.keep_last, keep_keyframes=args.keep_keyframes, dry_run=args.dry_run,
+                storage_options=_storage_options(args.storage_option))
+    if args.json:
+        print(json.dumps(res.as_dict()))
+        return 0
+    if res.head is None:
+        print("nothing committed yet: nothing to prune")
+        return 0
+    verb = "would delete" if res.dry_run else "deleted"
+    kept = f"{res.kept[0]}..{res.kept[-1]}" if res.kept else "-"
+    print(f"head {res.head}: keeping {len(res.window)} step(s) in the window and the chain back to its keyframe "
+          f"({kept}, {len(res.kept)} steps)" + (f", rollback keyframes {res.rollback}" if res.rollback else ""))
+    print(f"{verb} {len(res.deleted)} object(s) of {len(res.pruned_steps)} step(s), "
+          f"{_fmt_bytes(res.deleted_bytes)}; {_fmt_bytes(res.kept_bytes)} stay"
+          + (f"; {res.other} non-stream object(s) left alone" if res.other else "") + f" ({res.seconds:.2f} s)")
+    return 0
+
+
+def cmd_keygen(args) -> int:
+    """A new Ed25519 signing key for ``publish --sign-key`` and its public half for ``follow --trust``."""
+    from .store.signing import generate_key_files
+
+    kid = generate_key_files(args.out, force=args.force)
+    if args.json:
+        print(json.dumps(dict(key_id=kid, private_key=args.out, public_key=args.out + ".pub")))
+    else:
+        print(f"key id {kid}: private key {args.out} (mode 0600; give it to 'publish --sign-key'), "
+              f"public key {args.out}.pub (give it to 'follow --trust')")
+    return 0
+
+
+PROGRESS_HELP = ("show a progress bar on stderr (default: when stderr is a terminal, unless -q, ARCFMT_QUIET=1 "
+                 "or ARCFMT_NO_PROGRESS=1)")
+
+
+def version_text() -> str:
+    """What ``arcfmt --version`` prints: the package, the format version of every file it writes
+    (SPEC.md part I) and the stream layout version of what it publishes (part II)."""
+    from .store import STREAM_VERSION
+
+    return (f"arcfmt {__version__} (writes format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]} files; "
+            f"stream layout {STREAM_VERSION[0]}.{STREAM_VERSION[1]})")
+
+
+class _VersionAction(argparse.Action):
+    """--version, importing the stream layer only when asked."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arcfmt", description="Lossless weight deltas for RL weight sync (SPEC.md).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version",
-                   version=f"arcfmt {__version__} (format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})")
+    p.add_argument("--version", action=_VersionAction, nargs=0,
+                   help="show the package version, the format version of the files it writes and the version "
+                        "of the stream layout it publishes, and exit")
+    p.add_argument("-q", "--quiet", action="store_true", default=False,
+                   help="no progress bars, notes, warnings or retry lines on stderr, only errors (also: "
+                        "ARCFMT_QUIET=1; ARCFMT_NO_PROGRESS=1 turns off the progress bars alone)")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def common(sp):
         sp.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-        sp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        # SUPPRESS: not given here, the value given before the command stays (arcfmt -q inspect ...)
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress, notes, warnings or retry lines on stderr (as arcfmt -q)")
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     d = sub.add_parser("demo", help="make a small model pair, encode, apply, verify, print sizes",
                        description="Runs the main job on a built-in example (seeded, ~4 MB).")
@@ -364,17 +862,21 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: arcfmt encode ckpt/step0030 ckpt/step0031 -o step31.arc",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("paths", nargs="+", metavar="BASE TARGET")
-    e.add_argument("-o", "--output", required=True, help="the .arc file to write (atomically)")
+    e.add_argument("-o", "--output", required=True,
+                   help="the .arc file to write (atomically); '-': standard output (not a terminal); a folder "
+                        "(DIR/, made if missing, or one that exists): DIR/stepNNNN.arc after the target step")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
     e.add_argument("--keyframe", action="store_true", help="full lossless snapshot of TARGET, needs no base")
     e.add_argument("--base-step", type=int, help="step id of the base (default: from a 'stepNNN' name)")
     e.add_argument("--target-step", type=int, help="step id of the target (default: from a 'stepNNN' name)")
-    e.add_argument("--effort", choices=["fast", "default", "max"], default="default",
+    e.add_argument("--effort", choices=["fast", "default", "max"], default=None,
                    help="codec trials per stream: fast = zstd-3; default = zstd-15 (zstd-9 and xz-6 from 16 KiB); "
-                        "max = strongest")
-    e.add_argument("--block-elems", type=int, default=1 << 20, help="elements per block (default 1048576)")
-    e.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
-    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+                        "max = strongest. Default: default for a delta, fast for a keyframe (--keyframe), "
+                        "as 'publish' does: ~30x faster for a few %% more bytes")
+    e.add_argument("--block-elems", type=_block_elems, default=1 << 20,
+                   help=f"elements per block, {MIN_BLOCK_ELEMS}..16777216 (default 1048576)")
+    e.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(e)
     e.set_defaults(func=cmd_encode)
 
@@ -383,32 +885,36 @@ def build_parser() -> argparse.ArgumentParser:
                               "  arcfmt apply /models/current step31.arc --in-place",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("base", metavar="BASE")
-    a.add_argument("delta", metavar="DELTA")
-    a.add_argument("-o", "--output", help="write the target here (must not exist)")
+    a.add_argument("delta", metavar="DELTA", help="the .arc file; '-': read it from standard input")
+    a.add_argument("-o", "--output", help="write the target here (must not exist); for a one-file BASE, a folder "
+                                          "(DIR/, made if missing, or one that exists): DIR/stepNNNN.safetensors")
     a.add_argument("--in-place", action="store_true", help="replace BASE, crash-safely")
-    a.add_argument("--workers", type=int, help="decoder threads (default: CPU count)")
-    a.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    a.add_argument("--workers", type=_count_at_least(1), help="decoder threads (default: CPU count)")
+    a.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(a)
     a.set_defaults(func=cmd_apply)
 
     i = sub.add_parser("inspect", help="show what a delta file holds, per tensor",
                        epilog="example: arcfmt inspect step31.arc --json")
-    i.add_argument("delta", metavar="DELTA")
-    i.add_argument("--blocks", action="store_true", help="one entry per block instead of per tensor")
+    i.add_argument("delta", metavar="DELTA", help="the .arc file; '-': read it from standard input")
+    i.add_argument("--blocks", action="store_true", help="also one line (and JSON entry) per block")
     common(i)
     i.set_defaults(func=cmd_inspect)
 
     r = sub.add_parser("report", help="draw a delta as one self-contained HTML page",
                        description="Per tensor: bytes per stream role, changed fraction, codec per stream; the\n"
-                                   "file's identity and totals. One HTML file with inline SVG charts, no scripts.\n"
-                                   "With --base, each tensor is also checked against the base, and changes in\n"
-                                   "keyframe blocks are counted.",
+                                   "file's identity and totals; tensors grouped by name; blocks by changed share.\n"
+                                   "One HTML file (no scripts, no external resource), at most 1 MiB for any\n"
+                                   "model. With --base, each tensor is also checked against the base, and\n"
+                                   "changes in keyframe blocks are counted; a base that does not match is named\n"
+                                   "in the summary line and on the page, and the exit status is 1.",
                        epilog="examples:\n  arcfmt report step31.arc -o step31.html\n"
                               "  arcfmt report step31.arc --base ckpt/step0030 -o step31.html --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("delta", metavar="DELTA")
     r.add_argument("--base", metavar="BASE", help="the base checkpoint: a .safetensors file or a folder of shards")
-    r.add_argument("-o", "--output", required=True, help="the .html file to write (atomically)")
+    r.add_argument("-o", "--output", required=True, help="the .html file to write (atomically); a folder (DIR/, "
+                                                         "made if missing, or one that exists): DIR/stepNNNN.html")
     r.add_argument("--force", action="store_true", help=FORCE_HELP)
     common(r)
     r.set_defaults(func=cmd_report)
@@ -438,8 +944,17 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--file-name", help="the file name followers give this shard (default: the checkpoint's)")
     pb.add_argument("--writer", metavar="ID", help="an id shared by all ranks of this trainer run (e.g. the job id): "
                                                    "a step is never committed from shards of different writers")
+    pb.add_argument("--on-commit", metavar="CMD", help="shell command run once for each step this rank commits, "
+                                                       "with the step's facts as one JSON line on stdin "
+                                                       "(e.g. to notify regions through SNS, Pub/Sub, Redis)")
+    pb.add_argument("--keep-last", type=int, metavar="N", help="after each step this rank commits, prune the "
+                                                               "stream to its newest N steps (see 'arcfmt prune')")
+    pb.add_argument("--sign-key", metavar="FILE", help="sign every step this rank commits with this Ed25519 private "
+                                                      "key (from 'arcfmt keygen'; needs the 'cryptography' package)")
+    pb.add_argument("--stream-id", metavar="ID", help="with --sign-key: an id of this stream, signed with each step, "
+                                                      "so its steps cannot be replayed into another stream")
     pb.add_argument("--effort", choices=["fast", "default", "max"], default="default")
-    pb.add_argument("--workers", type=int, help="encoder threads (default: CPU count)")
+    pb.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
     storage(pb)
     common(pb)
     pb.set_defaults(func=cmd_publish)
@@ -459,13 +974,93 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--until", type=int, metavar="STEP", help="exit once the folder is at STEP or later")
     fo.add_argument("--interval", type=float, default=2.0, help="seconds between head polls (default 2)")
     fo.add_argument("--timeout", type=float, help="exit after this many seconds without a new step")
+    fo.add_argument("--wait", action="store_true", help="where there is no stream yet, wait for one (default: "
+                                                        "error out, so a typo'd URL is noticed)")
+    fo.add_argument("--wake-fifo", metavar="PATH", help="a named pipe (made if missing): any write into it ends the "
+                                                       "wait for the next poll at once (push notifications)")
+    fo.add_argument("--trust", action="append", metavar="PUBKEY",
+                    help="apply only steps signed by this Ed25519 public key file (repeatable: key rotation); "
+                         "every used data object is then downloaded whole and checked by SHA-256")
+    fo.add_argument("--stream-id", metavar="ID", help="with --trust: require steps signed for this stream id")
     fo.add_argument("--chunk-size", type=int, default=8 << 20, help="largest range request in bytes (default 8 MiB)")
-    fo.add_argument("--workers", type=int, help="decoder threads (default: CPU count)")
-    fo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+    fo.add_argument("--missing-wait", type=float, default=30.0, metavar="SECONDS",
+                    help="how long an object the head names may stay missing (replication lag) before "
+                         "not_found; objects pruned meanwhile are re-planned around at once (default 30)")
+    fo.add_argument("--workers", type=_count_at_least(1), help="decoder threads (default: CPU count)")
+    fo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="show the bytes of each step as they arrive")
     storage(fo)
     common(fo)
     fo.set_defaults(func=cmd_follow)
+    mi = sub.add_parser("mirror", help="republish a stream's committed steps into another bucket (a regional copy)",
+                        description="Copies each committed step of SRC into DST in commit order (data objects, "
+                                    "descriptors, manifest, signature, then the head), checking every hash a "
+                                    "follower checks and decoding nothing; DST is a stream that followers follow "
+                                    "unchanged. Reruns copy only what is missing. Catches up and exits unless "
+                                    "--follow or --until is given.",
+                        epilog="example: arcfmt mirror s3://trainer-bucket/run42 gs://eu-bucket/run42 --follow "
+                               "--src-option profile=us --dst-option project=my-project",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    mi.add_argument("src", metavar="SRC", help="the source stream (any fsspec URL)")
+    mi.add_argument("dst", metavar="DST", help="the destination stream, in the followers' region")
+    mi.add_argument("--once", action="store_true", help="catch up with the source's head, then exit (the default)")
+    mi.add_argument("--follow", action="store_true", help="keep polling the source's head and mirror each new step")
+    mi.add_argument("--until", type=int, metavar="STEP", help="poll until DST is at STEP or later, then exit")
+    mi.add_argument("--wait", action="store_true", help="with --follow/--until: wait for a source with no stream yet "
+                                                     "(else that is an error)")
+    mi.add_argument("--interval", type=float, default=2.0, help="seconds between source head polls (default 2)")
+    mi.add_argument("--timeout", type=float, help="with --follow/--until: exit after this many seconds without a step")
+    mi.add_argument("--missing-wait", type=float, default=60.0,
+                    help="seconds an object the source's chain names may stay missing (asynchronous replication) "
+                         "before not_found (default 60)")
+    mi.add_argument("--chunk-size", type=int, default=8 << 20, help="largest range request in bytes (default 8 MiB)")
+    mi.add_argument("--tmp-dir", metavar="DIR", help="stage data objects here (default: the system's temp folder)")
+    mi.add_argument("--src-option", action="append", metavar="KEY=VALUE", help="fsspec storage option of SRC "
+                                                                              "(repeatable), as -O")
+    mi.add_argument("--dst-option", action="append", metavar="KEY=VALUE", help="fsspec storage option of DST "
+                                                                              "(repeatable), as -O")
+    common(mi)
+    mi.set_defaults(func=cmd_mirror)
+
+    stt = sub.add_parser("status", help="what a stream holds: head, steps, keyframes, claims, bytes",
+                         description="One listing of steps/ and a few reads (the head, the manifests back to the "
+                                     "head's latest keyframe, the newest few): fast on thousands of steps.",
+                         epilog="example: arcfmt status s3://bucket/run42 --json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    stt.add_argument("url", metavar="URL")
+    stt.add_argument("--steps", type=int, default=20, metavar="N", help="show the newest N committed steps (default "
+                                                                        "20; 0: all)")
+    stt.add_argument("--details", type=int, default=16, metavar="N",
+                     help="read the newest N manifests for writer and kind (default 16)")
+    storage(stt)
+    common(stt)
+    stt.set_defaults(func=cmd_status)
+
+    pr = sub.add_parser("prune", help="delete the steps no follower within the newest N steps needs",
+                        description="Keeps the newest N committed steps on the head's chain, the chain back to "
+                                    "the keyframe the oldest of them needs, K more keyframe steps, and everything "
+                                    "newer; deletes every other step folder below them (manifests first, then "
+                                    "descriptors, then data objects). Never touches non-stream names.",
+                        epilog="example: arcfmt prune s3://bucket/run42 --keep-last 50 --keep-keyframes 2 --dry-run",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("url", metavar="URL")
+    pr.add_argument("--keep-last", type=int, required=True, metavar="N", help="committed steps to keep (at least 1)")
+    pr.add_argument("--keep-keyframes", type=int, default=0, metavar="K",
+                    help="also keep the K newest keyframe steps below those (whole, for rollback; default 0)")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+    storage(pr)
+    common(pr)
+    pr.set_defaults(func=cmd_prune)
+    kg = sub.add_parser("keygen", help="make an Ed25519 key pair for signed streams",
+                        description="Writes a new private key to PATH (PEM, mode 0600) and its public key to "
+                                    "PATH.pub, and prints the key id (SPEC.md S15). The trainer signs with "
+                                    "'publish --sign-key PATH'; followers check with 'follow --trust PATH.pub'.",
+                        epilog="example: arcfmt keygen --out /secrets/run42.key",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    kg.add_argument("--out", required=True, metavar="PATH", help="the private key file to write")
+    kg.add_argument("--force", action="store_true", help="replace PATH and PATH.pub if they exist")
+    common(kg)
+    kg.set_defaults(func=cmd_keygen)
     return p
 
 
@@ -515,11 +1110,42 @@ def _os_error_text(exc: OSError, args) -> str:
     return f"cannot {verb} {path}: {reason}"
 
 
+_DECODING = {"demo", "encode", "apply", "publish", "follow", "report", "inspect"}   # may reach the kernels
+
+
+def _settle_switches(args) -> None:
+    """-q / ARCFMT_QUIET, and --progress's default (a terminal on stderr, unless quiet or
+    ARCFMT_NO_PROGRESS): an explicit --progress or --no-progress always wins."""
+    args.quiet = bool(getattr(args, "quiet", False)) or _env_flag("ARCFMT_QUIET")
+    args.debug = bool(getattr(args, "debug", False))
+    if hasattr(args, "progress") and args.progress is None:
+        args.progress = not args.quiet and not _env_flag("ARCFMT_NO_PROGRESS") and sys.stderr.isatty()
+
+
+def _retry_line(notice) -> None:
+    """One stderr line per retry while a store keeps failing (arcfmt.store.retry's notifier)."""
+    print(f"arcfmt: {notice}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _settle_switches(args)
+    from .store import retry
+
+    previous = retry.set_notifier(None if args.quiet else _retry_line)
     try:
-        return args.func(args)
+        if args.cmd in _DECODING and not getattr(args, "quiet", False) and first_compile_pending():
+            print("arcfmt: compiling the ctx-delta kernels, once per install (15-25 s on 2 cores; cached for every "
+                  "later run)", file=sys.stderr, flush=True)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, so that a reader that went away is seen as one (below)
+        return rc
+    except BrokenPipeError:
+        # stdout's reader left (`arcfmt inspect x.arc | head`): not an error of ours; end quietly with
+        # 141 (128 + SIGPIPE), the status of every tool `head` stops early (what the shell reports)
+        _stdout_gone()
+        return 141
     except ArcError as exc:
         if args.debug:
             raise
@@ -544,6 +1170,8 @@ def main(argv=None) -> int:
         print(f"arcfmt: internal error: {type(exc).__name__}: {exc} (run with --debug for the trace)",
               file=sys.stderr)
         return 3
+    finally:
+        retry.set_notifier(previous)
 
 
 if __name__ == "__main__":

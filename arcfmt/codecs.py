@@ -181,6 +181,71 @@ class Zstd(Codec):
         return _check_end(out, length, obj.eof, obj.unused_data, "zstd")
 
 
+_XZ_STATE_SLACK = 1 << 24  # liblzma's memory beyond the dictionary (about 1 MiB for LZMA2), with room
+
+
+def _xz_int(b: BytesLike, pos: int, end: int) -> tuple[int, int]:
+    """An .xz multibyte integer (at most 9 bytes, minimal) at ``pos``; (value, next position)."""
+    value = 0
+    for i in range(9):
+        if pos >= end:
+            raise CorruptError("xz stream: an integer runs past its field")
+        byte = b[pos]
+        pos += 1
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            if i and not byte:
+                raise CorruptError("xz stream: an integer is not minimal")
+            return value, pos
+    raise CorruptError("xz stream: an integer is longer than 9 bytes")
+
+
+def xz_dictionary_sizes(stored: BytesLike) -> list[int]:
+    """SPEC §9 xz: the LZMA2 dictionary size every block header declares, read from the stream's own
+    structure (stream header and footer, index, block headers) before anything is decompressed.
+    A structure that does not parse is `corrupt`; CRCs are left to the decoder."""
+    b = memoryview(stored).cast("B") if not isinstance(stored, bytes) else stored
+    n = len(b)
+    if n < 24 or bytes(b[0:6]) != b"\xfd7zXZ\x00" or bytes(b[n - 2:n]) != b"YZ":
+        raise CorruptError("xz stream: no stream header and footer at its ends")
+    index_size = (int.from_bytes(b[n - 8:n - 4], "little") + 1) * 4
+    istart = n - 12 - index_size
+    if istart < 12 or b[istart] != 0:
+        raise CorruptError("xz stream: the footer's backward size does not locate the index")
+    count, pos = _xz_int(b, istart + 1, n - 12)
+    if count > (index_size // 2):
+        raise CorruptError("xz stream: the index lists more blocks than it can hold")
+    sizes, block = [], 12
+    for _ in range(count):
+        unpadded, pos = _xz_int(b, pos, n - 12)
+        _, pos = _xz_int(b, pos, n - 12)
+        if block >= istart:
+            raise CorruptError("xz stream: a block starts past the index")
+        hsize = (b[block] + 1) * 4
+        flags = b[block + 1]
+        if b[block] == 0 or flags & 0x3C or block + hsize > istart or unpadded < hsize:
+            raise CorruptError("xz stream: a block header is not valid")
+        hp, hend = block + 2, block + hsize - 4
+        for bit in (0x40, 0x80):
+            if flags & bit:
+                _, hp = _xz_int(b, hp, hend)
+        for _ in range((flags & 3) + 1):
+            fid, hp = _xz_int(b, hp, hend)
+            psize, hp = _xz_int(b, hp, hend)
+            if hp + psize > hend:
+                raise CorruptError("xz stream: filter properties run past the block header")
+            if fid == 0x21:
+                if psize != 1 or b[hp] > 40:
+                    raise CorruptError("xz stream: LZMA2 properties are not valid")
+                d = b[hp]
+                sizes.append(0xFFFFFFFF if d == 40 else (2 | (d & 1)) << (d // 2 + 11))
+            hp += psize
+        block += (unpadded + 3) & ~3
+    if block != istart:
+        raise CorruptError("xz stream: the blocks the index lists do not end at the index")
+    return sizes
+
+
 @register
 class Xz(Codec):
     id, name, default_setting, overhead = XZ, "xz", 6, _XZ_BZ2_OVERHEAD
@@ -194,8 +259,12 @@ class Xz(Codec):
         return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE, filters=filters)
 
     def decode(self, stored: BytesLike, length: int) -> bytes:
+        biggest = max(xz_dictionary_sizes(stored), default=0)
+        if biggest > MAX_XZ_MEMORY:
+            raise LimitError(f"xz stream declares an LZMA2 dictionary of {biggest} bytes, more than {MAX_XZ_MEMORY}")
         try:
-            dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
+            # the limit is the declared dictionary size (SPEC §9); liblzma's own accounting adds its state
+            dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY + _XZ_STATE_SLACK)
             out = dec.decompress(stored, max_length=length + 1)
         except lzma.LZMAError as exc:
             if "memory" in str(exc).lower():

@@ -20,38 +20,56 @@ class FormatError(ArcError):
 
 
 class BadMagicError(FormatError):
+    """Not an arcfmt file: the first bytes are not the magic (SPEC.md §4)."""
+
     category = "bad_magic"
 
 
 class UnsupportedVersionError(FormatError):
+    """A major format version this decoder does not implement (SPEC.md §16)."""
+
     category = "unsupported_version"
 
 
 class TruncatedError(FormatError):
+    """The input ends before the structure does, or its last 40 bytes are not a trailer."""
+
     category = "truncated"
 
 
 class ChecksumError(FormatError):
+    """A record or trailer checksum does not match its bytes."""
+
     category = "checksum"
 
 
 class ReservedBitsError(FormatError):
+    """A reserved field or bit is not zero."""
+
     category = "reserved_bits"
 
 
 class LimitError(FormatError):
+    """A declared size, count or resource need exceeds the limits of SPEC.md §14 (or the output budget)."""
+
     category = "limit"
 
 
 class UnknownRecordError(FormatError):
+    """A critical record type this decoder does not know."""
+
     category = "unknown_record"
 
 
 class UnsupportedError(FormatError):
+    """An unknown dtype, encoding or codec id, or an encoding that does not fit the dtype."""
+
     category = "unsupported"
 
 
 class CorruptError(FormatError):
+    """Any other structural violation: order, offsets, names, stream contents, varints."""
+
     category = "corrupt"
 
 

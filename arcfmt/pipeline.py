@@ -26,9 +26,10 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import xxhash
 
-from . import encodings, records
+from . import backend, encodings, records
 from . import layout as L
 from .arrays import as_uint, release
+from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .layout import BytesLike
@@ -70,17 +71,27 @@ def default_output_budget(file_size: int) -> int:
 
 # --------------------------------------------------------------------------------------- checks
 
+@dataclass(frozen=True)
+class KnownBase:
+    """A base array whose tensor hash its holder already knows, because it wrote every byte of it
+    itself after verifying them (a live follower's model): checked by that hash, not hashed again."""
+
+    array: object
+    hash: int
+
+
 def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
     """§12.3 step 1: the base tensor's flat unsigned view, once it is the one the file names."""
     if not th.needs_base:
         return None
     if base is None:
         raise WrongBaseError(f"tensor {th.name!r} needs its base, which was not given")
-    dt, shape, u = as_uint(base)
+    known = base.hash if isinstance(base, KnownBase) else None
+    dt, shape, u = as_uint(base.array if isinstance(base, KnownBase) else base)
     if dt is not th.dtype or tuple(shape) != th.shape:
         raise WrongBaseError(f"base tensor {th.name!r} is {dt.name}{list(shape)}, the file expects "
                              f"{th.dtype.name}{list(th.shape)}")
-    got = tensor_hash(u)
+    got = tensor_hash(u) if known is None else known
     if got != th.base_hash:
         raise WrongBaseError(f"base tensor {th.name!r} does not match the base this delta was made from "
                              f"(hash {got:016x}, expected {th.base_hash:016x})")
@@ -260,10 +271,12 @@ class _Tensor:
 
 
 def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
-                arr: np.ndarray, hashed: list[int] | None) -> None:
+                arr: np.ndarray, hashed: list[int] | None, post: Callable[[int, np.ndarray], None] | None) -> None:
     decode_block(th, b, load(), base_block, arr)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
+    if post is not None:    # the sink's own per-block work, on the same thread (e.g. StagedSink's diff)
+        post(b, arr)
 
 
 def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
@@ -325,7 +338,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 enc = None if item.encodings is None else item.encodings[b]
                 arr = t.out.buffer(b, enc, base_block, drain)
                 hashed: list[int] | None = [] if t.single else None
-                job = _Job(_decode_job, (th, b, load, base_block, arr, hashed))
+                job = _Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
                 pending.append((t, b, job, arr, base_block, hashed))
                 pool.submit(job, shared=e - s >= SHARED_MIN_ELEMS)
                 while pending and (len(pending) >= window or pending[0][2].state == 2):
@@ -423,6 +436,99 @@ class _LiveTensor:
             self.flat[s:e] = out
         self.staged = []
         return self.th.name, self.array
+
+
+@dataclass
+class Change:
+    """One tensor's change, staged: flat positions (ascending; int32 when the tensor has fewer than
+    2^31 elements, else int64) and the new values there (the tensor's dtype, as unsigned bits)."""
+
+    name: str
+    dtype: DType
+    index: np.ndarray
+    values: np.ndarray
+
+
+class StagedSink:
+    """A whole step for live arrays, written only after every tensor of it verified.
+
+    Each block is decoded into private memory, hashed, and reduced to what differs from the live
+    contents (positions and new values); nothing touches a live array until :meth:`apply`, which the
+    caller runs once every tensor of the step passed its hash (and the step its digests). The staged
+    changes are also the sparse update an engine takes (``index_copy_``). ``live``: name → writeable
+    C-contiguous flat unsigned view; tensors not in it go to ``fresh``, an :class:`ArraySink`."""
+
+    def __init__(self, live: Mapping[str, np.ndarray], fresh: ArraySink) -> None:
+        self.live, self.fresh = live, fresh
+        # decode buffers, reused once a block is hashed and reduced: fresh pages for every block of a
+        # large model would cost more in page faults than the decoding itself
+        self._free: dict[tuple[int, np.dtype], list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def open(self, th: records.TensorHeader) -> TensorOutput[Change | tuple[str, np.ndarray]]:
+        flat = self.live.get(th.name)
+        if flat is None:
+            return self.fresh.open(th)
+        return _StagedTensor(th, flat, self)
+
+    def _take(self, n: int, dt: np.dtype) -> np.ndarray:
+        with self._lock:
+            free = self._free.get((n, dt))
+            if free:
+                return free.pop()
+        return np.empty(n, dt)
+
+    def _give(self, arr: np.ndarray) -> None:
+        with self._lock:
+            free = self._free.setdefault((arr.size, arr.dtype), [])
+            if len(free) < 64:
+                free.append(arr)
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Write the staged changes into the live arrays (no check can fail any more)."""
+        for c in changes:
+            self.live[c.name][c.index] = c.values
+
+
+class _StagedTensor:
+    __slots__ = ("th", "flat", "kept", "parts", "sink")
+
+    def __init__(self, th: records.TensorHeader, flat: np.ndarray, sink: StagedSink) -> None:
+        self.th, self.flat, self.sink = th, flat, sink
+        self.kept: set[int] = set()
+        self.parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # block -> (positions, values)
+
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None,
+               drain: Callable[[], None]) -> np.ndarray:
+        if base_block is not None and encodings.keeps_base(encoding):
+            self.kept.add(b)
+            return base_block  # decode_block leaves it as it is: nothing changes in this block
+        return self.sink._take(self.th.block_len(b), self.th.dtype.uint)
+
+    def decoded(self, b: int, arr: np.ndarray) -> None:
+        """On the decoding thread: reduce the block to what differs from the live contents (the
+        compiled ``changes`` runs without the GIL); the block's buffer is then dropped."""
+        if b in self.kept:
+            return
+        s, e = self.th.block_range(b)
+        at = backend.selected().changes(self.flat[s:e], arr)
+        if at.size:
+            self.parts[b] = (at + s, arr[at])
+
+    def done(self, b: int, arr: np.ndarray) -> None:
+        if b not in self.kept:
+            self.sink._give(arr)   # hashed and reduced: the buffer serves a later block
+
+    def commit(self) -> Change:
+        wide = np.int64 if self.th.size >= 1 << 31 else np.int32
+        parts = [self.parts[b] for b in sorted(self.parts)]
+        if parts:
+            index = np.concatenate([i for i, _ in parts]).astype(wide, copy=False)
+            values = np.concatenate([v for _, v in parts])
+        else:
+            index, values = np.empty(0, wide), np.empty(0, self.th.dtype.uint)
+        self.parts = {}
+        return Change(self.th.name, self.th.dtype, index, values)
 
 
 # --------------------------------------------------------------------------------------- memory

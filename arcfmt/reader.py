@@ -9,6 +9,7 @@ import functools
 import io
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ class BufferSource:
         self.size = len(self._mv)
 
     def read(self, offset: int, length: int):
+        """``length`` bytes at ``offset`` (a memoryview, no copy); TruncatedError past the end."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise TruncatedError(f"read of {length} bytes at offset {offset} runs past the end of the "
                                  f"{self.size}-byte input")
@@ -52,6 +54,7 @@ class FileSource:
         self.size = size
 
     def read(self, offset: int, length: int):
+        """``length`` bytes at ``offset`` (seek and read, under a lock); TruncatedError past the end."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise TruncatedError(f"read of {length} bytes at offset {offset} runs past the end of the "
                                  f"{self.size}-byte input")
@@ -115,22 +118,27 @@ class DeltaReader:
     # -- identity
     @property
     def base_step(self):
+        """The step the delta applies to (None: not given)."""
         return self.meta.base_step
 
     @property
     def target_step(self):
+        """The step the delta rebuilds (None: not given)."""
         return self.meta.target_step
 
     @property
     def base_digest(self) -> bytes:
+        """The model digest (SPEC.md §11) of the tensors the delta needs as base."""
         return self.index.base_digest
 
     @property
     def target_digest(self) -> bytes:
+        """The model digest (SPEC.md §11) of the rebuilt target."""
         return self.index.target_digest
 
     @property
     def names(self) -> list[str]:
+        """Every tensor name, in file order."""
         return [e.name for e in self.index.entries]
 
     # -- records
@@ -151,6 +159,9 @@ class DeltaReader:
         return head, payload
 
     def header(self, name: str) -> records.TensorHeader:
+        """The tensor's header (TENS record): ``name``, ``dtype``, ``shape``, ``block_elems``,
+        ``needs_base``, ``base_hash``, ``target_hash``; read and checked on first use, then cached.
+        MissingTensorError for a name the file does not have."""
         th = self._headers.get(name)
         if th is None:
             e = self._entry(name)
@@ -170,6 +181,7 @@ class DeltaReader:
             raise MissingTensorError(f"no tensor {name!r} in this file") from None
 
     def load_block(self, name: str, b: int) -> LoadedBlock:
+        """Block ``b`` of a tensor, read and checked (checksum, header fields), not decoded."""
         e = self._entry(name)
         th = self.header(name)
         ref = e.blocks[b]
@@ -254,21 +266,40 @@ class DeltaReader:
         return out
 
     def to_array(self, name: str, flat_u: np.ndarray) -> np.ndarray:
+        """The flat unsigned view :meth:`decode_tensor` returns, as the tensor's dtype and shape (a view,
+        no copy). :meth:`decode` does check, decode and this in one call."""
         th = self.header(name)
         return flat_u.view(th.dtype.numpy).reshape(th.shape)
 
-    def decode_all(self, base, names=None) -> dict:
+    def decode_all(self, base, names=None, *, framework: str | None = None, device: Any = None) -> dict:
         """Rebuild the tensors (all, or ``names``) against ``base`` (a mapping); every check of SPEC §12.3.
 
         All base tensors (and, for the whole file, the digests) are checked before any block is
-        decoded; blocks decode in parallel threads.
+        decoded; blocks decode in parallel threads. Torch base tensors give torch tensors back;
+        ``framework``/``device`` as for :func:`arcfmt.decode`.
         """
         wanted, bases, _ = self.selection(base, names)
         headers = [self.header(n) for n in wanted]
         sink = pipeline.ArraySink(self.output_budget(headers), headers)
         order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together
         done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers))
-        return {n: done[n] for n in wanted}
+        from .api import as_framework
+
+        return as_framework({n: done[n] for n in wanted}, base, framework, device)
+
+    def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None):
+        """One tensor, rebuilt and verified: random access to a single tensor of the file.
+
+        ``base``: that tensor's base (an array), or the whole base mapping (its ``name`` entry is
+        used); None for a tensor that needs no base. Checks the base against the file's hash,
+        decodes only this tensor's blocks and verifies the result; the model digests, which cover
+        every tensor, are checked by :meth:`decode_all`. Returns an array of the tensor's dtype and
+        shape (numpy; torch for a torch base or ``framework="pt"``, as :func:`arcfmt.decode`)."""
+        from .api import as_framework
+
+        one = base.get(name) if isinstance(base, Mapping) else base
+        out = self.decode_all({} if one is None else {name: one}, [name], framework="np")
+        return as_framework(out, base, framework, device)[name]
 
     # -- description
     def describe(self) -> dict:

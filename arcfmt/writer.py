@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -9,7 +11,8 @@ import numpy as np
 
 from . import codecs, encodings, records
 from . import layout as L
-from .arrays import as_uint, release
+from .arrays import as_numpy, as_uint, release
+from .dtypes import from_numpy
 from .errors import InputError, LimitError
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .parallel import run_jobs
@@ -22,6 +25,59 @@ _Pending = (tuple[Literal["T"], records.TensorHeader]
             | tuple[Literal["B"], tuple[records.TensorHeader, int, list[_Coded], np.ndarray | None, np.ndarray]])
 
 DEFAULT_BLOCK_ELEMS = 1 << 20
+ON_MISMATCH = ("warn", "error", "ignore")
+
+
+class KeyframeWarning(UserWarning):
+    """A target tensor has no base tensor of the same name, dtype and shape, so it is stored whole (a
+    keyframe tensor, as large as the tensor compressed) instead of as a delta. Often a renamed
+    parameter, a cast, or the wrong base checkpoint; silence it with ``on_mismatch="ignore"`` (or the
+    ``warnings`` module), or make it an error with ``on_mismatch="error"``."""
+
+
+def keyframe_mismatches(base: Mapping, target: Mapping) -> list[str]:
+    """Why each tensor of ``target`` would be a keyframe against ``base``: one short phrase per tensor
+    (``'w' (not in the base)``, ``'w' (shape (4,) in the base, (5,) here)``, ``'w' (dtype F32 in the
+    base, BF16 here)``), in target order; empty when every tensor has its base. Arrays that are not
+    arrays at all are left for the writer to refuse."""
+    out = []
+    for name, t in target.items():
+        b = base.get(name)
+        if b is None:
+            out.append(f"{name!r} (not in the base)")
+            continue
+        try:
+            ta, ba = as_numpy(t), as_numpy(b)
+            tdt, bdt = from_numpy(ta.dtype), from_numpy(ba.dtype)
+        except InputError:
+            continue
+        if bdt is not tdt:
+            out.append(f"{name!r} (dtype {bdt.name} in the base, {tdt.name} here)")
+        elif tuple(ba.shape) != tuple(ta.shape):
+            out.append(f"{name!r} (shape {tuple(ba.shape)} in the base, {tuple(ta.shape)} here)")
+    return out
+
+
+def check_mismatches(base: Mapping, target: Mapping, on_mismatch: str, *, stacklevel: int = 2) -> None:
+    """Act on :func:`keyframe_mismatches` before anything is encoded: ``"warn"`` (one
+    :class:`KeyframeWarning` naming up to five tensors), ``"error"`` (:class:`~arcfmt.InputError`,
+    nothing written) or ``"ignore"``. ``stacklevel`` as for :func:`warnings.warn`, counted from the
+    caller of this function."""
+    if on_mismatch not in ON_MISMATCH:
+        raise InputError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
+    if on_mismatch == "ignore":
+        return
+    found = keyframe_mismatches(base, target)
+    if not found:
+        return
+    more = f", and {len(found) - 5} more" if len(found) > 5 else ""
+    what = "tensor has" if len(found) == 1 else "tensors have"
+    msg = (f"{len(found)} target {what} no base tensor of the same name, dtype and shape and will be stored "
+           f"whole (keyframe): {', '.join(found[:5])}{more}")
+    if on_mismatch == "error":
+        raise InputError(msg.replace("will be stored", "would be stored") +
+                         " (on_mismatch='error'; pass keyframe=True for a full snapshot)")
+    warnings.warn(msg, KeyframeWarning, stacklevel=stacklevel + 1)
 
 
 @dataclass
@@ -103,12 +159,22 @@ class DeltaWriter:
 
         with DeltaWriter(f, base_step=3, target_step=4) as w:
             w.write_tensors((name, base[name], target[name]) for name in target)
+
+    The file is written front to back and never seeked (a pipe or an upload stream works); it is
+    complete once :meth:`close` (or leaving the ``with`` block) has written the index and trailer.
+    After that, ``size`` is the file's size and ``stats`` lists per tensor its blocks' encodings and
+    sizes. For whole checkpoints on disk use :func:`arcfmt.encode_files`.
     """
 
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
                  effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
                  force_codec: str | None = None):
-        """``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
+        """Start a file: its header and META record (``base_step`` → ``target_step``) are written now.
+
+        ``block_elems``: elements per block (the unit of parallelism and of random access);
+        ``effort``: ``"fast"``, ``"default"`` or ``"max"`` (codec trials per stream); ``workers``:
+        encoding threads (default: up to 8); ``note``: a free-text ``NOTE`` record.
+        ``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
         encoding and every stream to one codec: for tests and conformance vectors, not for size."""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
@@ -181,10 +247,19 @@ class DeltaWriter:
         return th, b, t
 
     def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
+        """Write one tensor: ``target`` (numpy, ml_dtypes or CPU torch array) as a delta from ``base``.
+
+        ``base=None``, ``keyframe=True``, or a base of another dtype or shape stores the tensor whole (a
+        keyframe tensor; the writer does not warn — :func:`arcfmt.encode` does). Names must be unique
+        within the file. Prefer :meth:`write_tensors` for many tensors: it encodes blocks of several
+        tensors in parallel."""
         self.write_tensors([(name, base, target)], keyframe=keyframe)
 
     def write_tensors(self, items, *, keyframe: bool = False) -> None:
-        """Write ``(name, base_or_None, target)`` items in order, blocks encoded in parallel threads."""
+        """Write ``(name, base_or_None, target)`` items in order, blocks encoded in parallel threads.
+
+        Each item is handled as by :meth:`write_tensor`; ``items`` may be a generator (it is consumed
+        a few blocks ahead, so memory-mapped inputs stream). ``keyframe``: store every tensor whole."""
         if self.closed:
             raise InputError("writer is closed")
         batch = 4 * self._workers  # blocks encoded between two writes: bounds memory for mapped inputs

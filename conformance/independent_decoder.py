@@ -8,10 +8,12 @@ and hash bindings ``zstandard`` and ``xxhash``; it does not import ``arcfmt``.
 Usage::
 
     python conformance/independent_decoder.py [--stream] BASE DELTA OUT
-    python conformance/independent_decoder.py object KIND PATH    # KIND: head | manifest | descriptor
+    python conformance/independent_decoder.py object KIND PATH    # KIND: head | manifest | descriptor | signature
 
 The second form checks one stream object (SPEC.md Part II: S2 JSON, S3 names, S4 object
-references, S5 descriptor, S6 manifest, S7 head, S11 versions, S12 limits) on its own content:
+references, S5 descriptor, S6 manifest, S7 head, S11 versions, S12 limits, S15.2 signature
+structure and the optional S15.3 SHA-256 fields; the Ed25519 signature itself is not verified,
+it needs a trusted key) on its own content:
 exit 0 = valid, 1 = refused (``error: CATEGORY: message``), 2 = anything unexpected.  With no
 object name given, the checks against the object's own name are skipped; every check between
 fields (each object reference's derived name included) is made.  See "Part II" below.
@@ -49,7 +51,8 @@ says META is "checked as in §6"; A8 the block-count comparison is R-INDEX-BLOCK
      with `limit` and an earlier one carries an encoding error).
   A5 §8.5: all stream-0 values are checked before the stream-1 values.
   A9 §9 xz: any filter chain liblzma decodes is accepted (the spec binds only writers to
-     LZMA2 alone); the `limit` threshold is liblzma's own memory accounting.
+     LZMA2 alone); the `limit` is on the declared LZMA2 dictionary sizes (§9), not on liblzma's
+     memory accounting.
   A10 §9 zstd: the end of the frame (trailing bytes, second frame) is found by walking the
      block headers before decompressing; every failure there is `corrupt` either way.
 
@@ -95,6 +98,14 @@ Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
      relations; a shard entry's `tensors` beyond 2^20 is `corrupt` (S6 range), not S12's `limit`.
   P13 S4: a keyframe reference's `base_step` / `base_digest` are ignored whatever they hold
      (not even type-checked); a delta reference needs both, base_step in 0 .. S-1.
+  P14 S15.3: the optional 1.1 fields (`sha256`, `descriptor_sha256`, `base_manifest_sha256`) are
+     checked where they are present and only then; an absent one is a 1.0 object (accepted). They
+     are checked after the fields of their table that S4/S6 list before them: an object
+     reference's `sha256` last, a shard entry's `descriptor_sha256` last (after its objects),
+     `base_manifest_sha256` after `base_manifest`; its null-exactly-when-base_step-is rule with the
+     other relations.
+  P15 S15.2: `stream` is null or matches the writer-id pattern of S5 (the same characters);
+     `time_ms` is 0 .. 2^63 - 1 (stated, unlike the head's).
 """
 
 import bz2
@@ -411,6 +422,67 @@ def parse_zstd_frame(stored, L, what):
         fail("corrupt", f"{what}: zstd: {len(stored) - pos} bytes follow the frame")
 
 
+def xz_declared_dictionaries(stored, what):
+    """SPEC §9 xz: the stream header and footer, the index (block count, unpadded sizes) and each block
+    header, located from the index; returns the dictionary size of every LZMA2 filter.  Anything that
+    does not parse is `corrupt` (the CRC32 fields are left to liblzma)."""
+    data = bytes(stored)
+    size = len(data)
+
+    def mbi(pos, end):  # .xz multibyte integer
+        value = 0
+        for i in range(9):
+            if pos >= end:
+                fail("corrupt", f"{what}: xz: an integer runs past its field")
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << (7 * i)
+            if byte < 0x80:
+                if i > 0 and byte == 0:
+                    fail("corrupt", f"{what}: xz: an integer is not minimal")
+                return value, pos
+        fail("corrupt", f"{what}: xz: an integer is longer than 9 bytes")
+
+    if size < 24 or data[:6] != b"\xfd7zXZ\x00" or data[-2:] != b"YZ":
+        fail("corrupt", f"{what}: xz: no stream header and stream footer")
+    index_size = (struct.unpack("<I", data[-8:-4])[0] + 1) * 4
+    index_start = size - 12 - index_size
+    if index_start < 12 or data[index_start] != 0:
+        fail("corrupt", f"{what}: xz: the backward size does not point at the index")
+    records, pos = mbi(index_start + 1, size - 12)
+    dicts = []
+    block = 12
+    for _ in range(records):
+        unpadded, pos = mbi(pos, size - 12)
+        _uncompressed, pos = mbi(pos, size - 12)
+        if block >= index_start or data[block] == 0:
+            fail("corrupt", f"{what}: xz: no block header where the index puts one")
+        header_size = (data[block] + 1) * 4
+        flags = data[block + 1]
+        if flags & 0x3C or block + header_size > index_start or unpadded < header_size:
+            fail("corrupt", f"{what}: xz: invalid block header")
+        p, end = block + 2, block + header_size - 4
+        if flags & 0x40:
+            _, p = mbi(p, end)
+        if flags & 0x80:
+            _, p = mbi(p, end)
+        for _ in range((flags & 3) + 1):
+            filter_id, p = mbi(p, end)
+            props_size, p = mbi(p, end)
+            if p + props_size > end:
+                fail("corrupt", f"{what}: xz: filter properties run past the block header")
+            if filter_id == 0x21:  # LZMA2: one byte, dictionary size code 0 .. 40
+                if props_size != 1 or data[p] > 40:
+                    fail("corrupt", f"{what}: xz: invalid LZMA2 properties")
+                code = data[p]
+                dicts.append(2 ** 32 - 1 if code == 40 else (2 | (code & 1)) << (code // 2 + 11))
+            p += props_size
+        block += -(-unpadded // 4) * 4
+    if block != index_start:
+        fail("corrupt", f"{what}: xz: the blocks the index lists do not end where the index starts")
+    return dicts
+
+
 def bounded_decompress(decompressor, stored, L, name):
     """Decode with an xz/bz2 decompressor object, never producing more than L+1 bytes."""
     out = bytearray()
@@ -458,13 +530,17 @@ def decode_stream(codec, stored, L, what):
             fail("corrupt", f"{what}: zstd stream decodes to {len(out)} bytes, expected {L}")
         return out
     if codec == CODEC_XZ:
-        # ASSUMPTION A9: any filter chain and any integrity check liblzma decodes is accepted.
+        # §9: the limit is on the LZMA2 dictionary size the block headers declare, read from the
+        # stream's own structure before decoding (ASSUMPTION A9: any filter chain and integrity check
+        # liblzma decodes is accepted).
+        for dict_size in xz_declared_dictionaries(stored, what):
+            if dict_size > MAX_XZ_MEMORY:
+                fail("limit", f"{what}: xz: an LZMA2 dictionary of {dict_size} bytes exceeds MAX_XZ_MEMORY")
         try:
-            d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY)
+            # room for liblzma's own state beyond a dictionary of MAX_XZ_MEMORY bytes
+            d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_XZ_MEMORY + 2 ** 24)
             return bounded_decompress(d, bytes(stored), L, f"{what}: xz")
         except lzma.LZMAError as exc:
-            if "memory" in str(exc).lower() and "limit" in str(exc).lower():
-                fail("limit", f"{what}: xz: {exc}")
             fail("corrupt", f"{what}: xz: {exc}")
         except EOFError as exc:
             fail("corrupt", f"{what}: xz: {exc}")
@@ -1399,9 +1475,10 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
 # descriptor's step/shard/num_shards, a manifest's step) are skipped; every check between fields of
 # the object, including each object reference's derived name (S3), is made.
 
-STREAM_LIMITS = {"head": 4096, "manifest": 16 * 2 ** 20, "descriptor": 64 * 2 ** 20}  # S12
+STREAM_LIMITS = {"head": 4096, "manifest": 16 * 2 ** 20, "descriptor": 64 * 2 ** 20,  # S12
+                 "signature": 64 * 2 ** 10}
 STREAM_FORMATS = {"head": "arcfmt-stream-head", "manifest": "arcfmt-stream-manifest",
-                  "descriptor": "arcfmt-stream-shard"}
+                  "descriptor": "arcfmt-stream-shard", "signature": "arcfmt-stream-signature"}
 MAX_STEP = 2 ** 64 - 2                       # S1, S12
 MAX_SHARDS = 4096                            # S5, S6, S12
 MAX_DESCRIPTOR_TENSORS = 2 ** 20             # S5, S12
@@ -1415,7 +1492,7 @@ HUGE_DIGITS = 4000                           # see parse_json_int
 OBJECT_NAME_RE = re.compile(r"steps/[0-9]{20}/shard-[0-9]{5}-of-[0-9]{5}-(delta|keyframe)-[0-9a-f]{32}\.arc")
 FILE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\.safetensors")
 WRITER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-HEX_RE = {16: re.compile(r"[0-9a-f]{16}"), 32: re.compile(r"[0-9a-f]{32}")}
+HEX_RE = {n: re.compile(f"[0-9a-f]{{{n}}}") for n in (16, 32, 64, 128)}
 
 
 class _JsonReject(Exception):
@@ -1735,6 +1812,8 @@ def check_object_ref(ref, kind, step, shard, num_shards, what):
     if kind == "delta":
         base_step = get_int(ref, "base_step", what, 0, step - 1)
         get_hex(ref, "base_digest", 32, what)
+    if "sha256" in ref:  # optional (1.1, S15.3): ASSUMPTION P14
+        get_hex(ref, "sha256", 64, what)
     # a keyframe reference's base_step / base_digest are ignored (S4), whatever they hold (P13)
     if OBJECT_NAME_RE.fullmatch(name) is None:
         fail("corrupt", f"{what}: name {name[:120]!r} is not a data object name (S3)")
@@ -1812,6 +1891,9 @@ def check_manifest(obj):
     step = get_int(obj, "step", what, 0, MAX_STEP)
     base_step = get_int(obj, "base_step", what, 0, MAX_STEP, nullable=True)  # range: P12
     base_manifest = get_hex(obj, "base_manifest", 32, what, nullable=True)
+    base_sha = ABSENT
+    if "base_manifest_sha256" in obj:  # optional (1.1, S15.3): ASSUMPTION P14
+        base_sha = get_hex(obj, "base_manifest_sha256", 64, what, nullable=True)
     keyframe = get_bool(obj, "keyframe", what)
     keyframe_step = get_int(obj, "keyframe_step", what, 0, MAX_STEP)
     get_hex(obj, "model_digest", 32, what)
@@ -1825,6 +1907,9 @@ def check_manifest(obj):
         fail("corrupt", f"{what}: base_step {base_step} is not before step {step}")
     if (base_manifest is None) != (base_step is None):
         fail("corrupt", f"{what}: base_manifest is {'null' if base_manifest is None else 'given'} "
+                        f"but base_step is {'null' if base_step is None else 'given'}")
+    if base_sha is not ABSENT and (base_sha is None) != (base_step is None):
+        fail("corrupt", f"{what}: base_manifest_sha256 is {'null' if base_sha is None else 'given'} "
                         f"but base_step is {'null' if base_step is None else 'given'}")
     if keyframe != (keyframe_step == step):
         fail("corrupt", f"{what}: keyframe is {str(keyframe).lower()} but keyframe_step "
@@ -1862,6 +1947,8 @@ def check_manifest(obj):
                 fail("corrupt", f"{sw}: delta: base_step {bs} is not the manifest's base_step {base_step}")
         if kf is not None:
             check_object_ref(kf, "keyframe", step, j, n, f"{sw}: keyframe")
+        if "descriptor_sha256" in e:  # optional (1.1, S15.3): the last row of the entry's table
+            get_hex(e, "descriptor_sha256", 64, sw)
         folded = f.lower()  # ASCII: file names are ASCII (checked above)
         if folded in files:
             fail("corrupt", f"{sw}: file name {f!r} equals that of shards[{files[folded]}] "
@@ -1882,6 +1969,24 @@ def check_head(obj):
     get_int(obj, "time_ms", what)  # ASSUMPTION P6: no stated range (informative): any integer
 
 
+# ---- S15.2 signature (structure only)
+
+def check_signature(obj):
+    what = "signature"
+    check_format_and_version(obj, "signature", what)
+    get_int(obj, "step", what, 0, MAX_STEP)
+    stream = get(obj, "stream", what)
+    if stream is not None and (not isinstance(stream, str) or WRITER_RE.fullmatch(stream) is None):
+        fail("corrupt", f"{what}: stream {str(stream)[:80]!r} is not null or a valid stream id (S15.2)")
+    get_hex(obj, "manifest_sha256", 64, what)
+    get_hex(obj, "key_id", 16, what)
+    alg = get_str(obj, "algorithm", what)
+    if alg != "ed25519":
+        fail("corrupt", f"{what}: algorithm {alg[:80]!r} is not 'ed25519'")
+    get_int(obj, "time_ms", what, 0, 2 ** 63 - 1)
+    get_hex(obj, "signature", 128, what)
+
+
 def check_stream_object(kind, path):
     limit = STREAM_LIMITS[kind]
     with open(path, "rb") as fh:
@@ -1889,12 +1994,13 @@ def check_stream_object(kind, path):
     if len(data) > limit:
         fail("limit", f"{kind}: larger than its limit of {limit} bytes (S12)")
     obj = parse_json(data, kind)
-    {"head": check_head, "manifest": check_manifest, "descriptor": check_descriptor}[kind](obj)
+    {"head": check_head, "manifest": check_manifest, "descriptor": check_descriptor,
+     "signature": check_signature}[kind](obj)
 
 
 def main_object(args):
     if len(args) != 2 or args[0] not in STREAM_LIMITS:
-        print("usage: independent_decoder.py object {head|manifest|descriptor} PATH", file=sys.stderr)
+        print("usage: independent_decoder.py object {head|manifest|descriptor|signature} PATH", file=sys.stderr)
         return 2
     try:
         check_stream_object(args[0], args[1])

@@ -4,7 +4,8 @@
     python -m conformance run --impl independent    # conformance/independent_decoder.py
     python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]" [--impl-objects "CMD {kind} {object}"]
     python -m conformance list                      # the vectors and what they cover
-    python -m conformance rules                     # SPEC.md rules (Appendix A) without a vector
+    python -m conformance rules                     # SPEC.md conditions (Appendix A, A.1) without a vector
+    python -m conformance mutate                    # checks of the independent decoder no vector notices
 
 Contract for --impl (conformance/README.md): the command rebuilds the target from {base} (a safetensors
 file) and {delta} (an arcfmt file) and writes {out}, a JSON object {name: {dtype, shape, sha256}};
@@ -60,10 +61,12 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
 def reference_object(kind: str, path: str) -> None:
     """Parse a stream object (SPEC.md Part II) with arcfmt; raises ArcError when it must be refused."""
     from arcfmt.store import objects as SL
+    from arcfmt.store import signing as SG
 
     with open(path, "rb") as f:
         data = f.read()
-    {"head": SL.parse_head, "manifest": SL.parse_manifest, "descriptor": SL.parse_descriptor}[kind](data, path)
+    {"head": SL.parse_head, "manifest": SL.parse_manifest, "descriptor": SL.parse_descriptor,
+     "signature": SG.parse_signature}[kind](data, path)
 
 
 def run_reference(v, mode, timeout):
@@ -234,45 +237,77 @@ def cmd_list(args) -> int:
     return 0
 
 
-def spec_rules() -> list:
-    """The rule table of SPEC.md Appendix A: (rule id, sections, statement, category, binds)."""
+def _appendix() -> str:
     spec = os.path.join(HERE, "..", "SPEC.md")
     with open(spec, encoding="utf-8") as f:
         text = f.read()
-    table = text[text.index("## Appendix A. Rule index"):]
+    start = text.index("## Appendix A. Rule index")
+    end = text.find("\n# Part II", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def spec_rules() -> list:
+    """The rule table of SPEC.md Appendix A: (rule id, sections, statement, category, binds)."""
     rows = []
-    for line in table.splitlines():
+    for line in _appendix().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 5 and cells[0].startswith("R-"):
             rows.append(tuple(cells))
     return rows
 
 
+def spec_conditions() -> dict:
+    """SPEC.md Appendix A.1: {rule id: [(condition id, statement, category)]} for the rules split into conditions."""
+    out: dict = {}
+    for line in _appendix().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("R-") and "." in cells[0]:
+            out.setdefault(cells[0].split(".", 1)[0], []).append(tuple(cells))
+    return out
+
+
 def cmd_rules(args) -> int:
-    """List SPEC.md rules that no vector exercises (decoder rules), and those checked elsewhere."""
-    covered = {}
-    for v in load_manifest()["vectors"]:
+    """Count SPEC.md's decoder conditions (Appendix A.1; an unsplit rule is one condition) that vectors
+    exercise; list those without a vector, and the writer/tool rules checked elsewhere."""
+    covered: dict = {}
+    vectors = load_manifest()["vectors"]
+    for v in vectors:
         for r in v.get("rules", []):
             covered.setdefault(r, []).append(v["name"])
     rows = spec_rules()
-    known = {r[0] for r in rows}
-    missing = [r for r in rows if r[4] == "decoder" and r[0] not in covered]
+    conds = spec_conditions()
+    known = {r[0] for r in rows} | {c[0] for cs in conds.values() for c in cs}
     unknown = sorted(set(covered) - known)
-    if args.verbose:
-        for r in rows:
-            if r[4] == "decoder":
-                print(f"{r[0]:24s} {len(covered.get(r[0], [])):3d} vectors  {r[2]}")
+    bad_parent = sorted(r for r in covered if r in conds and any(
+        v["expect"] == "reject" and r in v.get("rules", []) for v in vectors))
+    orphan = sorted(set(conds) - {r[0] for r in rows})
+    units = []  # (condition id, statement, rule row)
     for r in rows:
         if r[4] != "decoder":
-            print(f"{r[0]:24s} ({r[4]} rule: checked by the reference implementation's tests)  {r[2]}")
-    for r in missing:
-        print(f"{r[0]:24s} NO VECTOR  §{r[1]}  {r[2]}")
+            continue
+        for c in conds.get(r[0], [(r[0], r[2], r[3])]):
+            units.append((c[0], c[1], r))
+    missing = [u for u in units if u[0] not in covered]
+    if args.verbose:
+        for cid, stmt, _r in units:
+            print(f"{cid:34s} {len(covered.get(cid, [])):3d} vectors  {stmt}")
+    for r in rows:
+        if r[4] != "decoder":
+            print(f"{r[0]:34s} ({r[4]} rule: checked by the reference implementation's tests)  {r[2]}")
+    for cid, stmt, r in missing:
+        print(f"{cid:34s} NO VECTOR  §{r[1]}  {stmt}")
     for r in unknown:
-        print(f"{r:24s} named by vectors but not in SPEC.md Appendix A")
+        print(f"{r:34s} named by vectors but not in SPEC.md Appendix A")
+    for r in bad_parent:
+        print(f"{r:34s} split into conditions (Appendix A.1): a must-reject vector names the condition, not the rule")
+    for r in orphan:
+        print(f"{r:34s} has conditions in Appendix A.1 but no rule row")
     decoder = [r for r in rows if r[4] == "decoder"]
-    print(f"{len(decoder) - len(missing)} of {len(decoder)} decoder rules have vectors; "
+    print(f"{len(units) - len(missing)} of {len(units)} decoder conditions have vectors "
+          f"({len(decoder)} decoder rules, {sum(1 for r in decoder if r[0] in conds)} of them split into "
+          f"{sum(len(conds[r[0]]) for r in decoder if r[0] in conds)} conditions); "
           f"{len(rows) - len(decoder)} writer/tool rules are checked by tests")
-    return 0 if not missing and not unknown else 1
+    return 0 if not (missing or unknown or bad_parent or orphan) else 1
 
 
 def main(argv=None) -> int:
@@ -289,10 +324,12 @@ def main(argv=None) -> int:
     r.add_argument("--json", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true", help="list passing runs too")
     r.set_defaults(func=cmd_run)
-    ru = sub.add_parser("rules", help="list SPEC.md rules without a vector")
+    ru = sub.add_parser("rules", help="count SPEC.md's decoder conditions that vectors exercise; list those without")
     ru.add_argument("-v", "--verbose", action="store_true", help="list covered rules too")
     ru.set_defaults(func=cmd_rules)
     ls = sub.add_parser("list", help="list the vectors")
     ls.set_defaults(func=cmd_list)
+    from . import mutate
+    mutate.add_parser(sub)
     args = ap.parse_args(argv)
     return args.func(args)

@@ -34,3 +34,33 @@ def test_independent_decoder_passes_every_vector():
     from conformance.runner import main
 
     assert main(["run", "--impl", "independent", "--timeout", "60"]) == 0
+
+
+def test_mutation_sites_are_found_and_compile():
+    """`python -m conformance mutate` finds every check of the independent decoder from its syntax tree, with
+    unique ids, and each mutant compiles (the gate itself runs in .ci/run)."""
+    from conformance import mutate
+
+    with open(mutate.DECODER, encoding="utf-8") as f:
+        source = f.read()
+    _, _, found = mutate.find_sites(source)
+    ids = [s.id for s, _ in found]
+    assert len(ids) == len(set(ids)) and len(ids) >= 200
+    assert source.count("fail(") - 1 + source.count("raise _JsonReject(") == len(ids)  # less the def of fail
+    for i in (0, len(found) // 2, len(found) - 1):
+        assert mutate.mutant_code(source, i).co_filename == mutate.DECODER
+
+
+def test_equivalent_mutants_name_existing_checks():
+    """Every entry of conformance/equivalent_mutants.json names a check that exists and gives a reason."""
+    import json
+
+    from conformance import mutate
+
+    with open(mutate.DECODER, encoding="utf-8") as f:
+        ids = {s.id for s, _ in mutate.find_sites(f.read())[2]}
+    with open(mutate.EQUIVALENTS, encoding="utf-8") as f:
+        entries = json.load(f)["equivalent"]
+    for e in entries:
+        assert e["check"] in ids, e["check"]
+        assert e["kind"] in ("equivalent", "backstopped", "unreachable", "not vectored") and len(e["reason"]) > 20

@@ -8,6 +8,7 @@ every ``--option`` they show must exist.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import re
 import warnings
 from pathlib import Path
@@ -36,6 +37,8 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
         warnings.simplefilter("error", ResourceWarning)  # the examples close what they open
         try:
             for k, code in enumerate(blocks("python")):
+                if "arcfmt.torch" in code and importlib.util.find_spec("torch") is None:
+                    continue   # the torch example needs the [torch] extra
                 exec(compile(code, f"README.md python block {k}", "exec"), ns)
             _check(ns, tmp_path)
         finally:
@@ -59,6 +62,10 @@ def _check(ns, tmp_path):
         out = arcfmt.decode(base, f.read_bytes())
         assert all(same(out[n], target[n]) for n in target), f.name
     assert same(ns["embed"], target["embed"])
+    if "engine_params" in ns:   # the live follower's engine: at step 32 (= base) through sparse updates
+        from arcfmt.arrays import as_numpy
+        assert set(ns["engine_params"]) == set(base)
+        assert all(same(as_numpy(ns["engine_params"][n]), base[n]) for n in base)
 
 
 def _subcommands():

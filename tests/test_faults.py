@@ -474,7 +474,8 @@ def test_damaged_objects_are_detected_never_applied(kind, request, tmp_path, tra
     ck = Checkpoints(tmp_path / "ckpt", traj)
     pubs = [Publisher(st.url, shard=i, num_shards=SHARDS, storage_options=st.so, effort="fast", keyframe_every=0)
             for i in range(SHARDS)]
-    fol = Follower(st.url, tmp_path / "f", storage_options=st.so, chunk_size=CHUNK, concurrency=2)
+    fol = Follower(st.url, tmp_path / "f", storage_options=st.so, chunk_size=CHUNK, concurrency=2,
+                   missing_wait=0)   # a missing object is damage here, not replication lag
     control = Follower(st.url, tmp_path / "control", storage_options=st.so, chunk_size=CHUNK, concurrency=2)
     step = [-1]
 

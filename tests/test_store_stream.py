@@ -15,6 +15,7 @@ from arcfmt.safetensors_io import write_file
 from arcfmt.store import ConflictError, Follower, MissingError, Publisher
 from arcfmt.store import names as N
 from arcfmt.store.backends import Store
+from arcfmt.store.errors import NoStreamError
 from arcfmt.store.follower import STATE_NAME
 from support.store import (
     MLP,
@@ -55,7 +56,9 @@ def test_publish_and_follow_bit_exact(url, tmp_path, traj, shards):
     pubs = publishers(url, shards, keyframe_every=3)
     full = Follower(url, tmp_path / "full")
     mlp = Follower(url, tmp_path / "mlp", tensors=[MLP])
-    assert full.sync() == [] and full.head() is None           # nothing published yet
+    with pytest.raises(NoStreamError):                        # nothing there yet: a typo'd URL is an error
+        full.sync()
+    assert full.head() is None
     for step, tensors in enumerate(traj):
         res = publish_step(pubs, step, tensors)
         assert [r.commit.committed for r in res] == [False] * (shards - 1) + [True]
@@ -376,7 +379,7 @@ def local_stream(tmp_path, traj):
     url = str(tmp_path / "stream")
     pubs = publishers(url, 2)
     publish_step(pubs, 0, traj[0])
-    fol = Follower(url, tmp_path / "f")
+    fol = Follower(url, tmp_path / "f", missing_wait=0)   # a missing object is damage here, not lag
     fol.sync()
     res = publish_step(pubs, 1, traj[1])
     return url, fol, res
@@ -477,8 +480,8 @@ def test_cli_errors(tmp_path, traj):
     p = arcfmt("publish", url, g, "--step", "0", rc=1)
     assert p.stderr.startswith("arcfmt: error (conflict):") and len(p.stderr.strip().splitlines()) == 1
     p = arcfmt("follow", url, "--into", tmp_path / "f", "--once", "--until", "3", rc=2)
-    p = arcfmt("follow", tmp_path / "empty-stream", "--into", tmp_path / "g", "--once", rc=0)
-    assert "nothing published yet" in p.stdout
+    p = arcfmt("follow", tmp_path / "empty-stream", "--into", tmp_path / "g", "--once", rc=1)
+    assert "no stream at" in p.stderr
     p = arcfmt("follow", "s3://bucket/../x", "--into", tmp_path / "g", "--once", rc=1)
     assert "arcfmt: error (input)" in p.stderr
 

@@ -1355,7 +1355,7 @@ def check_store(rng, tmpdir, stream, case):
     patterns = None if rng.random() < 0.85 else [["s0.*"], ["s1.*", "*w0"], ["nothing"]][int(rng.integers(3))]
     kw = dict(workers=1, retries=1, backoff=0.001, tensors=patterns, spool=rng.random() < 0.5,
               memory_budget=int(rng.choice([1, 256, 4096, 1 << 20])), chunk_size=int(rng.choice([64, 1000, 8 << 20])),
-              max_gap=int(rng.choice([0, 64, 1 << 20])))
+              max_gap=int(rng.choice([0, 64, 1 << 20])), missing_wait=0.0)   # a missing object is damage here
     warm = len(stream["steps"]) > 1 and rng.random() < 0.3
     try:
         os.makedirs(parent)

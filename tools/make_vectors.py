@@ -284,9 +284,13 @@ def renamed_keyframe(name: bytes) -> bytes:
     i = next(i for i, r in enumerate(p.recs) if r.type == L.TENS)
     th = records.parse_tensor(p.recs[i].payload, "")
     p.recs[i].payload = tens_payload(name, th.dtype.code, th.shape, th.block_elems, 0, target_hash=th.target_hash)
-    p.recs[i].name = name.decode("utf-8")
     p.index.target_digest = model_digest([(name, th.dtype.code, th.shape, th.target_hash)])
-    return assemble(p)
+    # a placeholder name of the same length in the index, then the index body rebuilt by hand with the real one
+    probe = assemble(p, index_fn=lambda ix: setattr(ix.entries[0], "name", "x" * len(name)))
+    d = dict(_index_dict_of_payload(probe[int.from_bytes(probe[-40:-32], "little") + 16:-40]))
+    d.update(name_lengths=[len(name)], names=name)
+    body = L.IndexBody.build(d)
+    return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
 
 
 def reject_vectors():
@@ -520,7 +524,8 @@ def reject_vectors():
         streams[2][1] = b""
     # the exceptions stream (2) is empty when e = 0; use a file with no exceptions
     bn, tn = rl_step(22, (40, 40), density=0.3, exc=0.0)
-    n("n_empty_stream_not_raw", "an empty stream marked zstd", ["9"],
+    n("n_empty_stream_not_raw", "a stream marked zstd whose stored bytes are empty (its decoded length is not 0: "
+      "no frame magic; n_empty_stream_zstd_frame tests an empty stream)", ["9"],
       restream(empty_zstd, write_delta({"w": bn}, {"w": tn}, force_codec="zstd", force_encoding="bf16-delta")),
       "corrupt", base_={"w": bn})
 
@@ -596,16 +601,25 @@ def reject_vectors():
     n("n_verification", "a well-formed block that rebuilds a different tensor", ["12.3", "13"], rs(wrong_step),
       "verification")
 
+    b2_wrong = b.copy()
+    b2_wrong.view(np.uint16).reshape(-1)[5] ^= 1
+    two_raw = write_delta({"a": b, "b": b}, {"a": t, "b": t}, force_codec="raw", force_encoding="bf16-delta")
+    V.append(Vector("n_verification_then_wrong_base", "tensor a (one block) rebuilds a different tensor, and tensor "
+                    "b's base does not match: front to back, a is verified as soon as its block is in (§12.2 step 3); "
+                    "random access checks every base first (§12.1 step 6)", ["12.1", "12.2", "12.3"],
+                    {"a": b, "b": b2_wrong}, restream(wrong_step, two_raw), error="verification",
+                    errors={"random": "wrong_base"}))
     n("n_unknown_encoding", "encoding id 9", ["8"], mod(lambda p: set_first_encoding(p, 9)), "unsupported")
 
     n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(lambda p: set_first_encoding(p, 3)),
       "unsupported")
     n("n_unknown_dtype", "dtype code 16", ["2", "7"], mod(tens_edit(lambda th: tp(th, dtype=16))), "unsupported")
-    n("n_name_invalid_utf8", "a name that is not UTF-8", ["7"],
-      mod(tens_edit(lambda th: tp(th, name=b"w\xff"))), "corrupt")
-    n("n_name_control_char", "a name with a newline", ["7", "17"],
-      mod(tens_edit(lambda th: tp(th, name=b"w\n"))), "corrupt")
-    n("n_name_empty", "an empty name", ["7"], mod(tens_edit(lambda th: tp(th, name=b""))), "corrupt")
+    n("n_name_invalid_utf8", "a name that is not UTF-8 (byte 0xFF), in its TENS record and the index; no base, "
+      "digest consistent", ["7", "10"], renamed_keyframe(b"w\xff"), "corrupt", base_={})
+    n("n_name_control_char", "a name with a newline, in its TENS record and the index; no base, digest "
+      "consistent", ["7", "10", "17"], renamed_keyframe(b"w\n"), "corrupt", base_={})
+    n("n_name_empty", "an empty name, in its TENS record and the index; no base, digest consistent", ["7", "10"],
+      renamed_keyframe(b""), "corrupt", base_={})
     n("n_name_reserved", "a tensor named __metadata__ (safetensors' reserved key), in its TENS record and the "
       "index; no base, digest consistent", ["7", "10", "19"], renamed_keyframe(b"__metadata__"), "corrupt", base_={})
 
@@ -772,6 +786,74 @@ def reject_vectors():
     n("n_xz_memory_limit", "an xz stream whose dictionary needs more than MAX_XZ_MEMORY", ["9", "14"],
       restream(xz_memory), "limit", base_={"w": bz})
 
+    def xz_dict(code):
+        def edit(streams, params):
+            c, d, L_ = streams[0]
+            raw = zstandard.ZstdDecompressor().decompress(d)
+            x = bytearray(_lzma.compress(raw, format=_lzma.FORMAT_XZ, check=_lzma.CHECK_NONE,
+                                         filters=[{"id": _lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
+            hsize = (x[12] + 1) * 4
+            hdr = x[12:12 + hsize]
+            k = hdr.index(b"\x21\x01", 2) + 2
+            hdr[k] = code
+            import zlib
+            hdr[-4:] = zlib.crc32(bytes(hdr[:-4])).to_bytes(4, "little")
+            x[12:12 + hsize] = hdr
+            streams[0][0] = 2
+            streams[0][1] = bytes(x)
+        return edit
+    def xz_struct(fault):
+        """An xz stream declaring a 4 GiB - 1 dictionary (limit), with one structural fault that the
+        pre-decoding walk of §9 finds first (corrupt)."""
+        def edit(streams, params):
+            xz_dict(41 if fault == "props" else 40)(streams, params)
+            x = bytearray(streams[0][1])
+            n_ = len(x)
+            isize = (int.from_bytes(x[n_ - 8:n_ - 4], "little") + 1) * 4
+            ist = n_ - 12 - isize
+            if fault == "footer":
+                x[-2] = ord("Z")
+            elif fault == "indicator":
+                x[ist] = 1
+            elif fault == "flags":
+                x[13] |= 0x04
+            elif fault == "unpadded":
+                x[ist + 2] += 4  # the first record's unpadded size (one byte for a small stream)
+            elif fault == "nonminimal":
+                body = bytes(x[ist + 1:n_ - 12 - 4]).rstrip(b"\0")  # count and records, padding dropped
+                assert body[0] == 1
+                idx = b"\x00\x81\x00" + body[1:]
+                idx += bytes(-len(idx) % 4)
+                idx += zlib.crc32(idx).to_bytes(4, "little")
+                footer = bytearray(x[n_ - 12:])
+                footer[4:8] = (len(idx) // 4 - 1).to_bytes(4, "little")
+                footer[0:4] = zlib.crc32(bytes(footer[4:10])).to_bytes(4, "little")
+                x = x[:ist] + bytearray(idx) + footer
+            streams[0][1] = bytes(x)
+        return edit
+    import zlib
+    for fault, desc in (("footer", "the stream footer's magic damaged"),
+                        ("indicator", "the index indicator byte not 0"),
+                        ("flags", "a reserved bit of the block header's flags set"),
+                        ("unpadded", "the index's unpadded size 4 too large: the block does not end at the index"),
+                        ("nonminimal", "the index's record count written as a non-minimal 2-byte integer"),
+                        ("props", "LZMA2 properties byte 41 (> 40)")):
+        n(f"n_xz_structure_{fault}", f"an xz stream with {desc}, declaring a dictionary beyond MAX_XZ_MEMORY: "
+          "the structure is checked first (corrupt, not limit)", ["9"], restream(xz_struct(fault)), "corrupt",
+          base_={"w": bz})
+    def xz_crc(streams, params):
+        xz_dict(20)(streams, params)
+        x = bytearray(streams[0][1])
+        x[12 + (x[12] + 1) * 4 - 1] ^= 0xFF
+        streams[0][1] = bytes(x)
+    n("n_xz_block_header_crc", "an xz stream whose block header CRC32 does not match (the structure parses; "
+      "the decoder refuses it)", ["9"], restream(xz_crc), "corrupt", base_={"w": bz})
+    n("n_xz_dictionary_over_limit", "an xz stream whose block header declares a 192 MiB LZMA2 dictionary "
+      "(code 31): over MAX_XZ_MEMORY whatever the decoder's own memory needs", ["9", "14"], restream(xz_dict(31)),
+      "limit", base_={"w": bz})
+    V.append(Vector("y_xz_dictionary_at_limit", "an xz stream whose block header declares a 128 MiB LZMA2 "
+                    "dictionary (code 30): exactly MAX_XZ_MEMORY, accepted", ["9", "14"], {"w": bz},
+                    restream(xz_dict(30)), expect_tensors={"w": tz}))
     # -- more structure: records out of place, index columns, codec trailers
     def lie_type(p):
         p.recs.insert(2, Rec(b"ZZZZ", b"must understand"))
@@ -885,11 +967,408 @@ def reject_vectors():
       base_={"w": b.view(np.int16)})
     n("n_wrong_base_shape", "base tensor has another shape", ["7"], good, "wrong_base", base_={"w": b.reshape(16, 24)})
     n("n_wrong_base_missing", "the base lacks the tensor", ["7"], good, "wrong_base", base_={"x": b})
+    V.extend(check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit, zfile, bz, kraw, noted,
+                           two, wrong))
+    return V
+
+
+def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit, zfile, bz, kraw, noted, two, wrong):
+    """Issue 17: a vector for each check of the independent decoder that no other vector notices
+    (``python -m conformance mutate``). Where a check is backed up by a later one of the same category,
+    a second fault of another category that only a later check finds makes the order observable."""
+    V = []
+
+    def n(name, desc, covers, data, error, modes=None, base_=None, errors=None):
+        V.append(Vector(name, desc, covers, base if base_ is None else base_, data, error=error,
+                        modes=modes or ["random", "stream"], errors=errors))
+    tens_i = 1
+    th0 = records.parse_tensor(split(good).recs[tens_i].payload, "")
+
+    def tens_raw(fields):
+        def f(p):
+            p.recs[tens_i].payload = fields
+        return f
+    head = varint(1) + b"w" + bytes([th0.dtype.code, len(th0.shape)])
+    tail = varint(th0.block_elems) + bytes([1]) + th0.base_hash.to_bytes(8, "little") + \
+        th0.target_hash.to_bytes(8, "little")
+    # -- payload cursor and varints (§1, §5)
+    n("n_tens_payload_short", "a TENS payload that ends before its dtype byte", ["5", "7"],
+      mod(tens_raw(varint(1) + b"w")), "corrupt")
+    n("n_varint_truncated", "a TENS payload of one byte, a varint with its continuation bit set", ["1", "5"],
+      mod(tens_raw(b"\x81")), "corrupt")
+    n("n_varint_2_64", "a dimension written as a 10-byte varint of value 2^64", ["1", "7"],
+      mod(tens_raw(head + b"\x80" * 9 + b"\x02" + varint(th0.shape[1]) + tail)), "corrupt")
+    n("n_varint_11_bytes", "dims[0] written as an 11-byte varint (ten continuation bytes; its last byte "
+      "would be dims[1] to a decoder that reads on)", ["1", "7"],
+      mod(tens_raw(head + b"\x80" * 10 + varint(th0.shape[1]) + tail)), "corrupt")
+    # -- names (§7): TENS record and index agree, digest consistent: the name is the only fault
+    for vname, raw, desc in (
+            ("n_name_surrogate", "w\ud800".encode("utf-8", "surrogatepass"), "a UTF-8-encoded surrogate U+D800"),
+            ("n_name_overlong", b"w\xc0\xaf", "an overlong UTF-8 form of '/'"),
+            ("n_name_delete_char", b"w\x7f", "U+007F DELETE in the name"),
+            ("n_name_nul", b"w\x00x", "a NUL in the name")):
+        n(vname, desc + " (no base, index and digest consistent)", ["7", "10"], renamed_keyframe(raw), "corrupt",
+          base_={})
+    V.append(Vector("y_name_c1_control", "a name holding U+0085 (a C1 control character, allowed by §7)",
+                    ["7"], {}, renamed_keyframe("w\u0085".encode()),
+                    expect_tensors={"w\u0085": np.arange(6, dtype=np.float32).reshape(2, 3)}))
+    # -- header and trailer
+    hdr = bytearray(split(good).header)
+    hdr[8:10] = (2).to_bytes(2, "little")
+    n("n_header_future_major", "major version 2 in the header only (the trailer says 1): the header is checked "
+      "first", ["4", "12.1"], assemble(split(good), header=bytes(hdr)), "unsupported_version")
+
+    def tr_small_index(tb):
+        off = int.from_bytes(tb[0:8], "little")
+        size = int.from_bytes(tb[8:16], "little")
+        tb[0:8] = (off + size - 8).to_bytes(8, "little")
+        tb[8:16] = (8).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    # the trailer's lower bounds, with the bytes a decoder that skips them would read next made a record
+    # header declaring more than MAX_RECORD_PAYLOAD (limit)
+    p2 = split(good)
+    p2.recs.append(Rec(b"abcd", b"1"))
+    p2.recs.append(Rec(b"efgh", b"2"))
+    two_others = assemble(p2)
+    q2 = split(two_others)
+    d2 = dict(_index_dict_of(q2))
+    body2 = L.IndexBody.build(d2)
+    assert body2.endswith(b"abcdefgh")
+
+    def tr_small_index_letters(tb):
+        off = int.from_bytes(tb[0:8], "little")
+        size = int.from_bytes(tb[8:16], "little")
+        tb[0:8] = (off + size - 8).to_bytes(8, "little")
+        tb[8:16] = (8).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_index_size_small_then_limit", "index_size 8 (< 16); the 16 bytes at index_offset read as a record "
+      "header would declare 0x68676665 payload bytes (limit)", ["11", "12.1"],
+      assemble(q2, index_payload=bytes([0]) + varint(len(body2)) + body2, trailer_fn=tr_small_index_letters),
+      "corrupt")
+    p3 = split(good)
+    p3.recs[0].payload = bytes(4) + bytes(4) + b"abcd" + b"\xff\xff\xff\xff" + bytes(4)
+
+    def tr_low_offset_letters(tb):
+        off = int.from_bytes(tb[0:8], "little")
+        size = int.from_bytes(tb[8:16], "little")
+        tb[0:8] = (40).to_bytes(8, "little")
+        tb[8:16] = (off + size - 40).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_index_offset_low_then_limit", "index_offset 40 (< 52); META's steps make the 16 bytes at offset 40 "
+      "read as a record header declare 2^32-1 payload bytes (limit)", ["6", "11", "12.1"],
+      assemble(p3, trailer_fn=tr_low_offset_letters), "corrupt")
+    n("n_trailer_index_size_small", "index_size 8 (< 16), index_offset + index_size still = size - 40", ["11"],
+      assemble(split(good), trailer_fn=tr_small_index), "corrupt")
+
+    def tr_low_offset(tb):
+        off = int.from_bytes(tb[0:8], "little")
+        size = int.from_bytes(tb[8:16], "little")
+        tb[0:8] = (40).to_bytes(8, "little")
+        tb[8:16] = (off + size - 40).to_bytes(8, "little")
+        fix_trailer_checksum(tb)
+    n("n_trailer_index_offset_low", "index_offset 40 (< 52), index_offset + index_size still = size - 40", ["11"],
+      assemble(split(good), trailer_fn=tr_low_offset), "corrupt")
+    # -- stream-mode order: a first fault, and a second one of another category that comes later
+    n("n_first_record_not_meta_then_wrong_base", "a note before META, and a base that does not match: front to "
+      "back, the note is the first fault", ["3", "12.2"], mod(lambda p: p.recs.insert(0, Rec(b"note", b"x"))),
+      "corrupt", base_={"w": wrong})
+    n("n_second_meta_then_wrong_base", "a second META before the TENS record, and a base that does not match",
+      ["3", "12.2"], mod(lambda p: p.recs.insert(1, Rec(b"META", p.recs[0].payload))), "corrupt",
+      base_={"w": wrong}, modes=["stream"])
+    n("n_record_type_not_letters_then_wrong_base", "a record type with a digit before the TENS record, and a "
+      "base that does not match", ["5", "12.2"], mod(lambda p: p.recs.insert(1, Rec(b"z1zz", b"x"))), "corrupt",
+      base_={"w": wrong})
+
+    def tens_v_between(p):
+        i = [i for i, r in enumerate(p.recs) if r.type == L.BLCK][0]
+        th = records.parse_tensor(p.recs[i - 1].payload, "")
+        p.recs.insert(i + 1, Rec(L.TENS, tp(th, name=b"v"), name="v"))
+    n("n_tens_while_blocks_due_named", "a TENS record of another name (not in the base) between the blocks of a "
+      "tensor: the placement is checked before the base", ["3", "12.2"], mod(tens_v_between), "corrupt",
+      modes=["stream"])
+
+    def blck_not_due(p):
+        i = [i for i, r in enumerate(p.recs) if r.type == L.BLCK][-1]
+        p.recs.insert(i + 1, Rec(L.BLCK, p.recs[i].payload))
+    n("n_block_not_due", "a BLCK record after the tensor's last block", ["3", "12.2"], mod(blck_not_due), "corrupt",
+      modes=["stream"])
+    b2 = b.copy()
+    b2.view(np.uint16).reshape(-1)[0] ^= 1
+
+    def dup_wrong_base(p):
+        j = [i for i, r in enumerate(p.recs) if r.type == L.TENS][1]
+        th = records.parse_tensor(p.recs[j].payload, "")
+        p.recs[j].payload = tp(th, name=b"a")
+        p.recs[j].name = "a"
+    V.append(Vector("n_duplicate_tens_names_then_wrong_base", "two TENS records named a, the second with the base "
+                    "hash of another tensor: the duplicate is found before the base", ["7", "12.2"],
+                    {"a": b, "b": b2}, _assemble_mod(write_delta({"a": b, "b": b2}, {"a": t, "b": t}), dup_wrong_base),
+                    error="corrupt", modes=["stream"]))
+    # -- the streaming cross-check of the index (§12.2 step 6)
+    n("n_index_tens_checksum_mismatch", "the index's checksum for the TENS record differs from the record's",
+      ["10", "12.2"], assemble(split(good), index_fn=lambda ix: setattr(ix.entries[0], "tens_checksum",
+                                                                        ix.entries[0].tens_checksum ^ 1)), "corrupt")
+
+    def other_renamed(ix):
+        ix.others[0].type = b"zzzz"
+    n("n_index_other_type_mismatch", "the index lists the note record as zzzz", ["5", "10", "12.2"],
+      assemble(split(noted), index_fn=other_renamed), "corrupt")
+    e0 = write_delta(None, {"e": np.zeros((0, 3), np.float32), "w": np.arange(6, dtype=np.float32)})
+
+    def tens_as_other(ix):
+        ent = ix.entries.pop(0)
+        ix.others.append(records.OtherRecord(ent.tens_offset, ent.tens_size, b"tens"))
+    n("n_index_lists_tens_as_other", "the index lists a TENS record (of a tensor with no blocks) as an ancillary "
+      "tens record", ["10", "12.2"], assemble(split(e0), index_fn=tens_as_other), "corrupt", base_={})
+
+    def blck_as_other(ix):
+        blk = ix.entries[0].blocks.pop()
+        ix.others.append(records.OtherRecord(blk.offset, blk.size, b"blck"))
+    n("n_index_lists_blck_as_other", "the index lists a tensor's last BLCK record as an ancillary blck record",
+      ["10", "12.2"], assemble(split(good), index_fn=blck_as_other), "corrupt")
+    # -- the index body (§10)
+    def tcount(d):
+        d["tensor_count"] = 1 << 20
+    n("n_index_column_short", "tensor_count 2^20: the name_lengths column runs past the body", ["10"],
+      body_edit(tcount), "corrupt")
+
+    def kcount(d):
+        d["block_count"] = 1 << 61
+    n("n_index_block_count_wrap", "block_count 2^61: 8 * block_count wraps to 0 in 64 bits", ["10", "1"],
+      body_edit(kcount), "corrupt")
+
+    def tens_order(d):
+        for k in ("tens_offsets", "tens_sizes", "tens_checksums", "tens_block_counts", "name_lengths"):
+            d[k] = list(d[k])[::-1]
+        nl = list(d["name_lengths"])
+        names = d["names"]
+        d["names"] = names[nl[1]:] + names[:nl[1]]
+    n("n_index_tens_order_with_blocks", "the index lists the second tensor first", ["10"], body_edit(tens_order, two),
+      "corrupt", base_={"a": b, "b": b})
+
+    def other_size_big(d):
+        z = list(d["other_sizes"])
+        z[0] = 16 + (1 << 28) + 1
+        d["other_sizes"] = z
+    n("n_index_other_size_big", "an other record size of 16 + 2^28 + 1", ["10"], body_edit(other_size_big, noted),
+      "corrupt")
+
+    def tile_end(d):
+        z = list(d["blk_sizes"])
+        z[-1] -= 1
+        d["blk_sizes"] = z
+    n("n_index_tiling_end", "the last record's size one short: the records end before the index", ["10"],
+      body_edit(tile_end), "corrupt")
+
+    # -- codecs (§9)
+    def zframe(fn):
+        def edit(streams, params):
+            raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+            streams[0][1] = fn(raw, streams[0][1])
+        return edit
+    n("n_zstd_header_short", "a zstd stream of the frame magic and nothing else", ["9"],
+      restream(zframe(lambda raw, fr: fr[:4])), "corrupt", base_={"w": bz})
+    n("n_zstd_header_cut", "a zstd frame cut inside its Frame_Content_Size field", ["9"],
+      restream(zframe(lambda raw, fr: fr[:6])), "corrupt", base_={"w": bz})
+
+    def one_raw_block(raw, fhd_extra=0, btype=0, size=None, last=1):
+        fr = b"\x28\xb5\x2f\xfd" + bytes([0xA0 | fhd_extra]) + len(raw).to_bytes(4, "little")
+        n_ = len(raw) if size is None else size
+        return fr + ((n_ << 3) | (btype << 1) | last).to_bytes(3, "little") + (raw if btype == 0 else raw[:1])
+    n("n_zstd_reserved_bit", "a zstd frame header descriptor with its reserved bit (3) set", ["9"],
+      restream(zframe(lambda raw, fr: one_raw_block(raw, fhd_extra=0x08))), "corrupt", base_={"w": bz})
+    n("n_zstd_reserved_block_type", "a zstd block of the reserved type 3", ["9"],
+      restream(zframe(lambda raw, fr: one_raw_block(raw, btype=3))), "corrupt", base_={"w": bz})
+    n("n_zstd_block_header_cut", "a zstd frame that ends after its frame header", ["9"],
+      restream(zframe(lambda raw, fr: one_raw_block(raw)[:9])), "corrupt", base_={"w": bz})
+    n("n_zstd_raw_block_too_long", "a zstd raw block one byte longer than the frame's content size", ["9"],
+      restream(zframe(lambda raw, fr: one_raw_block(raw + b"\0")[:9] + one_raw_block(raw + b"\0")[9:])),
+      "corrupt", base_={"w": bz})
+    n("n_zstd_checksum_cut", "a zstd frame that declares a content checksum and ends before it", ["9"],
+      restream(zframe(lambda raw, fr: one_raw_block(raw, fhd_extra=0x04))), "corrupt", base_={"w": bz})
+    n("n_zstd_dictionary_zero_length_id", "a zstd frame with a 1-byte Dictionary_ID field holding 5", ["9"],
+      restream(zframe(lambda raw, fr: b"\x28\xb5\x2f\xfd" + bytes([0xA1, 5]) + len(raw).to_bytes(4, "little")
+                      + ((len(raw) << 3) | 1).to_bytes(3, "little") + raw)), "corrupt", base_={"w": bz})
+
+    def xz_of(fn):
+        def edit(streams, params):
+            raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+            streams[0][0] = 2
+            streams[0][1] = fn(raw)
+        return edit
+    n("n_xz_garbage", "an xz stream that is not xz data", ["9"], restream(xz_of(lambda raw: b"\xfd7zXZ\0" + b"x" * 40)),
+      "corrupt", base_={"w": bz})
+    n("n_xz_cut", "an xz stream missing its last 20 bytes", ["9"],
+      restream(xz_of(lambda raw: _lzma.compress(raw, format=_lzma.FORMAT_XZ)[:-20])), "corrupt", base_={"w": bz})
+    n("n_xz_short_output", "an xz stream that decodes to one byte less than the declared length", ["9"],
+      restream(xz_of(lambda raw: _lzma.compress(raw[:-1], format=_lzma.FORMAT_XZ))), "corrupt", base_={"w": bz})
+    n("n_xz_empty", "an xz stream of no bytes for a non-empty stream", ["9"], restream(xz_of(lambda raw: b"")),
+      "corrupt", base_={"w": bz})
+
+    def bz_of(fn):
+        def edit(streams, params):
+            raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
+            streams[0][0] = 3
+            streams[0][1] = fn(raw)
+        return edit
+    n("n_bz2_garbage", "a bzip2 stream that is not bzip2 data", ["9"], restream(bz_of(lambda raw: b"BZh9" + b"x" * 40)),
+      "corrupt", base_={"w": bz})
+    n("n_bz2_cut", "a bzip2 stream missing its last 4 bytes", ["9"],
+      restream(bz_of(lambda raw: _bz2.compress(raw)[:-4])), "corrupt", base_={"w": bz})
+    n("n_bz2_short_output", "a bzip2 stream that decodes to one byte less than the declared length", ["9"],
+      restream(bz_of(lambda raw: _bz2.compress(raw[:-1]))), "corrupt", base_={"w": bz})
+    n("n_zstd_short_output", "a zstd frame that declares and holds one byte less than the stream's length", ["9"],
+      restream(zframe(lambda raw, fr: zstandard.ZstdCompressor().compress(raw[:-1]))), "corrupt", base_={"w": bz})
+    # an empty stream (L = 0) given codec zstd with a well-formed empty zstd frame
+    eb = np.full(64, 1.5, np.float32).astype(BF16)
+    et = eb.copy()
+    et.view(np.uint16)[::5] += 1
+    efile = write_delta({"w": eb}, {"w": et}, force_codec="raw", force_encoding="bf16-delta")
+
+    def empty_zstd(streams, params):
+        assert params[1] == 0 and streams[2][1] == b""
+        streams[2][0] = 1
+        streams[2][1] = zstandard.ZstdCompressor().compress(b"")
+    n("n_empty_stream_zstd_frame", "an empty stream (e = 0: no exceptions) stored as a valid empty zstd frame",
+      ["9"], restream(empty_zstd, efile), "corrupt", base_={"w": eb})
+
+    def empty_raw_bytes(streams, params):
+        streams[2][1] = b"\0"
+    n("n_empty_stream_raw_bytes", "an empty stream (e = 0) stored raw with one byte", ["9"],
+      restream(empty_raw_bytes, efile), "corrupt", base_={"w": eb})
+    # -- block checks made before the streams (§8 check order)
+    def codec_and_sum(streams, params):
+        streams[1][0] = 9
+        streams[0][1] = streams[0][1] + b"\0"
+    n("n_unknown_codec_before_lengths", "a stream of codec 9 and stored lengths that do not add up: codec ids "
+      "(check 5) come before the lengths (check 6)", ["8", "9"], rs(codec_and_sum), "unsupported")
+
+    def sum_then_window(streams, params):
+        raw = streams[0][1]
+        streams[0][0] = 1
+        streams[0][1] = b"\x28\xb5\x2f\xfd" + bytes([0x80, 18 << 3]) + len(raw).to_bytes(4, "little") + \
+            ((len(raw) << 3) | 1).to_bytes(3, "little") + raw
+    def lengths_then_limit(data):
+        p = split(data)
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        p.recs[i].payload = p.recs[i].payload + b"\0"
+        return assemble(p)
+    n("n_block_extra_bytes_then_window", "a byte after the streams, and a zstd stream asking for a 256 MiB window: "
+      "the lengths (check 6) come before the streams (check 7)", ["8", "9"],
+      lengths_then_limit(rs(sum_then_window)), "corrupt")
+
+    def c_then_codec(streams, params):
+        params[0] = 24 * 16 + 1
+        for s in streams:
+            s[0] = 9
+    n("n_changed_count_then_unknown_codec", "c > m, and every stream of codec 9: the params (check 1) come first",
+      ["8", "8.3"], rs(c_then_codec), "corrupt")
+
+    def e_then_codec(streams, params):
+        params[1] = params[0] + 1
+        for s in streams:
+            s[0] = 9
+    n("n_exception_count_then_unknown_codec", "e > c, and every stream of codec 9", ["8", "8.3"], rs(e_then_codec),
+      "corrupt")
+    fb = np.arange(8, dtype=np.float16)
+    ft = fb.copy()
+    ft[2] = 9
+    ffile = write_delta({"x": fb}, {"x": ft}, force_encoding="float-delta", force_codec="raw")
+    pf = split(ffile)
+    set_first_encoding(pf, 2)
+    n("n_bf16_delta_on_f16", "bf16-delta used on an F16 tensor", ["8", "8.3"], assemble(pf), "unsupported",
+      base_={"x": fb})
+
+    def sm_range(streams, params):
+        d = bytearray(streams[1][1])
+        d[60] = 0xFF  # the high byte of element 0's sign/mantissa field: >= 2^11 for F16
+        streams[1][1] = bytes(d)
+    # -- zstd frame header checks, each followed by a window beyond MAX_WINDOW (limit): the order is observable
+    def big_window_frame(raw, fhd=0x80, did=b"", fcs=None, magic=b"\x28\xb5\x2f\xfd"):
+        fcs = len(raw).to_bytes(4, "little") if fcs is None else fcs
+        return magic + bytes([fhd, 18 << 3]) + did + fcs + ((len(raw) << 3) | 1).to_bytes(3, "little") + raw
+    for vname, fn, desc in (
+            ("n_zstd_bad_magic_then_window", lambda raw, fr: big_window_frame(raw, magic=b"\x28\xb5\x2f\xfe"),
+             "a zstd frame magic with one bit changed"),
+            ("n_zstd_reserved_bit_then_window", lambda raw, fr: big_window_frame(raw, fhd=0x88),
+             "a frame header descriptor with its reserved bit set"),
+            ("n_zstd_no_content_size_then_window", lambda raw, fr: big_window_frame(raw, fhd=0x00, fcs=b""),
+             "a frame without Frame_Content_Size"),
+            ("n_zstd_content_size_then_window",
+             lambda raw, fr: big_window_frame(raw, fcs=(len(raw) + 1).to_bytes(4, "little")),
+             "a Frame_Content_Size one more than the stream's length"),
+            ("n_zstd_dictionary_then_window", lambda raw, fr: big_window_frame(raw, fhd=0x81, did=b"\x07"),
+             "a Dictionary_ID of 7"),
+            ("n_zstd_header_cut_then_window", lambda raw, fr: big_window_frame(raw, fhd=0xC0)[:6 + 2],
+             "a frame cut inside its 8-byte Frame_Content_Size")):
+        n(vname, desc + ", and a window of 256 MiB: the header checks come first (corrupt, not limit)", ["9"],
+          restream(zframe(fn)), "corrupt", base_={"w": bz})
+    # -- index record sizes and the end of the tiling, with a fake other record whose header declares 2^32-1 bytes
+    def fake_others(index_sizes, length=0xFFFFFFFF):
+        p = split(good)
+        fake = b"zzzz" + length.to_bytes(4, "little") + bytes(8)
+        at = len(p.recs)
+        p.recs.append(Rec(b"zzzz", b"", raw=fake))
+        data = assemble(p, list_others=False)
+        q = split(good)
+        d = dict(_index_dict_of(q))
+        ioff = int.from_bytes(data[-40:-32], "little")
+        fake_off = ioff - 16
+        del at
+        offs, sizes = [], []
+        pos = fake_off
+        for sz in index_sizes:
+            offs.append(pos)
+            sizes.append(sz)
+            pos += sz
+        d.update(other_count=len(sizes), other_offsets=offs, other_sizes=sizes, other_types=[b"zzzz"] * len(sizes))
+        body = L.IndexBody.build(d)
+        out = bytearray(data[:ioff])
+        rec = raw_record(L.INDX, bytes([0]) + varint(len(body)) + body)
+        tr = records.build_trailer(ioff, len(rec))
+        return bytes(out + rec + tr)
+    V.append(Vector("n_index_record_size_then_limit", "two other records of index size 8 tiling a 16-byte header "
+                    "that declares 2^32-1 payload bytes: the index's size check (corrupt) comes before the "
+                    "other records' headers (limit)", ["10", "12.1"], base, fake_others([8, 8]), error="corrupt",
+                    errors={"stream": "limit"}))
+    V.append(Vector("n_index_tiling_end_then_limit", "an other record listed as 17 bytes, one past the start of "
+                    "the index, whose header declares 2^32-1 payload bytes", ["10", "12.1"], base, fake_others([17]),
+                    error="corrupt", errors={"stream": "limit"}))
+    n("n_other_header_limit", "an ancillary record whose header declares 2^32-1 payload bytes, listed in the "
+      "index as 16 bytes (random access reads its header, §12.1 step 4)", ["5", "12.1", "14"], fake_others([16]),
+      "limit")
+    V.append(Vector("n_other_header_length_mismatch", "an ancillary record whose header declares 5 payload bytes, "
+                    "listed in the index as 16 bytes; front to back, its 5 bytes run into the INDX record and "
+                    "its checksum fails", ["5", "10", "12.1"], base, fake_others([16], length=5), error="corrupt",
+                    errors={"stream": "checksum"}))
+    # -- index order and the base: the index (step 4) is checked before the base (step 6)
+    ee = write_delta(None, {"e": np.zeros((0, 3), np.float32), "f": np.zeros((3, 0), np.float32)})
+
+    def swap_tens(ix):
+        ix.entries.reverse()
+    n("n_index_tens_order", "two tensors without blocks listed in reverse file order", ["10"],
+      assemble(split(ee), index_fn=swap_tens), "corrupt", base_={})
+
+    def swap_blocks(ix):
+        bl = ix.entries[0].blocks
+        bl[0], bl[1] = bl[1], bl[0]
+    n("n_index_order_then_wrong_base", "blocks listed out of order, and a base that does not match", ["10", "12.1"],
+      assemble(split(good), index_fn=swap_blocks), "corrupt", base_={"w": wrong}, modes=["random"])
+    # -- a file whose first record is a 20-byte note in place of META
+    def note_for_meta(p):
+        p.recs[0] = Rec(b"note", bytes(20))
+    n("n_meta_replaced_by_note", "a 20-byte note record where META belongs (no META at all), and a base that does "
+      "not match", ["3", "6", "12.2"], mod(note_for_meta), "corrupt", base_={"w": wrong})
+    n("n_keyframe_sign_mantissa_out_of_range", "a keyframe sign/mantissa value >= 2^(M+1)", ["8.5"],
+      restream(sm_range, kraw), "corrupt", base_={})
     return V
 
 
 def _index_dict_of(p):
-    payload = records.build_index(p.index)
+    return _index_dict_of_payload(records.build_index(p.index))
+
+
+def _index_dict_of_payload(payload):
     q = L.IndexPayload.parse(payload)
     from arcfmt import codecs as _codecs
     body = L.IndexBody.parse(bytes(_codecs.decode(q.codec, q.body, q.body_length)))
@@ -922,7 +1401,7 @@ class ObjectVector:
     name: str
     description: str
     covers: list
-    kind: str                            # head | manifest | descriptor
+    kind: str                            # head | manifest | descriptor | signature
     data: bytes
     error: str | None = None
 
@@ -952,6 +1431,13 @@ def stream_objects():
         objs["manifest_keyframe"] = read("steps/00000000000000000000/manifest.json")
         objs["manifest_delta"] = read("steps/00000000000000000001/manifest.json")
         objs["descriptor"] = read("steps/00000000000000000001/shard-00001-of-00002.json")
+        # a signature (SPEC.md S15) of the delta step, by a fixed key at a fixed time: Ed25519 is
+        # deterministic, so the bytes regenerate exactly
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        from arcfmt.store import signing as SG
+        signer = SG.Signer(Ed25519PrivateKey.from_private_bytes(bytes(range(32))), "run42")
+        objs["signature"] = signer.sign(SL.parse_manifest(objs["manifest_delta"], "manifest"), 1_700_000_000_000)
         h = replace(SL.parse_head(read("head.json")), time_ms=1_700_000_000_000)  # informative: fixed
         objs["head"] = h.to_bytes()
     return objs
@@ -1080,6 +1566,31 @@ def ctx_reject_vectors():
     n("n_ctx_verification", "a well-formed ctx-delta block that rebuilds a different tensor (one sign bit)",
       wrong_sign, error="verification")
 
+    # Each param check followed by streams of codec 9 (§8 check 5, unsupported): the params come first.
+    def then_codec(fn):
+        def edit(streams, params):
+            fn(params, *at(params))
+            for st in streams:
+                st[0] = 9
+        return edit
+
+    def k17(p, t, c, r, q, mw):
+        cnt, qb, mwv = p[c:r], p[q], p[mw]
+        p.clear()
+        p.extend([17] + list(range(1, 17)) + [0] * 16 + [sum(cnt)] + [0] * 17 + [qb, mwv])
+    for vname, fn, desc in (
+            ("n_ctx_classes_then_codec", k17, "K = 17 (thresholds 1 .. 16, every other param valid)"),
+            ("n_ctx_threshold_zero_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(t, 0), "T_1 = 0"),
+            ("n_ctx_thresholds_equal_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(t + 1, p[t]),
+             "T_1 = T_2"),
+            ("n_ctx_threshold_too_big_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(c - 1, 256),
+             "T_{K-1} = 256 > 2^E - 1"),
+            ("n_ctx_changed_then_codec", no_changes, "every class count 0 (c = 0)"),
+            ("n_ctx_rice_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(r, 25), "r_0 = 25"),
+            ("n_ctx_qbits_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(q, m + 1), "qbits > m"),
+            ("n_ctx_mag_width_then_codec", lambda p, t, c, r, q, mw: p.__setitem__(mw, 3), "mw = 3 on BF16")):
+        n(vname, desc + ", and every stream of codec 9: the params (check 1) come before the codec ids (check 5)",
+          then_codec(fn))
     f64 = np.arange(16, dtype=np.float64)
     f64t = f64.copy()
     f64t[3] = 7.5
@@ -1189,92 +1700,353 @@ def object_vectors():
        edit("descriptor", "descriptor", lambda m: m.__setitem__("target_digest", "xyz")), "corrupt")
     nv("n_stream_descriptor_control_char_name", "a tensor name with a newline", ["S5", "S13"], "descriptor",
        edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, "bad\nname")), "corrupt")
+
+    # -- issue 17: one vector per check of the independent decoder (python -m conformance mutate)
+    nv("n_stream_head_nan", "NaN where an integer belongs", ["S2"], "head",
+       o["head"].replace(b'"step":1', b'"step":NaN'), "corrupt")
+    nv("n_stream_head_array", "a JSON array, not an object", ["S2"], "head", b"[1]\n", "corrupt")
+    nv("n_stream_head_step_string", "step given as a string", ["S2", "S7"], "head",
+       edit("head", "head", lambda m: m.__setitem__("step", "1")), "corrupt")
+    nv("n_stream_head_negative_minor", "version [1, -1]", ["S11"], "head",
+       edit("head", "head", lambda m: m.__setitem__("version", [1, -1])), "corrupt")
+    nv("n_stream_manifest_format_number", "format given as a number", ["S2", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("format", 1)), "corrupt")
+    nv("n_stream_manifest_keyframe_string", "keyframe given as a string", ["S2", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("keyframe", "no")), "corrupt")
+    nv("n_stream_manifest_delta_number", "a shard's delta reference given as a number", ["S2", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0].__setitem__("delta", 5)), "corrupt")
+    nv("n_stream_manifest_shards_object", "shards given as an object", ["S2", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("shards", {})), "corrupt")
+    nv("n_stream_manifest_no_shards", "shards an empty array", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("shards", [])), "corrupt")
+    nv("n_stream_manifest_file_number", "a shard file name given as a number", ["S3", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0].__setitem__("file", 7)), "corrupt")
+    nv("n_stream_manifest_file_too_long", "a shard file name of 201 bytes", ["S3"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0].__setitem__("file", "a" * 189 + ".safetensors")),
+       "corrupt")
+    nv("n_stream_manifest_shard_number", "a shard entry given as a number", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"].__setitem__(0, 5)), "corrupt")
+    nv("n_stream_manifest_shards_swapped", "the two shard entries in the wrong order", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"].reverse()), "corrupt")
+    nv("n_stream_manifest_delta_missing", "a shard of a delta step without its delta reference", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0].__setitem__("delta", None)), "corrupt")
+    nv("n_stream_manifest_base_manifest_null", "base_manifest null although base_step is given", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("base_manifest", None)), "corrupt")
+    nv("n_stream_descriptor_writer_number", "writer given as a number", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m.__setitem__("writer", 5)), "corrupt")
+    nv("n_stream_descriptor_name_number", "a tensor name given as a number", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, 5)), "corrupt")
+    nv("n_stream_descriptor_name_too_long", "a tensor name of 1025 bytes", ["S5", "S12"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, "n" * 1025)), "limit")
+    nv("n_stream_descriptor_name_surrogate", "a tensor name holding the escaped lone surrogate \\ud800", ["S2", "S5"],
+       "descriptor", edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, "w\ud800")), "corrupt")
+    nv("n_stream_descriptor_entry_object", "a tensors entry given as an object", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"].__setitem__(0, {})), "corrupt")
+    nv("n_stream_descriptor_shape_17_dims", "a shape of 17 dimensions", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(2, [1] * 17)), "corrupt")
+    nv("n_stream_descriptor_shape_negative", "a shape holding -1", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(2, [-1, 8])), "corrupt")
+    nv("n_stream_descriptor_writer_float", "writer (a nullable field) given as 1.5", ["S2", "S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m.__setitem__("writer", "@@W@@")).replace(b'"@@W@@"', b"1.5"),
+       "corrupt")
+    nv("n_stream_descriptor_writer_nan", "writer (a nullable field) given as NaN", ["S2", "S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m.__setitem__("writer", "@@W@@")).replace(b'"@@W@@"', b"NaN"),
+       "corrupt")
+    nv("n_stream_manifest_keyframe_zero", "keyframe given as the integer 0 (not false)", ["S2", "S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("keyframe", 0)), "corrupt")
+    nv("n_stream_manifest_no_shards_no_tensors", "shards an empty array and tensors 0", ["S6"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: (m.__setitem__("shards", []), m.__setitem__("tensors", 0))),
+       "corrupt")
+
+    def swap_shard_fields(m):
+        m["shards"][0]["shard"], m["shards"][1]["shard"] = 1, 0
+    nv("n_stream_manifest_shard_fields_swapped", "the shard fields of the two entries swapped (entries in place)",
+       ["S6"], "manifest", edit("manifest", "manifest_delta", swap_shard_fields), "corrupt")
+    # manifest relations (S6) are checked before the shard entries' references (S4); a reference whose tail no
+    # INDX record can fill (limit) makes the order observable
+    def huge_tail(ref):
+        ref["size"], ref["index_offset"] = 2**63 - 1, 52
+
+    def rel(fn, src="manifest_delta"):
+        return edit("manifest", src, fn)
+    nv("n_stream_manifest_base_after_step_then_tail", "base_step 5 after step 1, and a delta reference with a tail "
+       "of 2^63 bytes (limit)", ["S4", "S6"], "manifest",
+       rel(lambda m: (m.__setitem__("base_step", 5), huge_tail(m["shards"][0]["delta"]))), "corrupt")
+    nv("n_stream_manifest_keyframe_step_then_tail", "a keyframe manifest of step 0 whose keyframe_step is 5, and a "
+       "keyframe reference with a tail of 2^63 bytes", ["S4", "S6"], "manifest",
+       rel(lambda m: (m.__setitem__("keyframe_step", 5), huge_tail(m["shards"][0]["keyframe"])), "manifest_keyframe"),
+       "corrupt")
+    nv("n_stream_manifest_neither", "base_step null and keyframe false: neither deltas nor keyframes", ["S6"],
+       "manifest", rel(lambda m: (m.__setitem__("keyframe", False), m.__setitem__("keyframe_step", 5)),
+                       "manifest_keyframe"), "corrupt")
+    nv("n_stream_manifest_keyframe_step_after_base_then_tail", "keyframe_step 2 after base_step 0 (keyframe false), "
+       "and a delta reference with a tail of 2^63 bytes", ["S4", "S6"], "manifest",
+       rel(lambda m: (m.__setitem__("keyframe_step", 2), huge_tail(m["shards"][0]["delta"]))), "corrupt")
+
+    def kf_given(m):
+        kf = dict(m["shards"][0]["delta"])
+        huge_tail(kf)
+        m["shards"][0]["keyframe"] = kf
+    nv("n_stream_manifest_unexpected_keyframe_then_tail", "a shard keyframe reference in a manifest whose keyframe "
+       "is false (the reference's tail is 2^63 bytes)", ["S4", "S6"], "manifest", rel(kf_given), "corrupt")
+
+    def delta_base_differs(m):
+        m["step"] = 2
+        for e in m["shards"]:
+            e["delta"]["name"] = e["delta"]["name"].replace("00000000000000000001", "00000000000000000002", 1)
+        m["shards"][0]["delta"]["base_step"] = 1
+    nv("n_stream_manifest_delta_base_step", "a step-2 manifest with base_step 0 whose first delta reference says "
+       "base_step 1", ["S4", "S6"], "manifest", rel(delta_base_differs), "corrupt")
+    nv("n_stream_descriptor_duplicate_name", "one tensor listed twice", ["S5"], "descriptor",
+       edit("descriptor", "descriptor", lambda m: m["tensors"].append(list(m["tensors"][0]))), "corrupt")
+    # -- S2: large integers and nesting depth at their edges, lone surrogates by where they are
+    def head_steps(step, kf):
+        return edit("head", "head", lambda m: (m.__setitem__("step", step), m.__setitem__("keyframe_step", kf)))
+    V.append(ObjectVector("y_stream_head_step_max", "step and keyframe_step 2^64 - 2, the largest step (beyond "
+                          "signed 64-bit integers)", ["S1", "S2", "S7"], "head", head_steps(2**64 - 2, 2**64 - 2)))
+    V.append(ObjectVector("y_stream_head_step_2_63", "step 2^63: one more than the largest signed 64-bit integer",
+                          ["S2", "S7"], "head", head_steps(2**63, 0)))
+    nv("n_stream_head_step_2_64_minus_1", "step 2^64 - 1 (the file format's 'no step'): out of range", ["S1", "S2"],
+       "head", head_steps(2**64 - 1, 0), "corrupt")
+    nv("n_stream_head_step_2_64", "step 2^64: out of range, not wrapped to 0", ["S2"], "head", head_steps(2**64, 0),
+       "corrupt")
+    nv("n_stream_head_keyframe_after_step_2_53", "step 2^53, keyframe_step 2^53 + 1: after the step, though a "
+       "reader holding numbers as doubles sees them equal", ["S2", "S7"], "head", head_steps(2**53, 2**53 + 1),
+       "corrupt")
+    V.append(ObjectVector("y_stream_head_depth_64", "an unknown key whose value nests arrays to depth 64 in all "
+                          "(the object is level 1)", ["S2"], "head",
+                          o["head"][:-2] + b',"zz":' + b"[" * 63 + b"]" * 63 + b"}\n"))
+    nv("n_stream_head_depth_65", "an unknown key whose value nests arrays to depth 65 in all", ["S2"], "head",
+       o["head"][:-2] + b',"zz":' + b"[" * 64 + b"]" * 64 + b"}\n", "corrupt")
+    V.append(ObjectVector("y_stream_head_unknown_key_lone_surrogate", "an unknown key whose value holds the "
+                          "escaped lone surrogate \\ud800: ignored", ["S2", "S11"], "head",
+                          o["head"][:-2] + b',"zz":"\\ud800"}\n'))
+    V.append(ObjectVector("y_stream_descriptor_name_surrogate_pair", "a tensor name holding an escaped surrogate "
+                          "pair (U+1F600), a valid character", ["S2", "S5"], "descriptor",
+                          edit("descriptor", "descriptor", lambda m: m["tensors"][0].__setitem__(0, "w\U0001F600"))))
+    # -- signed steps (S15): the signature object and the 1.1 SHA-256 fields
+    V.append(ObjectVector("y_stream_signature", "the signature of a delta step (Ed25519, stream id run42)",
+                          ["S15.2"], "signature", o["signature"]))
+    V.append(ObjectVector("y_stream_manifest_sha256", "a delta manifest with the 1.1 SHA-256 fields (object sha256, "
+                          "descriptor_sha256, base_manifest_sha256)", ["S6", "S15.3"], "manifest",
+                          o["manifest_delta"]))
+
+    def strip_sha(m):
+        m.pop("base_manifest_sha256")
+        for e in m["shards"]:
+            e.pop("descriptor_sha256")
+            e["delta"].pop("sha256")
+    V.append(ObjectVector("y_stream_manifest_without_sha256", "a 1.0 manifest: the optional 1.1 SHA-256 fields absent",
+                          ["S6", "S11", "S15.3"], "manifest", edit("manifest", "manifest_delta", strip_sha)))
+    nv("n_stream_manifest_sha256_short", "an object sha256 of 63 hex digits", ["S4", "S15.3"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m["shards"][0]["delta"].__setitem__(
+           "sha256", m["shards"][0]["delta"]["sha256"][:63])), "corrupt")
+    nv("n_stream_manifest_descriptor_sha256_upper", "a descriptor_sha256 in upper-case hex", ["S2", "S15.3"],
+       "manifest", edit("manifest", "manifest_delta", lambda m: m["shards"][1].__setitem__(
+           "descriptor_sha256", m["shards"][1]["descriptor_sha256"].upper())), "corrupt")
+    nv("n_stream_manifest_base_sha256_null", "base_manifest_sha256 null although base_step is given",
+       ["S6", "S15.3"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("base_manifest_sha256", None)), "corrupt")
+    nv("n_stream_manifest_base_sha256_number", "base_manifest_sha256 an integer", ["S6", "S15.3"], "manifest",
+       edit("manifest", "manifest_delta", lambda m: m.__setitem__("base_manifest_sha256", 7)), "corrupt")
+    nv("n_stream_signature_short_hex", "a signature of 126 hex digits", ["S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("signature", m["signature"][:126])), "corrupt")
+    nv("n_stream_signature_unknown_algorithm", "algorithm ed448", ["S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("algorithm", "ed448")), "corrupt")
+    nv("n_stream_signature_upper_hex", "manifest_sha256 in upper-case hex", ["S2", "S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("manifest_sha256", m["manifest_sha256"].upper())),
+       "corrupt")
+    nv("n_stream_signature_missing_key_id", "no key_id field", ["S2", "S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.pop("key_id")), "corrupt")
+    nv("n_stream_signature_key_id_long", "a key_id of 32 hex digits", ["S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("key_id", m["key_id"] * 2)), "corrupt")
+    nv("n_stream_signature_bad_stream_id", "a stream id with a slash", ["S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("stream", "run/42")), "corrupt")
+    nv("n_stream_signature_wrong_format", "the format string of a manifest", ["S15.2"], "signature",
+       edit("signature", "signature", lambda m: m.__setitem__("format", "arcfmt-stream-manifest")), "corrupt")
+    nv("n_stream_signature_too_large", "a signature object over its 64 KiB limit", ["S12", "S15.2"], "signature",
+       o["signature"][:-2] + b',"zz":"' + b"a" * (64 << 10) + b'"}\n', "limit")
     return V
 
 
 # ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
 
-RULES = [  # (vector name glob, rules it exercises)
-    ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]), ("n_ctx_threshold*", ["R-CTX-PARAMS"]),
-    ("n_ctx_changed_*", ["R-CTX-PARAMS"]), ("n_ctx_rice_*", ["R-CTX-PARAMS"]), ("n_ctx_qbits_*", ["R-CTX-PARAMS"]),
-    ("n_ctx_mag_width_*", ["R-CTX-PARAMS"]), ("n_ctx_*_padding", ["R-BIT-PADDING"]),
-    ("n_ctx_quotient_extra_code", ["R-CTX-QUOTIENTS"]), ("n_ctx_quotient_unterminated", ["R-CTX-QUOTIENTS"]),
+RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Appendix A and A.1)
+    # -- ctx-delta (§8.6)
+    ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]),
+    ("n_ctx_threshold_zero*", ["R-CTX-PARAMS.T-MIN"]), ("n_ctx_thresholds_*", ["R-CTX-PARAMS.T-INCREASING"]),
+    ("n_ctx_threshold_too_big*", ["R-CTX-PARAMS.T-MAX"]), ("n_ctx_changed_*", ["R-CTX-PARAMS.C"]),
+    ("n_ctx_rice_*", ["R-CTX-PARAMS.RICE"]), ("n_ctx_qbits_*", ["R-CTX-PARAMS.QBITS"]),
+    ("n_ctx_mag_width_*", ["R-CTX-PARAMS.MW"]), ("n_ctx_*_then_codec", ["R-CHECK-ORDER"]),
+    ("n_ctx_*_padding", ["R-BIT-PADDING"]),
+    ("n_ctx_quotient_extra_code", ["R-CTX-QUOTIENTS.COUNT"]),
+    ("n_ctx_quotient_unterminated", ["R-CTX-QUOTIENTS.TERMINATED"]),
     ("n_ctx_rank_beyond_class", ["R-CTX-RANK"]), ("n_ctx_position_beyond_block", ["R-CTX-RANK"]),
     ("n_ctx_step_out_of_range", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
-    ("n_ctx_on_f64", ["R-ENCODING"]),
+    ("n_ctx_on_f64", ["R-ENCODING.DTYPE"]),
+    # -- valid files
     ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
     ("y_keyframe_*", ["R-KEYFRAME", "R-DTYPE"]), ("y_unchanged", ["R-UNCHANGED"]),
     ("y_codec_raw", ["R-RAW"]), ("y_codec_zstd", ["R-ZSTD"]), ("y_codec_xz", ["R-XZ"]), ("y_codec_bz2", ["R-BZ2"]),
     ("y_zero_dim_at_elems_limit", ["R-ELEMS", "R-ELEMS-ZERO-DIM", "R-ELEMS-PARTIAL"]), ("y_empty_tensor", ["R-ELEMS"]),
     ("y_scalar", ["R-ELEMS"]),
     ("y_note_record", ["R-ANCILLARY"]), ("y_unknown_ancillary", ["R-ANCILLARY"]),
-    ("y_multiblock", ["R-BLOCK-ORDINALS", "R-INDEX-TILING"]), ("y_multi_tensor", ["R-NAME", "R-TARGET-DIGEST"]),
-    ("y_shape_and_dtype_change", ["R-NO-BASE", "R-KEYFRAME"]),
-    ("n_truncated_in_magic", ["R-SHORT"]), ("n_truncated_after_header", ["R-MIN-SIZE"]),
+    ("y_multiblock", ["R-BLOCK-ORDINALS", "R-INDEX-TILING.CONTIGUOUS"]),
+    ("y_multi_tensor", ["R-NAME", "R-TARGET-DIGEST"]),
+    ("y_shape_and_dtype_change", ["R-NO-BASE", "R-KEYFRAME"]), ("y_name_c1_control", ["R-NAME"]),
+    # -- header, size, trailer
+    ("n_truncated_in_magic", ["R-SHORT.TRUNCATED"]), ("n_truncated_after_header", ["R-MIN-SIZE"]),
     ("n_truncated_in_meta_header", ["R-MIN-SIZE"]), ("n_truncated_after_meta", ["R-MIN-SIZE"]),
-    ("n_truncated_*", ["R-TRAILER-MAGIC", "R-RECORD-PRESENT"]), ("n_empty_file", ["R-SHORT"]),
-    ("n_bad_magic_short", ["R-SHORT"]), ("n_bad_magic*", ["R-MAGIC"]), ("n_future_major", ["R-MAJOR"]),
+    ("n_truncated_*", ["R-TRAILER-MAGIC", "R-RECORD-PRESENT"]), ("n_empty_file", ["R-SHORT.TRUNCATED"]),
+    ("n_bad_magic_short", ["R-SHORT.BAD-MAGIC"]), ("n_bad_magic*", ["R-MAGIC"]), ("n_future_major", ["R-MAJOR"]),
+    ("n_header_future_major", ["R-MAJOR", "R-CHECK-ORDER"]),
     ("n_reserved_header_flags", ["R-HEADER-FLAGS"]), ("n_reserved_trailer_flags", ["R-TRAILER-FLAGS"]),
     ("n_version_mismatch", ["R-VERSIONS-AGREE"]), ("n_trailer_checksum", ["R-TRAILER-CHECKSUM"]),
-    ("n_trailer_bad_index_offset", ["R-TRAILER-OFFSETS"]), ("n_trailer_future_major", ["R-TRAILER-MAJOR"]),
+    ("n_trailer_bad_index_offset", ["R-TRAILER-OFFSETS.END"]), ("n_trailer_future_major", ["R-TRAILER-MAJOR"]),
+    ("n_trailer_index_size_small*", ["R-TRAILER-OFFSETS.INDEX-SIZE"]),
+    ("n_trailer_index_offset_low*", ["R-TRAILER-OFFSETS.INDEX-OFFSET"]),
+    ("n_trailer_index_offset_shifted", ["R-TRAILER-OFFSETS.END", "R-RECORD-LOCATED.HEADER", "R-STREAM-TRAILER-INDEX"]),
+    ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]), ("n_data_after_trailer_stream", ["R-STREAM-END"]),
+    # -- records
     ("n_reserved_meta_flags", ["R-META-FLAGS"]), ("n_reserved_tens_flags", ["R-TENS-FLAGS"]),
     ("n_record_checksum", ["R-RECORD-CHECKSUM"]), ("n_unknown_critical_record", ["R-CRITICAL"]),
-    ("n_record_type_not_letters", ["R-RECORD-TYPE"]), ("n_limit_name_length", ["R-NAME-LIMIT"]),
-    ("n_limit_ndim", ["R-NDIM"]), ("n_limit_block_elems", ["R-BLOCK-ELEMS"]), ("n_block_elems_zero", ["R-BLOCK-ELEMS"]),
+    ("n_record_type_not_letters*", ["R-RECORD-TYPE"]), ("n_*_then_wrong_base", ["R-CHECK-ORDER"]),
+    ("n_first_record_not_meta*", ["R-RECORD-ORDER.FIRST-META"]),
+    ("n_meta_replaced_by_note", ["R-RECORD-ORDER.FIRST-META"]),
+    ("n_second_meta*", ["R-RECORD-ORDER.ONE-META"]),
+    ("n_tens_while_blocks_due*", ["R-RECORD-ORDER.BLOCKS-DUE", "R-INDEX-ORDER.BLCK"]),
+    ("n_missing_block", ["R-INDEX-BLOCK-COUNTS.TENS", "R-RECORD-ORDER.BLOCKS-DUE"]),
+    ("n_block_not_due", ["R-RECORD-ORDER.BLOCK-NOT-DUE", "R-INDEX-BLOCK-COUNTS.TENS"]),
+    ("n_unknown_critical_first", ["R-CRITICAL"]),
+    ("n_tens_payload_short", ["R-PAYLOAD-EXACT.SHORT"]), ("n_varint_truncated", ["R-PAYLOAD-EXACT.SHORT"]),
+    ("n_tens_extra_bytes", ["R-PAYLOAD-EXACT.EXTRA"]), ("n_meta_size", ["R-PAYLOAD-EXACT.EXTRA"]),
+    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT.EXTRA"]),
+    ("n_block_extra_bytes_then_window", ["R-BLOCK-LENGTHS", "R-CHECK-ORDER"]),
+    ("n_varint_not_minimal", ["R-VARINT.MINIMAL"]), ("n_varint_2_64", ["R-VARINT.RANGE"]),
+    ("n_varint_11_bytes", ["R-VARINT.LENGTH"]),
+    # -- TENS
+    ("n_limit_name_length", ["R-NAME-LIMIT"]), ("n_limit_ndim", ["R-NDIM"]),
+    ("n_limit_block_elems", ["R-BLOCK-ELEMS.LIMIT"]), ("n_block_elems_zero", ["R-BLOCK-ELEMS.ZERO"]),
     ("n_limit_tensor_elems", ["R-ELEMS"]), ("n_limit_blocks_per_tensor", ["R-BLOCKS"]),
     ("n_limit_zero_dim_*", ["R-ELEMS-ZERO-DIM"]), ("n_limit_zero_dim_elems_wrap", ["R-ELEMS-PARTIAL"]),
     ("n_limit_tensor_elems_wrap", ["R-ELEMS", "R-ELEMS-PARTIAL"]),
-    ("n_limit_record_payload", ["R-RECORD-LIMIT"]), ("n_limit_index_body", ["R-INDEX-LIMIT"]),
-    ("n_limit_tensor_count", ["R-INDEX-COUNTS"]), ("n_zstd_bomb", ["R-ZSTD", "R-BOMB"]),
-    ("n_zstd_no_content_size", ["R-ZSTD"]), ("n_zstd_two_frames", ["R-ZSTD"]), ("n_zstd_dictionary", ["R-ZSTD"]),
-    ("n_zstd_window_too_large", ["R-ZSTD-WINDOW"]), ("n_xz_bomb", ["R-XZ", "R-BOMB"]),
-    ("n_xz_memory_limit", ["R-XZ-MEMORY"]), ("n_bz2_bomb", ["R-BZ2", "R-BOMB"]),
-    ("n_raw_length_mismatch", ["R-RAW"]), ("n_unknown_codec", ["R-CODEC-ID"]),
-    ("n_empty_stream_not_raw", ["R-EMPTY-STREAM"]), ("n_changed_count_beyond_block", ["R-DELTA-PARAMS"]),
-    ("n_exception_count_beyond_changed", ["R-DELTA-PARAMS"]), ("n_position_beyond_block", ["R-POSITIONS"]),
-    ("n_step_*", ["R-STEP"]), ("n_exception_keeps_exponent", ["R-EXCEPTION-VALUE"]),
+    ("n_unknown_dtype", ["R-DTYPE"]),
+    ("n_name_invalid_utf8*", ["R-NAME.UTF8"]), ("n_name_control_char", ["R-NAME.CONTROL"]),
+    ("n_name_delete_char", ["R-NAME.CONTROL"]), ("n_name_nul", ["R-NAME.CONTROL"]),
+    ("n_name_empty*", ["R-NAME.EMPTY"]), ("n_name_surrogate", ["R-NAME.SURROGATE"]),
+    ("n_name_overlong", ["R-NAME.OVERLONG"]), ("n_name_reserved", ["R-NAME-RESERVED"]),
+    ("n_delta_without_base_flag", ["R-NO-BASE"]),
+    ("n_duplicate_names", ["R-NAME-UNIQUE.INDEX"]), ("n_duplicate_tens_names*", ["R-NAME-UNIQUE.TENS"]),
+    # -- BLCK
+    ("n_block_ordinal_mismatch", ["R-BLOCK-ORDINALS"]),
+    ("n_unknown_encoding", ["R-ENCODING.KNOWN"]), ("n_encoding_dtype_mismatch", ["R-ENCODING.DTYPE"]),
+    ("n_bf16_delta_on_f16", ["R-ENCODING.DTYPE"]),
+    ("n_changed_count_*", ["R-DELTA-PARAMS.C"]), ("n_exception_count_*", ["R-DELTA-PARAMS.E"]),
+    ("n_*_then_unknown_codec", ["R-CHECK-ORDER"]), ("n_unknown_codec_before_lengths", ["R-CODEC-ID", "R-CHECK-ORDER"]),
+    ("n_position_beyond_block", ["R-POSITIONS"]), ("n_step_zero", ["R-STEP.ZERO"]),
+    ("n_step_out_of_range", ["R-STEP.RANGE"]), ("n_exception_keeps_exponent", ["R-EXCEPTION-VALUE"]),
     ("n_exception_index_beyond_changed", ["R-EXCEPTION-INDEX"]),
-    ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE"]),
-    ("n_block_extra_bytes", ["R-BLOCK-LENGTHS", "R-PAYLOAD-EXACT"]),
+    ("n_keyframe_field_out_of_range", ["R-KEYFRAME-RANGE.EXPONENT"]),
+    ("n_keyframe_sign_mantissa_out_of_range", ["R-KEYFRAME-RANGE.SIGN-MANTISSA"]),
     ("n_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
-    ("n_unknown_encoding", ["R-ENCODING"]), ("n_encoding_dtype_mismatch", ["R-ENCODING"]),
-    ("n_unknown_dtype", ["R-DTYPE"]), ("n_name_invalid_utf8", ["R-NAME"]), ("n_name_control_char", ["R-NAME"]),
-    ("n_name_empty", ["R-NAME"]), ("n_name_reserved", ["R-NAME-RESERVED"]), ("n_varint_not_minimal", ["R-VARINT"]),
-    ("n_tens_extra_bytes", ["R-PAYLOAD-EXACT"]), ("n_meta_size", ["R-PAYLOAD-EXACT"]),
-    ("n_delta_without_base_flag", ["R-NO-BASE"]), ("n_block_ordinal_mismatch", ["R-BLOCK-ORDINALS"]),
-    ("n_index_overlap", ["R-INDEX-TILING"]), ("n_index_gap", ["R-INDEX-TILING"]),
-    ("n_index_offset_out_of_range", ["R-INDEX-TILING"]), ("n_index_order", ["R-INDEX-ORDER"]),
-    ("n_index_checksum_mismatch", ["R-RECORD-LOCATED", "R-STREAM-CROSSCHECK"]),
-    ("n_index_encoding_mismatch", ["R-BLOCK-ENCODING-INDEX", "R-STREAM-CROSSCHECK"]),
-    ("n_index_name_mismatch", ["R-INDEX-NAME", "R-STREAM-CROSSCHECK"]),
-    ("n_duplicate_*", ["R-NAME-UNIQUE"]), ("n_index_other_type_*", ["R-INDEX-OTHER-TYPES"]),
-    ("n_first_record_not_meta", ["R-RECORD-ORDER"]),
+    ("n_verification_then_wrong_base", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
+    # -- codecs
+    ("n_zstd_bomb", ["R-ZSTD.CONTENT-SIZE", "R-BOMB"]), ("n_zstd_no_content_size*", ["R-ZSTD.CONTENT-SIZE"]),
+    ("n_zstd_content_size_*", ["R-ZSTD.CONTENT-SIZE"]), ("n_zstd_short_output", ["R-ZSTD.CONTENT-SIZE"]),
+    ("n_zstd_two_frames", ["R-ZSTD.ONE-FRAME"]), ("n_zstd_dictionary*", ["R-ZSTD.DICTIONARY"]),
+    ("n_zstd_bad_magic*", ["R-ZSTD.MAGIC"]), ("n_zstd_header_*", ["R-ZSTD.HEADER"]),
+    ("n_zstd_reserved_bit*", ["R-ZSTD.RESERVED-BIT"]), ("n_zstd_reserved_block_type", ["R-ZSTD.BLOCKS"]),
+    ("n_zstd_block_header_cut", ["R-ZSTD.BLOCKS"]), ("n_zstd_raw_block_too_long", ["R-ZSTD.BLOCKS", "R-BOMB"]),
+    ("n_zstd_cut_short", ["R-ZSTD.BLOCKS"]), ("n_zstd_checksum_cut", ["R-ZSTD.CHECKSUM"]),
+    ("n_zstd_bad_content_checksum", ["R-ZSTD.CHECKSUM"]), ("n_zstd_*_then_window", ["R-CHECK-ORDER"]),
+    ("n_zstd_window_too_large", ["R-ZSTD-WINDOW"]),
+    ("n_xz_bomb", ["R-XZ.LENGTH", "R-BOMB"]), ("n_xz_memory_limit", ["R-XZ-MEMORY"]),
+    ("n_xz_dictionary_over_limit", ["R-XZ-MEMORY"]), ("n_xz_structure_*", ["R-XZ.VALID", "R-CHECK-ORDER"]),
+    ("n_xz_block_header_crc", ["R-XZ.VALID"]), ("y_xz_dictionary_at_limit", ["R-XZ-MEMORY"]),
+    ("n_xz_garbage", ["R-XZ.VALID"]), ("n_xz_cut", ["R-XZ.VALID"]), ("n_xz_empty", ["R-XZ.VALID"]),
+    ("n_xz_short_output", ["R-XZ.LENGTH"]), ("n_xz_trailing_data", ["R-XZ.ONE-STREAM"]),
+    ("n_bz2_bomb", ["R-BZ2.LENGTH", "R-BOMB"]), ("n_bz2_garbage", ["R-BZ2.VALID"]), ("n_bz2_cut", ["R-BZ2.VALID"]),
+    ("n_bz2_short_output", ["R-BZ2.LENGTH"]), ("n_bz2_trailing_data", ["R-BZ2.ONE-STREAM"]),
+    ("n_raw_length_mismatch", ["R-RAW"]), ("n_unknown_codec", ["R-CODEC-ID"]),
+    ("n_empty_stream_not_raw", ["R-ZSTD.MAGIC"]), ("n_empty_stream_zstd_frame", ["R-EMPTY-STREAM.CODEC"]),
+    ("n_empty_stream_raw_bytes", ["R-EMPTY-STREAM.STORED"]),
+    # -- index
+    ("n_limit_record_payload", ["R-RECORD-LIMIT"]), ("n_limit_index_body", ["R-INDEX-LIMIT"]),
+    ("n_limit_tensor_count", ["R-INDEX-COUNTS.TENSORS"]), ("n_limit_other_count", ["R-INDEX-COUNTS.OTHERS"]),
+    ("n_index_overlap", ["R-INDEX-TILING.CONTIGUOUS"]), ("n_index_gap", ["R-INDEX-TILING.CONTIGUOUS"]),
+    ("n_index_offset_out_of_range", ["R-INDEX-TILING.CONTIGUOUS"]),
+    ("n_index_tiling_end*", ["R-INDEX-TILING.END"]),
+    ("n_index_order*", ["R-INDEX-ORDER.BLCK"]), ("n_index_tens_order*", ["R-INDEX-ORDER.TENS"]),
+    ("n_index_checksum_mismatch", ["R-RECORD-LOCATED.CHECKSUM", "R-STREAM-CROSSCHECK.BLCK"]),
+    ("n_index_tens_checksum_mismatch", ["R-RECORD-LOCATED.CHECKSUM", "R-STREAM-CROSSCHECK.TENS"]),
+    ("n_index_encoding_mismatch", ["R-BLOCK-ENCODING-INDEX", "R-STREAM-CROSSCHECK.BLCK"]),
+    ("n_index_name_mismatch", ["R-INDEX-NAME", "R-STREAM-CROSSCHECK.TENS"]),
+    ("n_index_other_type_reserved", ["R-INDEX-OTHER-TYPES.CORE"]),
+    ("n_index_other_type_not_letters", ["R-INDEX-OTHER-TYPES.LETTERS"]),
+    ("n_index_other_type_mismatch", ["R-INDEX-OTHER-HEADERS.TYPE", "R-STREAM-CROSSCHECK.OTHER"]),
+    ("n_index_lists_tens_as_other", ["R-INDEX-OTHER-HEADERS.TYPE", "R-STREAM-CROSSCHECK.TENS"]),
+    ("n_index_lists_blck_as_other", ["R-INDEX-OTHER-HEADERS.TYPE", "R-STREAM-CROSSCHECK.BLCK"]),
+    ("n_index_hides_critical_record", ["R-INDEX-OTHER-HEADERS.TYPE", "R-CRITICAL"]),
+    ("n_other_header_limit", ["R-INDEX-OTHER-HEADERS.LIMIT"]),
+    ("n_other_header_length_mismatch", ["R-INDEX-OTHER-HEADERS.LENGTH"]),
+    ("n_index_block_counts", ["R-INDEX-BLOCK-COUNTS.SUM"]), ("n_index_block_counts_wrap", ["R-INDEX-BLOCK-COUNTS.SUM"]),
+    ("n_index_record_size*", ["R-INDEX-SIZES.MIN"]), ("n_index_other_size_big", ["R-INDEX-SIZES.MAX"]),
+    ("n_index_extra_bytes", ["R-INDEX-EXACT.EXTRA"]), ("n_index_column_short", ["R-INDEX-EXACT.COLUMNS"]),
+    ("n_index_block_count_wrap", ["R-INDEX-EXACT.COLUMNS"]),
+    ("n_index_unknown_codec", ["R-INDEX-CODEC"]), ("n_index_name_too_long", ["R-NAME-LIMIT"]),
+    # -- digests, base
     ("n_target_digest_mismatch", ["R-TARGET-DIGEST", "R-VERIFY-EVERY-PATH"]),
     ("n_base_digest_mismatch", ["R-BASE-DIGEST", "R-VERIFY-EVERY-PATH"]),
-    ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]),
-    ("n_data_after_trailer_stream", ["R-STREAM-END"]), ("n_wrong_base_*", ["R-BASE"]),
-    ("n_index_hides_critical_record", ["R-INDEX-OTHER-HEADERS", "R-CRITICAL"]), ("n_second_meta", ["R-RECORD-ORDER"]),
-    ("n_tens_while_blocks_due", ["R-RECORD-ORDER", "R-INDEX-ORDER"]),
-    ("n_missing_block", ["R-INDEX-BLOCK-COUNTS", "R-RECORD-ORDER"]), ("n_unknown_critical_first", ["R-CRITICAL"]),
-    ("n_limit_other_count", ["R-INDEX-COUNTS"]), ("n_index_block_counts", ["R-INDEX-BLOCK-COUNTS"]),
-    ("n_index_block_counts_wrap", ["R-INDEX-BLOCK-COUNTS"]),
-    ("n_index_record_size", ["R-INDEX-SIZES"]), ("n_index_extra_bytes", ["R-INDEX-EXACT"]),
-    ("n_index_unknown_codec", ["R-INDEX-CODEC"]), ("n_index_name_too_long", ["R-NAME-LIMIT"]),
-    ("n_trailer_index_offset_shifted", ["R-TRAILER-OFFSETS", "R-STREAM-TRAILER-INDEX"]),
-    ("n_zstd_bad_content_checksum", ["R-ZSTD"]), ("n_zstd_cut_short", ["R-ZSTD"]),
-    ("n_xz_trailing_data", ["R-XZ"]), ("n_bz2_trailing_data", ["R-BZ2"]),
-    ("y_stream_*", ["R-S-OBJECTS"]), ("n_stream_*traversal*", ["R-S-NAMES"]), ("n_stream_*absolute*", ["R-S-NAMES"]),
-    ("n_stream_manifest_other_step_name", ["R-S-NAMES"]), ("n_stream_manifest_file_traversal", ["R-S-NAMES"]),
-    ("n_stream_*future_major", ["R-S-VERSION"]), ("n_stream_head_float", ["R-S-JSON"]),
-    ("n_stream_head_duplicate_key", ["R-S-JSON"]), ("n_stream_head_not_json", ["R-S-JSON"]),
-    ("n_stream_head_deep_nesting", ["R-S-JSON"]), ("n_stream_head_bom", ["R-S-JSON"]),
-    ("n_stream_head_version_shape", ["R-S-VERSION"]),
-    ("n_stream_head_too_large", ["R-S-LIMITS"]), ("n_stream_head_keyframe_after_step", ["R-S-OBJECTS"]),
-    ("n_stream_manifest_base_after_step", ["R-S-OBJECTS"]), ("n_stream_descriptor_*", ["R-S-OBJECTS"]),
-    ("n_stream_manifest_upper_hex", ["R-S-JSON"]), ("n_stream_manifest_duplicate_files", ["R-S-NAMES"]),
-    ("n_stream_manifest_tensor_sum", ["R-S-OBJECTS"]), ("n_stream_manifest_keyframe_step", ["R-S-OBJECTS"]),
-    ("n_stream_manifest_small_object", ["R-S-OBJECTS"]), ("n_stream_manifest_index_offset", ["R-S-OBJECTS"]),
+    ("n_wrong_base_values", ["R-BASE.HASH"]), ("n_wrong_base_dtype", ["R-BASE.DTYPE"]),
+    ("n_wrong_base_shape", ["R-BASE.SHAPE"]), ("n_wrong_base_missing", ["R-BASE.PRESENT"]),
+    # -- stream objects (Part II)
+    ("y_stream_*", ["R-S-OBJECTS"]), ("n_stream_*traversal*", ["R-S-NAMES.OBJECT"]),
+    ("n_stream_*absolute*", ["R-S-NAMES.OBJECT"]), ("n_stream_manifest_other_step_name", ["R-S-NAMES.OBJECT"]),
+    ("n_stream_manifest_file_traversal", ["R-S-NAMES.FILE"]), ("n_stream_manifest_file_*", ["R-S-NAMES.FILE"]),
+    ("n_stream_manifest_duplicate_files", ["R-S-NAMES.FILE-UNIQUE"]),
+    ("n_stream_*future_major", ["R-S-VERSION.MAJOR"]), ("n_stream_head_version_shape", ["R-S-VERSION.SHAPE"]),
+    ("n_stream_head_negative_minor", ["R-S-VERSION.MINOR"]),
+    ("n_stream_head_float", ["R-S-JSON.NUMBER"]), ("n_stream_head_nan", ["R-S-JSON.NUMBER"]),
+    ("n_stream_descriptor_writer_float", ["R-S-JSON.NUMBER"]), ("n_stream_descriptor_writer_nan", ["R-S-JSON.NUMBER"]),
+    ("n_stream_head_duplicate_key", ["R-S-JSON.DUPLICATE"]), ("n_stream_head_not_json", ["R-S-JSON.SYNTAX"]),
+    ("n_stream_head_array", ["R-S-JSON.SYNTAX"]),
+    ("n_stream_head_deep_nesting", ["R-S-JSON.DEPTH"]), ("n_stream_head_bom", ["R-S-JSON.BOM"]),
+    ("n_stream_manifest_upper_hex", ["R-S-JSON.TYPES"]), ("n_stream_descriptor_bad_hex", ["R-S-JSON.TYPES"]),
+    ("n_stream_head_step_string", ["R-S-JSON.TYPES"]), ("n_stream_manifest_format_number", ["R-S-JSON.TYPES"]),
+    ("n_stream_manifest_keyframe_string", ["R-S-JSON.TYPES"]), ("n_stream_manifest_keyframe_zero", ["R-S-JSON.TYPES"]),
+    ("n_stream_manifest_delta_number", ["R-S-JSON.TYPES"]), ("n_stream_manifest_shards_object", ["R-S-JSON.TYPES"]),
+    ("n_stream_manifest_shard_number", ["R-S-JSON.TYPES"]), ("n_stream_descriptor_writer_number", ["R-S-JSON.TYPES"]),
+    ("n_stream_descriptor_name_number", ["R-S-JSON.TYPES"]), ("n_stream_descriptor_entry_object", ["R-S-JSON.TYPES"]),
+    ("y_stream_head_step_*", ["R-S-JSON.INTEGERS"]), ("n_stream_head_step_2_64*", ["R-S-JSON.INTEGERS"]),
+    ("n_stream_head_keyframe_after_step_2_53", ["R-S-JSON.INTEGERS"]), ("*_stream_head_depth_*", ["R-S-JSON.DEPTH"]),
+    ("y_stream_head_unknown_key_lone_surrogate", ["R-S-JSON.SURROGATES"]),
+    ("y_stream_descriptor_name_surrogate_pair", ["R-S-JSON.SURROGATES"]),
+    ("n_stream_head_too_large", ["R-S-LIMITS"]), ("n_stream_head_keyframe_after_step", ["R-S-OBJECTS.HEAD"]),
+    ("n_stream_manifest_base_after_step*", ["R-S-OBJECTS.MANIFEST"]),
+    ("n_stream_manifest_keyframe_step*", ["R-S-OBJECTS.MANIFEST"]),
+    ("n_stream_manifest_neither", ["R-S-OBJECTS.MANIFEST"]),
+    ("n_stream_manifest_base_manifest_null", ["R-S-OBJECTS.MANIFEST"]),
+    ("n_stream_manifest_*_then_tail", ["R-CHECK-ORDER"]),
+    ("n_stream_manifest_no_shards*", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_shards_swapped", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_shard_fields_swapped", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_delta_missing", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_unexpected_keyframe_then_tail", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_delta_base_step", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_manifest_tensor_sum", ["R-S-OBJECTS.SHARDS"]),
+    ("n_stream_descriptor_no_objects", ["R-S-OBJECTS.DESCRIPTOR"]),
+    ("n_stream_descriptor_bad_writer", ["R-S-OBJECTS.DESCRIPTOR"]),
+    ("n_stream_descriptor_unknown_dtype", ["R-S-OBJECTS.DESCRIPTOR"]),
+    ("n_stream_descriptor_shape_*", ["R-S-OBJECTS.DESCRIPTOR"]),
+    ("n_stream_descriptor_duplicate_name", ["R-S-OBJECTS.DESCRIPTOR"]),
+    ("n_stream_descriptor_control_char_name", ["R-S-OBJECTS.TENSOR-NAME"]),
+    ("n_stream_descriptor_name_surrogate", ["R-S-OBJECTS.TENSOR-NAME", "R-S-JSON.SURROGATES"]),
+    ("n_stream_descriptor_name_too_long", ["R-S-OBJECTS.TENSOR-NAME"]),
+    ("n_stream_manifest_small_object", ["R-S-OBJECTS.REFERENCES"]),
+    ("n_stream_manifest_index_offset", ["R-S-OBJECTS.REFERENCES"]),
     ("n_stream_manifest_huge_tail", ["R-S-TAIL"]),
+    ("y_stream_signature", ["R-S-SIGNATURE"]), ("n_stream_signature_*", ["R-S-SIGNATURE"]),
+    ("*_stream_manifest_*sha256*", ["R-S-SIGNATURE"]), ("n_stream_signature_too_large", ["R-S-LIMITS"]),
 ]
 
 

@@ -30,15 +30,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 import errno
 import fcntl
 import json
 import os
+import re
 import stat
 import threading
 import time
 import uuid
 import warnings
+from dataclasses import dataclass
 
 import fsspec
 
@@ -191,6 +194,51 @@ class Backend(abc.ABC):
     def replace(self, path, data, token, limits) -> bool:
         ...
 
+    # -- listing and deletion (retention, SPEC.md S16)
+    def list(self, path: str, limit: int) -> builtins.list:
+        """``(full path, size, mtime or None, regular file?)`` for every object below ``path`` (a
+        missing folder: none); more than ``limit`` objects is ``LimitError``."""
+        self.fs.invalidate_cache(path)
+        found = self.fs.find(path, detail=True, withdirs=False)
+        if len(found) > limit:
+            raise LimitError(f"more than {limit} objects under {path}")
+        out = []
+        for p, info in found.items():
+            size = info.get("size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                size = 0
+            out.append((p, size, _mtime(info), info.get("type", "file") == "file"))
+        return out
+
+    def delete(self, paths: builtins.list) -> None:
+        """Remove each object; one that is already gone is fine. In any order (call again for an order)."""
+        for p in paths:
+            try:
+                self.fs.rm_file(p)
+            except FileNotFoundError:
+                pass
+            finally:
+                self.fs.invalidate_cache(p)
+
+
+def _mtime(info: dict) -> float | None:
+    """Seconds since the epoch from an fsspec ``info`` dict, whatever the filesystem calls it."""
+    import datetime as dt
+
+    for key in ("LastModified", "mtime", "updated", "created", "timeCreated"):
+        v = info.get(key)
+        if isinstance(v, dt.datetime):
+            return (v if v.tzinfo else v.replace(tzinfo=dt.UTC)).timestamp()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e11:
+            return float(v)
+        if isinstance(v, str) and len(v) <= 64:
+            try:
+                t = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+    return None
+
 
 # ------------------------------------------------------------------- versions by content
 
@@ -314,6 +362,111 @@ class LocalBackend(Backend):
                 return True
             finally:
                 fcntl.flock(lf, fcntl.LOCK_UN)
+
+
+    def list(self, path: str, limit: int) -> builtins.list:
+        """A walk that never follows a symbolic link: every folder is opened ``O_NOFOLLOW`` and read
+        through its descriptor; a link (or any other non-regular entry) is listed, never entered."""
+        out: builtins.list = []
+        try:
+            fd = os.open(path, _DIR_NOFOLLOW)
+        except FileNotFoundError:
+            return out
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise TransportError(f"listing {path}: it is not a folder (a symbolic link?)") from None
+            raise
+        _local_walk(fd, path, out, limit, 0)
+        return out
+
+    def delete(self, paths: builtins.list) -> None:
+        for p in paths:
+            _local_delete(p)
+
+
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_WALK_DEPTH = 8
+
+
+def _local_walk(fd: int, path: str, out: list, limit: int, depth: int) -> None:
+    """List the folder open at ``fd`` (closed here) into ``out``, descending into real folders only."""
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for e in entries:
+            full = f"{path}/{e.name}"
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue          # removed since the folder was read (a temporary file renamed, say)
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= _MAX_WALK_DEPTH:
+                    continue
+                try:
+                    sub = os.open(e.name, _DIR_NOFOLLOW, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue      # replaced meanwhile (by a link, say): not entered
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        continue
+                    raise
+                _local_walk(sub, full, out, limit, depth + 1)
+            else:
+                out.append((full, st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_mtime,
+                            stat.S_ISREG(st.st_mode)))
+            if len(out) > limit:
+                raise LimitError(f"more than {limit} objects under {path}")
+    finally:
+        os.close(fd)
+
+
+def _local_delete(p: str) -> None:
+    """Unlink ``p`` if it is a regular file reached without following a link (its folder is opened
+    ``O_NOFOLLOW``, the entry checked with ``lstat`` through it); then remove the folder if that left
+    it empty. Anything else — a link, a folder, a FIFO, a folder replaced by a link — is left alone."""
+    parent, name = os.path.split(p)
+    try:
+        fd = os.open(parent, _DIR_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return
+        raise
+    try:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        try:
+            _local_unlink_at(name, fd)
+        except FileNotFoundError:
+            return
+        fsync_dir_fd(fd)
+    finally:
+        os.close(fd)
+    gp, pname = os.path.split(parent)
+    try:
+        gfd = os.open(gp, _DIR_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.rmdir(pname, dir_fd=gfd)     # only an empty folder: ENOTEMPTY otherwise
+    except OSError:
+        pass
+    finally:
+        os.close(gfd)
+
+
+def _local_unlink_at(name: str, dir_fd: int) -> None:
+    os.unlink(name, dir_fd=dir_fd)
+
+
+def fsync_dir_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
 
 
 def _local_check(path, start, end, exact, what) -> None:
@@ -450,6 +603,28 @@ class _HttpBackend(Backend):
 
     def read_one(self, path, start, end, *, exact: bool, timeout: float, what: str):
         return self._read(path, start, end, exact=exact, timeout=timeout, what=what)
+
+    def delete(self, paths: builtins.list) -> None:
+        """Concurrent DELETEs on the filesystem's loop; an object already gone is fine."""
+        async def run():
+            sem = asyncio.Semaphore(WIRE_CONCURRENCY)
+
+            async def one(p):
+                async with sem:
+                    try:
+                        await self.fs._rm_file(p)
+                    except FileNotFoundError:
+                        pass
+                    finally:
+                        self.fs.invalidate_cache(p)
+
+            res = await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    raise r
+
+        if paths:
+            self._run(run)
 
     def read_versioned(self, path, limit, limits, what):
         """``(bytes, ETag or generation)``, from the same one GET."""
@@ -671,6 +846,46 @@ def open_fs(url: str, storage_options: dict | None = None):
     return fs, root
 
 
+# ============================================================================ stream names in a listing
+
+MAX_LIST_ENTRIES = 1 << 22    # objects one listing may return (LimitError beyond)
+STEP_KINDS = ("manifest", "signature", "descriptor", "delta", "keyframe")   # what Store.delete may remove
+
+_LISTED = re.compile(r"steps/(\d{20})/(?:(manifest|signature)\.json|shard-(\d{5})-of-(\d{5})"
+                     r"(?:\.json|-(delta|keyframe)-[0-9a-f]{32}\.arc))\Z")
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One object of a listing. ``kind``: ``head``, ``manifest``, ``signature`` (S15), ``descriptor``,
+    ``delta``, ``keyframe``, or ``other`` for anything whose name is not a stream name (or that is not a regular
+    object): reported, never touched."""
+
+    name: str                  # relative to the stream root
+    size: int
+    mtime: float | None        # seconds since the epoch, as the store reports it
+    kind: str
+    step: int | None = None
+    shard: int | None = None
+    num_shards: int | None = None
+
+
+def classify(name: str, size: int = 0, mtime: float | None = None, regular: bool = True) -> Listed:
+    """A :class:`Listed` for a relative name: what kind of stream object its name says it is."""
+    if regular and name == N.HEAD:
+        return Listed(name, size, mtime, "head")
+    m = _LISTED.match(name) if regular and len(name) <= N.MAX_NAME_BYTES else None
+    if m is not None:
+        step = int(m.group(1))
+        if step <= N.MAX_STEP:
+            if m.group(2):
+                return Listed(name, size, mtime, m.group(2), step)
+            i, n = int(m.group(3)), int(m.group(4))
+            if 1 <= n <= N.MAX_SHARDS and i < n:
+                return Listed(name, size, mtime, m.group(5) or "descriptor", step, i, n)
+    return Listed(name, size, mtime, "other")
+
+
 # ============================================================================ the facade
 
 class Store(retry.Deadlines):
@@ -756,7 +971,8 @@ class Store(retry.Deadlines):
                 out[i] = bytes(r)
             if again:
                 delay = retry.backoff_delay(attempt + 1, self.backoff)
-                why = self.may_retry(attempt, self.retries, started, delay)
+                why = self.may_retry(attempt, self.retries, started, delay, what=f"reading {names[again[0][0]]}",
+                                     error=again[0][1])
                 if why is not None:
                     i, r = again[0]
                     msg = str(r) if isinstance(r, ArcError) else f"reading {names[i]}: {type(r).__name__}: {r}"
@@ -801,6 +1017,39 @@ class Store(retry.Deadlines):
         p = self.path(name)
         return self._call(lambda: self.adapter.replace(p, data, token, self), f"updating {name}")
 
+    # -- listing and deletion (retention, SPEC.md S16)
+    def list(self, prefix: str = N.STEPS, *, limit: int = MAX_LIST_ENTRIES) -> builtins.list[Listed]:
+        """Every object below ``prefix`` (a relative folder name) as :class:`Listed`, names relative to
+        the root, sorted by name; one listing (no object is read). More than ``limit`` is ``LimitError``;
+        a name that is not a stream name comes back as kind ``other``."""
+        limit = retry.check_count(limit, "limit", 1)
+        base = self.path(N.check_relative(prefix.rstrip("/"), "listing prefix"))
+        what = f"listing {prefix}"
+        found = self._call(lambda: self.adapter.list(base, limit), what, missing_ok=True) or []
+        root = self.root.rstrip("/")
+        cut = len(root) + 1 if root else 0
+        out: builtins.list[Listed] = []
+        for p, size, mtime, regular in found:
+            p = str(p)
+            if root and not p.startswith(root + "/"):
+                continue                 # not below the root as we spelled it: nothing of ours
+            out.append(classify(p[cut:], size, mtime, regular))
+        out.sort(key=lambda e: e.name)
+        return out
 
-__all__ = ["Backend", "GcsBackend", "GenericBackend", "LocalBackend", "MemoryBackend", "MissingError", "S3Backend",
-           "Store", "backend_class", "backend_for", "open_fs", "register"]
+    def delete(self, names) -> None:
+        """Remove these stream objects (manifests, descriptors, data objects; a missing one is fine),
+        through the retry layer, in batches. Names in one call go in any order: call once per group
+        that must be gone before the next. Any other name is ``InputError`` and nothing is removed."""
+        names = builtins.list(names)
+        for n in names:
+            if not isinstance(n, str) or classify(n).kind not in STEP_KINDS:
+                raise InputError(f"{n!r} is not the name of a stream step object: not deleted")
+        paths = [self.path(n) for n in names]
+        for b in range(0, len(paths), 256):
+            batch = paths[b: b + 256]
+            self._call(lambda batch=batch: self.adapter.delete(batch), f"deleting {names[b]}")
+
+
+__all__ = ["Backend", "GcsBackend", "GenericBackend", "Listed", "LocalBackend", "MemoryBackend", "MissingError",
+           "S3Backend", "Store", "backend_class", "backend_for", "classify", "open_fs", "register"]

@@ -2,7 +2,7 @@
 
 Bad stream objects (a manifest that is not valid JSON, a wrong name, a size beyond a limit, a hash
 that does not match) raise the format's own classes (``CorruptError``, ``LimitError``,
-``ChecksumError``, ``UnsupportedVersionError``) with a message naming the object; the three classes
+``ChecksumError``, ``UnsupportedVersionError``) with a message naming the object; the classes
 here cover what only a stream can do.
 """
 from __future__ import annotations
@@ -23,6 +23,11 @@ class MissingError(ArcError):
     category = "not_found"
 
 
+class NoStreamError(MissingError):
+    """There is no stream at the URL at all: no head and no step objects (a typo'd path, a trainer
+    not started yet)."""
+
+
 class TransportError(ArcError):
     """The store kept failing after every retry (network, throttling, server errors, answers that do
     not match the request, requests past their deadline), or refused the request.
@@ -37,4 +42,12 @@ class TransportError(ArcError):
         self.transient = transient
 
 
-__all__ = ["ConflictError", "MissingError", "TransportError"]
+class SignatureError(ArcError):
+    """A follower that trusts signing keys met a step it must not apply: unsigned, signed by a key it
+    does not trust, a signature that does not verify, or bytes that do not hash to what was signed
+    (SPEC.md S15)."""
+
+    category = "signature"
+
+
+__all__ = ["ConflictError", "MissingError", "NoStreamError", "SignatureError", "TransportError"]

@@ -13,15 +13,20 @@ import contextlib
 import fcntl
 import fnmatch
 import os
+import select
 import shutil
 import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import xxhash
 
+from .. import dtypes, encodings, pipeline, records
 from .. import layout as FL
-from .. import pipeline, records
+from ..arrays import as_numpy
 from ..checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json, write_new_file
 from ..errors import (
     ArcError,
@@ -41,7 +46,7 @@ from ..staging import OLD_TAG, Stage, open_private, recover
 from . import names as N
 from . import retry
 from .backends import Store
-from .errors import MissingError
+from .errors import MissingError, NoStreamError, SignatureError
 from .objects import (
     MAX_HEAD_BYTES,
     MAX_MANIFEST_BYTES,
@@ -57,9 +62,11 @@ from .objects import (
     parse_manifest,
 )
 from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats, ObjectSource, RangeFetcher, coalesce
+from .signing import MAX_SIGNATURE_BYTES, check_object, sha256_hex, signature_name, unbound
 
 STATE_NAME = "arcfmt-stream.json"
 MAX_CHAIN = 1 << 20          # manifests one plan may read walking back from the head
+MAX_REPLANS = 64             # re-plans of one run after an object the plan named was missing
 STATE_FORMAT = "arcfmt-stream-follower"
 
 
@@ -86,25 +93,47 @@ class StepUpdate:
     verified_model: bool           # the whole-model digest was checked (no tensor filter)
     manifest: str = ""
     head_age_seconds: float = 0.0  # how long ago the head was moved (wall clock) when this step was done
+    live: Any = None               # a live follower's model (name -> array), updated to this step
+    changes: list = field(default_factory=list)   # a live step's pipeline.Change per changed tensor
+    fresh: list = field(default_factory=list)     # names a live step added or gave another dtype or shape
+    values_changed: int = 0        # a live step: values that differ from the step before
+    sparse_bytes: int = 0          # a live step: bytes of sparse() (positions + values)
+    whole_bytes: int = 0           # bytes of weights() (every changed tensor whole)
+    snapshot: bool = False         # a live step: the snapshot folder was rewritten after it
 
     @property
     def lag_steps(self) -> int:
+        """Steps this update is behind the stream's head (0: up to date)."""
         return self.head_step - self.step
 
     def weights(self):
-        """``(name, array)`` for every changed tensor, read (memory-mapped) from the folder as it is now:
-        the shape vLLM-style ``load_weights`` takes. Arrays stay valid after later steps replace the
-        folder (the files are unlinked, not overwritten)."""
+        """``(name, array)`` for every changed tensor — the shape vLLM-style ``load_weights`` takes: the
+        live model's own arrays for a live follower, else read (memory-mapped) from the folder as it is
+        now (arrays that stay valid after later steps replace the folder: its files are unlinked, not
+        overwritten)."""
         if not self.changed:
             return
-        arrays = open_checkpoint(self.path).tensors()
+        arrays = self.live if self.live is not None else open_checkpoint(self.path).tensors()
         for name in self.changed:
             if name in arrays:
                 yield name, arrays[name]
 
+    def sparse(self):
+        """A live step's change, per changed tensor: ``(name, positions, values)`` — flat positions
+        (ascending numpy int32, int64 for tensors of 2^31 elements or more) and the new values there, in
+        the tensor's dtype — relative to the live model before this step: what ``index_copy_`` needs to
+        bring an engine's copy of the weights along (``arcfmt.torch.apply_sparse``). Tensors in
+        ``fresh`` are not in it: load them whole."""
+        if self.live is None:
+            raise InputError("sparse() is the change a live follower (Follower(url, live=...)) applied; a "
+                             "folder follower hands whole tensors: weights()")
+        for c in self.changes:
+            yield c.name, c.index, c.values.view(c.dtype.numpy)
+
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "changed"}
-        d.update(changed=len(self.changed), lag_steps=self.lag_steps)
+        """The numbers of this step as a JSON-ready dict (lists and the live model as counts)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("changed", "live", "changes", "fresh")}
+        d.update(changed=len(self.changed), lag_steps=self.lag_steps, fresh=len(self.fresh))
         return d
 
 
@@ -116,11 +145,20 @@ class _ShardPlan:
     index: records.Index
     wanted: list = field(default_factory=list)     # IndexEntry of the tensors to rebuild
     groups: list = field(default_factory=list)     # wanted, cut into groups that fit the memory budget
+    bases: dict = field(default_factory=dict)      # name -> checked base (flat unsigned view) or None
     reader: DeltaReader | None = None
 
 
 class Follower:
-    """Keeps the folder ``into`` at the stream's latest step (all tensors, or those matching ``tensors``).
+    """Keeps the folder ``into`` at the stream's latest step (all tensors, or those matching ``tensors``),
+    or, with ``live=`` (name -> numpy array or CPU torch tensor; ``{}`` to start from a keyframe), a
+    model in memory: each step is staged and verified whole before any live array is written, and its
+    :meth:`StepUpdate.sparse` change is what an engine's copy needs (``arcfmt.torch.apply_sparse``).
+    ``snapshot``: the live model's folder, read at start (the live arrays are taken to be at its step;
+    empty ``live`` is filled from it) and rewritten every ``snapshot_every`` steps and when
+    :meth:`follow` ends, so a restarted rollout resumes from disk plus the deltas since. The live
+    arrays are the follower's to write: it checks them, as the base of the next step, by the hashes it
+    verified when it wrote them (hashing them only when it did not write them, as after a start).
 
     ``tensors``: shell-style patterns (``fnmatch``) on tensor names, e.g. ``"model.layers.*.mlp.*"``.
     ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
@@ -131,24 +169,53 @@ class Follower:
     scaled to the object's size, so a tiny object cannot fill the disk). ``request_timeout``: the
     deadline of one request, body included (a trickling server is abandoned and retried);
     ``retry_time``: no retry starts later than this after an operation's first attempt;
-    ``step_timeout``: the deadline of a whole step's downloads (None: none).
+    ``step_timeout``: the deadline of a whole step's downloads (None: none). ``missing_wait``: seconds
+    an object the head chain names may stay missing (replication lag) before ``not_found``; an object
+    pruned meanwhile is re-planned around at once (SPEC.md S9.5).
     """
 
-    def __init__(self, url: str, into, *, tensors=None, storage_options: dict | None = None, fs=None,
+    def __init__(self, url: str, into=None, *, tensors=None, storage_options: dict | None = None, fs=None,
                  chunk_size: int = DEFAULT_CHUNK, max_gap: int = DEFAULT_MAX_GAP, overhead: float = DEFAULT_OVERHEAD,
                  retries: int = 5, backoff: float = 0.2, workers=None, spool: bool = True, progress=None,
                  concurrency: int = 16, memory_budget: int = 256 << 20, max_output_bytes: int | None = None,
                  request_timeout: float | None = None, retry_time: float | None = None,
-                 step_timeout: float | None = None):
+                 step_timeout: float | None = None, missing_wait: float = 30.0, trust=None,
+                 stream_id: str | None = None, live=None, snapshot=None, snapshot_every: int = 0):
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff,
                            request_timeout=request_timeout, retry_time=retry_time)
+        # An object the head chain names but the store does not have yet (asynchronous replication) is
+        # looked for again, re-planning from the head, for up to this many seconds (SPEC.md S9.5).
+        self.missing_wait = retry.check_seconds(missing_wait, "missing_wait")
         self.step_timeout = None if step_timeout is None else \
             retry.check_seconds(step_timeout, "step_timeout", finite=False)
         self.url = url
-        self.into = os.path.abspath(os.fspath(into)).rstrip("/")
-        if not os.path.basename(self.into):
+        # live: the model held in memory (name -> numpy array or CPU torch tensor), updated in place one
+        # verified step at a time; snapshot: its folder, rewritten every snapshot_every steps and on
+        # shutdown (and read at start: the live arrays are then taken to be at its step).
+        self.live = live
+        if live is not None:
+            if into is not None:
+                raise InputError("a live follower keeps its folder as snapshot=, not into=")
+            into = snapshot
+        elif snapshot is not None or snapshot_every:
+            raise InputError("snapshot= and snapshot_every= are for a live follower (live=)")
+        self.snapshot_every = retry.check_count(snapshot_every, "snapshot_every")
+        if into is None and live is None:
+            raise InputError("give the folder to keep (into=) or the live model to update (live=)")
+        self.into = None if into is None else os.path.abspath(os.fspath(into)).rstrip("/")
+        if self.into is not None and not os.path.basename(self.into):
             raise InputError("--into must name a folder, not the file system root")
         self.patterns = N.tensor_patterns(tensors)
+        # trust: public keys (files, raw bytes, key objects); then every step must be signed by one of
+        # them, and every byte used must hash to what was signed (S15). stream_id: the signed id required.
+        self._trust = None
+        self._bound: dict[tuple[int, str], str] = {}   # (step, xxh3 of manifest) -> SHA-256 it must have
+        self._signed_by: str | None = None             # key id of the plan's head signature
+        if trust is not None:
+            from .signing import TrustSet
+            self._trust = TrustSet(trust, stream_id)
+        elif stream_id is not None:
+            raise InputError("stream_id is checked in signatures: it needs trust=")
         self.max_gap = retry.check_count(max_gap, "max_gap")
         self.memory_budget = retry.check_count(memory_budget, "memory_budget")
         self.max_output_bytes = None if max_output_bytes is None else retry.check_count(max_output_bytes,
@@ -156,14 +223,19 @@ class Follower:
         self.overhead = retry.check_number(overhead, "overhead", finite=False)
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.progress = progress
-        parent, base = os.path.split(self.into)
+        parent, base = os.path.split(self.into) if self.into is not None else (tempfile.gettempdir(), "")
         self._parent = parent
         self._lock_path = os.path.join(parent, f".arcfmt-lock-{base}")
+        # a live follower spools nothing: it writes no disk byte between snapshots, and a restarted one
+        # starts again from its snapshot anyway
+        spool = spool and self.into is not None and live is None
         self.spool_dir = os.path.join(parent, f".arcfmt-spool-{base}") if spool else None
         self.stats = FetchStats()
+        self._waker: _Waker | None = None
         self.fetcher = RangeFetcher(self.store.fs, chunk_size=chunk_size, retries=retries, backoff=backoff,
                                     spool_dir=self.spool_dir, stats=self.stats, on_bytes=self._on_bytes,
                                     batch=concurrency, request_timeout=request_timeout, retry_time=retry_time)
+        self._live: _LiveModel | None = None if live is None else _LiveModel(self, live)
 
     # ------------------------------------------------------------------------------ small helpers
     def _emit(self, **event) -> None:
@@ -175,10 +247,15 @@ class Follower:
             self.progress({"event": "bytes", "bytes": n, "total": self.stats.bytes})
 
     def wants(self, name: str) -> bool:
+        """Whether the tensor ``name`` is followed: it matches one of the ``tensors`` glob patterns
+        (``fnmatch``, case-sensitive), or no patterns were given."""
         return self.patterns is None or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
 
     @contextlib.contextmanager
     def _locked(self):
+        if self.into is None:   # a live follower without a snapshot folder holds nothing on disk
+            yield
+            return
         try:
             os.makedirs(self._parent, exist_ok=True)
         except OSError as exc:
@@ -198,7 +275,14 @@ class Follower:
 
     # ------------------------------------------------------------------------------ local state
     def state(self) -> dict | None:
-        """The folder's stream state (``step``, ``manifest``, ``tensors``), or None for a new folder."""
+        """The folder's stream state (``step``, ``manifest``, ``tensors``), or None for a new folder;
+        for a live follower, the live model's."""
+        if self._live is not None:
+            return self._live.state
+        return self._folder_state()
+
+    def _folder_state(self) -> dict | None:
+        assert self.into is not None
         p = os.path.join(self.into, STATE_NAME)
         try:
             raw = _read_regular(p, 1 << 20)
@@ -221,6 +305,7 @@ class Follower:
 
     @property
     def step(self) -> int | None:
+        """The step the folder (or live model) is at now; None before the first step."""
         st = self.state()
         return None if st is None else st["step"]
 
@@ -237,10 +322,38 @@ class Follower:
             raise MissingError(f"{name} is missing, but the stream's head chain names it")
         if digest128(raw) != digest:
             raise ChecksumError(f"{name} does not hash to {digest}, the value its successor (or the head) holds")
+        if self._trust is not None:   # bound to the signed head by SHA-256 before it is parsed (S15.4)
+            want = self._bound.get((step, digest))
+            if want is None:
+                raise SignatureError(f"{name} is not covered by a signature: its successor names no "
+                                     f"base_manifest_sha256 (a 1.0 manifest)")
+            if sha256_hex(raw) != want:
+                raise SignatureError(f"{name} does not hash to the SHA-256 its signed successor (or signature) "
+                                     f"names")
         m = parse_manifest(raw, name)
         if m.step != step:
             raise CorruptError(f"{name} describes step {m.step}")
+        if self._trust is not None and m.base_step is not None and m.base_manifest is not None \
+                and m.base_manifest_sha256 is not None:
+            self._bound[(m.base_step, m.base_manifest)] = m.base_manifest_sha256
         return m
+
+    def _signed_head(self, head: Head) -> None:
+        """Verify the head step's signature with a trusted key; it binds the head's manifest (S15.4)."""
+        assert self._trust is not None
+        name = signature_name(head.step)
+        sig = self._trust.verify(self.store.read(name, MAX_SIGNATURE_BYTES, missing_ok=True), head.step, name)
+        self._bound = {(head.step, head.manifest): sig.manifest_sha256}
+        self._signed_by = sig.key_id
+
+    def _trusted(self, state: dict | None) -> dict | None:
+        """The folder's state if a trusted key vouched for it (else None: start from a signed keyframe)."""
+        if state is None or self._trust is None:
+            return state
+        sha, by = state.get("manifest_sha256"), state.get("signed_by")
+        if not (isinstance(sha, str) and len(sha) == 64 and isinstance(by, str) and by in self._trust.keys):
+            return None
+        return state
 
     def plan(self, head: Head | None = None, state: dict | None = None) -> list:
         """The cheapest path by bytes from the folder's step to ``head``: ``[(Manifest, kind), ...]``."""
@@ -251,18 +364,22 @@ class Follower:
             state = self.state()
         if state is not None and state.get("tensors") != self.patterns:
             state = None  # another tensor selection: start again from a keyframe
+        state = self._trusted(state)   # trust mode: a folder no trusted key vouched for starts again
         f_step = None if state is None else state["step"]
         f_hash = None if state is None else state["manifest"]
         if f_step is not None and f_step >= head.step:
             if f_step > head.step or f_hash == head.manifest:
                 return []
             f_step = None  # the head's step, but another manifest: off the chain, start from a keyframe
+        if self._trust is not None:
+            self._signed_head(head)   # before any manifest is read (S15.4)
         chain: list[Manifest] = []
         best: tuple[int, int | str] | None = None   # (cost, "delta") or (cost, chain index of a keyframe step)
         d = 0                    # delta bytes from the current manifest up to the head
         step, digest = head.step, head.manifest
         while True:
-            if f_step is not None and step == f_step and digest == f_hash:
+            if f_step is not None and step == f_step and digest == f_hash and \
+                    (self._trust is None or self._bound.get((step, digest)) == (state or {}).get("manifest_sha256")):
                 if best is None or d <= best[0]:
                     best = (d, "delta")
                 break
@@ -270,7 +387,17 @@ class Follower:
                 f_step = None     # the folder's step is not on this chain: only a keyframe can help
             if len(chain) >= MAX_CHAIN:
                 raise LimitError(f"more than {MAX_CHAIN} manifests between the head and a usable start")
-            m = self._manifest(step, digest)
+            if self._trust is not None and best is not None and (step, digest) not in self._bound:
+                break             # below here nothing is bound to the signature: take the path found
+            try:
+                m = self._manifest(step, digest)
+            except MissingError:
+                if best is None:
+                    raise
+                break             # pruned below a keyframe already found (SPEC.md S9.5): take that path
+            if chain and chain[-1].num_shards != m.num_shards:   # chain[-1] holds deltas from m (S6)
+                raise CorruptError(f"step {chain[-1].step} has {chain[-1].num_shards} shards of deltas from step "
+                                   f"{m.step}, which has {m.num_shards}")
             chain.append(m)
             if m.keyframe:
                 c = m.cost("keyframe") + d
@@ -288,59 +415,141 @@ class Follower:
             raise MissingError(f"no keyframe is reachable from the head (step {head.step}) for a folder at "
                                f"step {None if state is None else state['step']}")
         k = best[1]
-        if isinstance(k, str):   # "delta"
-            return [(m, "delta") for m in reversed(chain)]
-        return [(chain[k], "keyframe")] + [(m, "delta") for m in reversed(chain[:k])]
+        path = [(m, "delta") for m in reversed(chain)] if isinstance(k, str) else \
+            [(chain[k], "keyframe")] + [(m, "delta") for m in reversed(chain[:k])]
+        if self._trust is not None:   # every object to be used must have a signed SHA-256 (S15.4)
+            for m, kind in path:
+                why = unbound(m, kind)
+                if why is not None:
+                    raise SignatureError(f"step {m.step} cannot be verified: {why}")
+        return path
 
     # ------------------------------------------------------------------------------ following
     def sync(self, until: int | None = None) -> list:
         """Apply every step up to the current head (stop early once the folder reaches ``until``)."""
         return list(self._run(_check_until(until)))
 
-    def follow(self, *, until: int | None = None, interval: float = 2.0, timeout: float | None = None):
+    def follow(self, *, until: int | None = None, interval: float = 2.0, timeout: float | None = None,
+               wait: bool = False, wake_fifo: str | None = None):
         """Yield a :class:`StepUpdate` per applied step, polling the head every ``interval`` seconds,
-        until the folder reaches ``until`` (forever if None) or ``timeout`` seconds pass without one."""
+        until the folder reaches ``until`` (forever if None) or ``timeout`` seconds pass without one.
+
+        ``wait``: where there is no stream yet, wait for one (else ``NoStreamError``). ``wake_fifo``: a
+        named pipe (made if missing) whose every write ends the current wait at once, so a push from a
+        message service (SNS, Pub/Sub, Redis, a ``publish --on-commit`` hook) wakes the follower before
+        its next poll; :meth:`wake` does the same from another thread. The head stays the contract."""
         interval = retry.check_seconds(interval, "interval")
         timeout = None if timeout is None else retry.check_seconds(timeout, "timeout", finite=False)
         _check_until(until)
         last_progress = time.monotonic()
-        while True:
-            applied = False
-            for upd in self._run(until):
-                applied = True
-                yield upd
-            if applied:
-                last_progress = time.monotonic()
-            st = self.step
-            if until is not None and st is not None and st >= until:
-                return
-            if timeout is not None and time.monotonic() - last_progress > timeout:
-                return
-            time.sleep(interval)
+        waiting_said = False
+        with _Waker(wake_fifo) as waker:
+            self._waker = waker
+            try:
+                while True:
+                    applied = False
+                    try:
+                        for upd in self._run(until):
+                            applied = True
+                            yield upd
+                    except NoStreamError:
+                        if not wait:
+                            raise
+                        if not waiting_said:
+                            waiting_said = True
+                            self._emit(event="waiting", url=self.url)
+                    if applied:
+                        last_progress = time.monotonic()
+                    st = self.step
+                    if until is not None and st is not None and st >= until:
+                        return
+                    if timeout is not None and time.monotonic() - last_progress > timeout:
+                        return
+                    waker.sleep(interval)
+            finally:
+                self._waker = None
+                if self._live is not None:
+                    self._live.write_snapshot()   # on shutdown: a restart resumes from here
+
+    def save_snapshot(self) -> bool:
+        """A live follower: write the live model into its snapshot folder now (False: nothing new)."""
+        if self._live is None:
+            raise InputError("save_snapshot() is for a live follower (live=, snapshot=)")
+        return self._live.write_snapshot()
+
+    def wake(self) -> None:
+        """End the poll wait of a running :meth:`follow` now (thread-safe; a no-op when none runs)."""
+        w = self._waker
+        if w is not None:
+            w.wake()
+
+    def _require_stream(self) -> None:
+        """``NoStreamError`` unless something of a stream exists at the root (asked only when there is no
+        head: one shallow listing, so a typo'd URL is an error, not "nothing published yet" forever)."""
+        fs, root = self.store.fs, self.store.root
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(root)
+        found = self.store._call(lambda: fs.ls(root, detail=False), f"listing {self.url}", missing_ok=True)
+        names = {os.path.basename(str(p).rstrip("/")) for p in found or ()}
+        if not names & {N.HEAD, N.STEPS}:
+            raise NoStreamError(f"no stream at {self.url}: no {N.HEAD} and no {N.STEPS}/ there (check the URL; "
+                                f"--wait / wait=True waits for a trainer to start)")
 
     def _run(self, until):
         with self._locked():
-            recover(self.into)
-            head = self.head()
-            self._emit(event="head", step=None if head is None else head.step)
-            if head is None:
-                return
-            state = self.state()
-            path = self.plan(head, state)
-            cur = None if state is None or state.get("tensors") != self.patterns else state["step"]
-            for m, kind in path:
-                if until is not None and cur is not None and cur >= until:
+            if self.into is not None:
+                recover(self.into)
+            first_miss = None
+            attempt = 0
+            while True:
+                try:
+                    yield from self._run_plan(until)
                     return
+                except NoStreamError:
+                    raise    # nothing to wait for here: follow(wait=True) polls for a stream
+                except MissingError as exc:
+                    # Pruned under us (re-plan from the head: a kept keyframe) or not replicated yet
+                    # (wait): a bounded number of times, within missing_wait (SPEC.md S9.5).
+                    now = time.monotonic()
+                    first_miss = now if first_miss is None else first_miss
+                    left = self.missing_wait - (now - first_miss)
+                    if attempt >= MAX_REPLANS or (attempt >= 1 and left <= 0):
+                        raise
+                    attempt += 1
+                    self._emit(event="missing", error=str(exc), attempt=attempt)
+                    if attempt > 1:
+                        time.sleep(max(0.0, min(left, retry.backoff_delay(attempt - 1, max(self.store.backoff, 0.05)))))
+
+    def _run_plan(self, until):
+        head = self.head()
+        self._emit(event="head", step=None if head is None else head.step)
+        if head is None:
+            self._require_stream()
+            return
+        state = self.state()
+        path = self.plan(head, state)
+        cur = None if state is None or state.get("tensors") != self.patterns else state["step"]
+        for m, kind in path:
+            if until is not None and cur is not None and cur >= until:
+                return
+            try:
                 upd = self._apply(m, kind, head, cur)
-                cur = upd.step
-                yield upd
+            except WrongBaseError:
+                if self._live is None or kind != "delta" or self._live.state is None or self._live.rebased:
+                    raise
+                # the live arrays are not at the snapshot's step after all: start from a keyframe instead
+                self._live.state, self._live.rebased = None, True
+                yield from self._run_plan(until)
+                return
+            cur = upd.step
+            yield upd
 
     # ------------------------------------------------------------------------------ one step
     def _apply(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
         try:
             with self.store.time_limit(self.step_timeout), self.fetcher.time_limit(self.step_timeout):
                 return self._apply_step(m, kind, head, cur)
-        except (FormatError, VerificationError, WrongBaseError):
+        except (FormatError, VerificationError, WrongBaseError, SignatureError):
             # Bytes that failed a check may sit in the spool (a damaged object, a byte flipped in
             # transit, a base hash flipped in the object): drop this step's chunks, or every later attempt
             # would reuse them and fail again.
@@ -350,17 +559,48 @@ class Follower:
     def _apply_step(self, m: Manifest, kind: str, head: Head, cur: int | None) -> StepUpdate:
         t0 = time.perf_counter()
         s0 = FetchStats(**self.stats.as_dict())
+        if self._live is not None:
+            plans, verified_model = self._prepare(m, kind, self._live.bases(kind))
+            changed, count, extra = self._live.apply(m, kind, plans)
+        else:
+            state = self._folder_state() if kind == "delta" else None
+            base = {}
+            if state is not None and state.get("files"):
+                assert self.into is not None
+                base = open_checkpoint(self.into).tensors()
+            plans, verified_model = self._prepare(m, kind, base)
+            changed, count = self._write_folder(m, plans, state)
+            extra = {}
+        self.fetcher.forget(keep=lambda key: _step_of_key(key) > m.step)
+        ds = self.stats.minus(s0)
+        needed = sum(e - s for p in plans for s, e in _needed_ranges(p.wanted))
+        upd = StepUpdate(m.step, cur, kind, self.into or "", changed, count, ds.bytes, needed,
+                         sum(p.obj.tail_size for p in plans), ds.requests,
+                         m.num_shards, sum(1 for p in plans if p.wanted), ds.reused_bytes, ds.retries,
+                         time.perf_counter() - t0, head.step, verified_model, m.digest,
+                         max(0.0, time.time() - head.time_ms / 1000), **extra)
+        self._emit(event="step", **upd.as_dict())
+        return upd
+
+    def _prepare(self, m: Manifest, kind: str, base) -> tuple[list, bool]:
+        """Fetch a step's bytes and check everything that can be checked before decoding (S9.3, S9.4
+        steps 1, 2 and 4): readers open on every shard with wanted tensors, every base tensor checked
+        against ``base`` (name -> array: the folder's or the live model's), bases held in ``p.bases``;
+        ``(plans, whether the whole-model digest was checked)``."""
         plans = self._tails(m, kind)
+        whole = self._trust is not None
+        if whole:
+            self._fetch_signed(plans)   # every used object whole, SHA-256 checked before it is decoded (S15.4)
         if self.patterns is not None and not any(p.wanted for p in plans):
             raise InputError(f"the tensor patterns {self.patterns} match none of the "
                              f"{sum(len(p.index.entries) for p in plans)} tensors of step {m.step}")
-        needed = sum(e - s for p in plans for s, e in _needed_ranges(p.wanted))
-        tail_bytes = sum(p.obj.tail_size for p in plans)
         # Phase A, one concurrent batch over every shard: a shard whose records fit the memory budget
         # is fetched whole; a bigger one only its header, META and TENS records (shapes and hashes).
         first = []
         for p in plans:
-            p.groups = _groups(p.wanted, self.memory_budget)
+            p.groups = ([p.wanted] if p.wanted else []) if whole else _groups(p.wanted, self.memory_budget)
+            if whole:
+                continue      # already fetched whole
             if len(p.groups) == 1:
                 first.append((p, _needed_ranges(p.wanted)))
             elif p.groups:
@@ -370,20 +610,15 @@ class Follower:
         for p in plans:
             if p.wanted:
                 p.reader = self._open_reader(m, kind, p)
-        base = {}
-        state = self.state() if kind == "delta" else None
-        if state is not None and state.get("files") and any(p.wanted for p in plans):
-            base = open_checkpoint(self.into).tensors()
         # Every base tensor, and for a whole-model selection every digest, is checked before
         # anything is written (S9.4 steps 2 and 4).
-        bases = {}
         for p in plans:
             if not p.wanted:
                 continue
             for e in p.wanted:
                 if kind == "keyframe" and p.reader.header(e.name).needs_base:
                     raise CorruptError(f"{p.obj.name}: tensor {e.name!r} of a keyframe object needs a base")
-            bases.update(p.reader.selection(base, [e.name for e in p.wanted], workers=self.workers)[1])
+            p.bases = p.reader.selection(base, [e.name for e in p.wanted], workers=self.workers)[1]
             headers = [p.reader.header(e.name) for e in p.wanted]
             pipeline.check_budget(headers, p.reader.output_budget(headers), p.obj.name)
         verified_model = self.patterns is None
@@ -392,32 +627,36 @@ class Follower:
             if model_digest(pipeline.digest_entries(headers)).hex() != m.model_digest:
                 raise VerificationError(f"step {m.step}: the rebuilt model does not match the manifest's "
                                         f"model digest")
-        layouts = [ShardLayout(p.entry.file, [(e.name, p.reader.header(e.name).dtype,
-                                                p.reader.header(e.name).shape) for e in p.wanted],
-                               {"format": "pt"}) for p in plans if p.wanted]
-        if not layouts:  # a step of no tensors is still a checkpoint: one file holding none
-            layouts = [ShardLayout(plans[0].entry.file, [], {"format": "pt"})]
+        return plans, verified_model
+
+    def _write_folder(self, m: Manifest, plans, state) -> tuple[list, int]:
+        """Rebuild the step beside the folder, verify it as it is written, read it back, swap it in."""
+        assert self.into is not None
+        layouts = _layouts(plans)
         self._check_space(m, sum(lay.size for lay in layouts))
         stage = Stage(self.into, folder=True)
         sink = CheckpointSink(stage, layouts)
         try:
-            for _ in pipeline.run(self._items(plans, bases), sink, workers=self.workers):
+            for _ in pipeline.run(self._items(plans), sink, workers=self.workers):
                 pass
             changed = [e.name for p in plans for e in p.wanted if p.reader.changes(e.name)]
-            count = sum(len(p.wanted) for p in plans)
-            self._finish(m, plans, layouts, stage, state)
+            self._finish(m, layouts, stage, state)
         except BaseException:
             sink.close()
             stage.abort()
             raise
-        self.fetcher.forget(keep=lambda key: _step_of_key(key) > m.step)
-        ds = self.stats.minus(s0)
-        upd = StepUpdate(m.step, cur, kind, self.into, changed, count, ds.bytes, needed, tail_bytes, ds.requests,
-                         m.num_shards, sum(1 for p in plans if p.wanted), ds.reused_bytes, ds.retries,
-                         time.perf_counter() - t0, head.step, verified_model, m.digest,
-                         max(0.0, time.time() - head.time_ms / 1000))
-        self._emit(event="step", **upd.as_dict())
-        return upd
+        return changed, sum(len(p.wanted) for p in plans)
+
+    def _fetch_signed(self, plans) -> None:
+        """Trust mode: each shard object with wanted tensors, fetched whole ([0, size)) through the
+        range fetcher, must hash to its signed SHA-256, and its tail must be the tail already parsed."""
+        used = [p for p in plans if p.wanted]
+        datas = self.fetcher.fetch([(p.source.path, 0, p.obj.size, p.source.key) for p in used])
+        for p, data in zip(used, datas):
+            check_object(p.obj, data)
+            if bytes(p.source.read(p.obj.index_offset, p.obj.tail_size)) != data[p.obj.index_offset:]:
+                raise SignatureError(f"{p.obj.name}: its signed bytes end in another tail than the one read")
+            p.source.add(0, data)
 
     def _tails(self, m: Manifest, kind: str) -> list:
         """Every shard's index and trailer, in one range request each (one concurrent batch)."""
@@ -465,7 +704,7 @@ class Follower:
             raise CorruptError(f"{where}: its base digest differs from the manifest's")
         return r
 
-    def _items(self, plans, bases):
+    def _items(self, plans):
         """Pipeline items shard by shard; a shard bigger than the memory budget is fetched one group
         of tensors at a time, each group's bytes dropped once its blocks are done."""
         for p in plans:
@@ -477,7 +716,7 @@ class Follower:
                     blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks]
                     self._prefetch([(p, coalesce(blocks, max_gap=self.max_gap, overhead=self.overhead))])
                 for e in group:
-                    yield r.item(e.name, bases[e.name])
+                    yield r.item(e.name, p.bases[e.name])
                 if len(p.groups) > 1:
                     yield pipeline.DRAIN
                     p.source.drop(FL.FIRST_RECORD_OFFSET, p.obj.index_offset)   # bounded memory
@@ -493,7 +732,7 @@ class Follower:
             raise LimitError(f"step {m.step} needs {need} bytes of tensors in {self._parent}, which has "
                              f"{free} bytes free")
 
-    def _finish(self, m: Manifest, plans, layouts, stage: Stage, old_state) -> None:
+    def _finish(self, m: Manifest, layouts, stage: Stage, old_state) -> None:
         """Index, stream state and the user's own files into the stage; check it reads back; swap."""
         weight_map = {s.name: lay.file for lay in layouts for s in lay.specs}
         total = sum(lay.tensor_bytes for lay in layouts)
@@ -501,17 +740,223 @@ class Follower:
                                             "weight_map": weight_map}, stage.owner_of(INDEX_NAME))
         files = sorted(lay.file for lay in layouts)
         state = dict(format=STATE_FORMAT, version=VERSION, step=m.step, manifest=m.digest,
-                     model_digest=m.model_digest, tensors=self.patterns, files=files)
+                     model_digest=m.model_digest, tensors=self.patterns, files=files,
+                     manifest_sha256=m.sha256, signed_by=self._signed_by if self._trust is not None else None)
         write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
+        assert self.into is not None
         if os.path.isdir(self.into):
-            prev = self.state() if old_state is None else old_state
+            prev = self._folder_state() if old_state is None else old_state
             own = {INDEX_NAME, STATE_NAME, *files, *((prev or {}).get("files") or [])}
             stage.carry(self.into, own, link=True)
         check_written(stage, layouts)
         stage.commit()
 
 
+# ------------------------------------------------------------------------------------ live model
+
+class _LiveModel:
+    """A live follower's model: arrays in memory (numpy, or CPU torch tensors viewed as numpy), brought
+    to each step through :class:`pipeline.StagedSink` — every change staged and every tensor verified
+    before any live array is written, so a failed step leaves the model exactly at the old one — plus
+    the snapshot folder, rewritten through the follower's one stage-and-swap."""
+
+    def __init__(self, fol: Follower, arrays):
+        self.fol = fol
+        self.arrays = arrays
+        self.state: dict | None = None
+        self.files: list[tuple[str, list[str]]] = []   # the last step's (file, tensor names), for snapshots
+        self.hashes: dict[str, int] = {}               # name -> tensor hash at the live step
+        self.since_snapshot = 0
+        self.rebased = False     # fell back to a keyframe once because the live arrays were not at the snapshot
+        if fol.into is not None:
+            st = fol._folder_state()
+            if st is not None:
+                if not len(arrays):   # bootstrap from the snapshot folder itself
+                    for n, a in open_checkpoint(fol.into).tensors().items():
+                        arrays[n] = np.array(a, copy=True)
+                self.state = dict(st)  # the live arrays are taken to be at its step: the bases check it
+
+    def bases(self, kind: str) -> dict:
+        """The live arrays as bases; those this follower wrote itself at the live step carry their
+        verified hash (checked against the delta's base hash without hashing the model again)."""
+        if kind == "keyframe":
+            return {}
+        return {n: pipeline.KnownBase(a, self.hashes[n]) if n in self.hashes else as_numpy(a)
+                for n, a in self.arrays.items()}
+
+    def _flat(self, name: str, th) -> np.ndarray | None:
+        """The writeable flat unsigned view of a live tensor of ``th``'s dtype and shape, else None."""
+        a = self.arrays.get(name)
+        if a is None:
+            return None
+        v = as_numpy(a)
+        if v.dtype != th.dtype.numpy or tuple(v.shape) != tuple(th.shape):
+            return None
+        if not (v.flags.c_contiguous and v.flags.writeable):
+            raise InputError(f"live tensor {name!r} must be C-contiguous and writeable")
+        return v.reshape(-1).view(th.dtype.uint)
+
+    def apply(self, m: Manifest, kind: str, plans) -> tuple[list, int, dict]:
+        headers = {e.name: p.reader.header(e.name) for p in plans for e in p.wanted}
+        flats = {}
+        for n, th in headers.items():
+            f = self._flat(n, th)
+            if f is not None:
+                flats[n] = f
+        fresh_headers = [th for n, th in headers.items() if n not in flats]
+        budget = sum(p.reader.output_budget([headers[e.name] for e in p.wanted if e.name not in flats])
+                     for p in plans if p.wanted)
+        sink = pipeline.StagedSink(flats, pipeline.ArraySink(budget, fresh_headers))
+        changes, fresh = [], {}
+        items = (it for it in self.fol._items(plans)
+                 if it is pipeline.DRAIN or it.th.name not in flats or kind == "keyframe"
+                 or _changes(plans, it.th.name))
+        for out in pipeline.run(items, sink, workers=self.fol.workers):
+            if isinstance(out, pipeline.Change):
+                if out.index.size:
+                    changes.append(out)
+            else:
+                fresh[out[0]] = out[1]
+        for n in flats:   # a tensor the delta leaves as it is: its bytes are the base's, checked above
+            th = headers[n]
+            if kind == "delta" and not _changes(plans, n):
+                assert th.base_hash is not None
+                pipeline.verify_hash(th, th.base_hash)
+        # Everything verified: only now does any live array change.
+        sink.apply(changes)
+        torch_like = any(type(a).__module__.startswith("torch") for a in self.arrays.values())
+        for n, a in fresh.items():
+            self.arrays[n] = _torch_of(a) if torch_like else a
+        self.files = [(p.entry.file, [e.name for e in p.wanted]) for p in plans if p.wanted]
+        self.hashes = {n: th.target_hash for n, th in headers.items()}
+        self.state = dict(format=STATE_FORMAT, version=VERSION, step=m.step, manifest=m.digest,
+                          model_digest=m.model_digest, tensors=self.fol.patterns,
+                          files=sorted(f for f, _ in self.files), manifest_sha256=m.sha256,
+                          signed_by=self.fol._signed_by if self.fol._trust is not None else None)
+        self.manifest = m
+        changed = [c.name for c in changes] + sorted(fresh)
+        values = sum(int(c.index.size) for c in changes)
+        extra = dict(live=self.arrays, changes=changes, fresh=sorted(fresh), values_changed=values,
+                     sparse_bytes=sum(c.index.nbytes + c.values.nbytes for c in changes),
+                     whole_bytes=sum(as_numpy(self.arrays[n]).nbytes for n in changed))
+        self.since_snapshot += 1
+        if self.fol.into is not None and self.fol.snapshot_every and self.since_snapshot >= self.fol.snapshot_every:
+            self.write_snapshot(locked=True)    # inside the follower's run: its lock is held
+            extra["snapshot"] = True
+        return changed, len(headers), extra
+
+    def write_snapshot(self, *, locked: bool = False) -> bool:
+        """Write the live model at its step into the snapshot folder (stage, verify every tensor against
+        the step's hashes as it is written, read back, swap). False when there is nothing new to write."""
+        fol = self.fol
+        if fol.into is None or self.state is None or not self.files or self.since_snapshot == 0:
+            return False
+        layouts, items = [], []
+        for file, names in self.files:
+            specs = []
+            for n in names:
+                v = as_numpy(self.arrays[n])
+                dt = dtypes.from_numpy(v.dtype)
+                specs.append((n, dt, tuple(v.shape)))
+                th = records.TensorHeader(n, dt, tuple(v.shape), SNAPSHOT_BLOCK, self.hashes[n], self.hashes[n])
+                flat = np.ascontiguousarray(v).reshape(-1).view(dt.uint)
+                items.append(pipeline.Item(th, flat, [_copy_block(b) for b in range(th.block_count)]))
+            layouts.append(ShardLayout(file, specs, {"format": "pt"}))
+        with contextlib.nullcontext() if locked else fol._locked():
+            old = fol._folder_state()
+            fol._check_space(self.manifest, sum(lay.size for lay in layouts))
+            stage = Stage(fol.into, folder=True)
+            sink = CheckpointSink(stage, layouts)
+            try:
+                for _ in pipeline.run(items, sink, workers=fol.workers):
+                    pass
+                fol._finish(self.manifest, layouts, stage, old)
+            except BaseException:
+                sink.close()
+                stage.abort()
+                raise
+        self.since_snapshot = 0
+        return True
+
+
+SNAPSHOT_BLOCK = 1 << 20   # elements per copied block of a snapshot (hashing and copying in parallel)
+
+
+def _copy_block(b: int):
+    """A pipeline block loader that rebuilds a block as its base (the live array): a verified copy."""
+    info = records.BlockInfo(0, b, encodings.UNCHANGED, [])
+    return lambda: (info, b"")
+
+
+def _changes(plans, name: str) -> bool:
+    for p in plans:
+        if p.reader is not None and name in p.bases:
+            return p.reader.changes(name)
+    return True
+
+
+def _torch_of(a):
+    from ..torch import to_torch
+    return to_torch(a)
+
+
 # ------------------------------------------------------------------------------------ helpers
+
+class _Waker:
+    """The poll wait of :meth:`Follower.follow`: a plain sleep, ended early by :meth:`wake` (a self-pipe)
+    or by any write into a named pipe. The pipe is opened read-write, so it never reads as closed
+    while no writer has it open, and never through a symbolic link."""
+
+    def __init__(self, fifo: str | None):
+        self.fifo = None if fifo is None else os.fspath(fifo)
+        self.fds: list[int] = []
+        self._w: int | None = None
+
+    def __enter__(self) -> _Waker:
+        r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.fds.append(r)
+        if self.fifo is not None:
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkfifo(self.fifo, 0o600)
+                fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                self.__exit__()
+                raise InputError(f"--wake-fifo {self.fifo}: {exc.strerror or exc} (it must be a named pipe, "
+                                 f"not a link)") from None
+            self.fds.append(fd)
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                self.__exit__()
+                raise InputError(f"--wake-fifo {self.fifo} exists and is not a named pipe")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fd in self.fds + ([self._w] if self._w is not None else []):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds, self._w = [], None
+
+    def wake(self) -> None:
+        if self._w is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._w, b"!")
+
+    def sleep(self, seconds: float) -> None:
+        ready, _, _ = select.select(self.fds, [], [], seconds)
+        for fd in ready:   # drain: one wake per burst of writes
+            with contextlib.suppress(OSError):
+                while os.read(fd, 65536):
+                    pass
+
+
+def _layouts(plans) -> list:
+    """The checkpoint files of a step: one per shard with wanted tensors, in the data object's order."""
+    layouts = [ShardLayout(p.entry.file, [(e.name, p.reader.header(e.name).dtype, p.reader.header(e.name).shape)
+                                          for e in p.wanted], {"format": "pt"}) for p in plans if p.wanted]
+    if not layouts:  # a step of no tensors is still a checkpoint: one file holding none
+        layouts = [ShardLayout(plans[0].entry.file, [], {"format": "pt"})]
+    return layouts
+
 
 def _check_until(until):
     return None if until is None else retry.check_count(until, "until")

@@ -9,6 +9,7 @@ bucket. Unknown keys are ignored (SPEC.md Part II).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from .. import layout as FL
 from ..errors import CorruptError, LimitError, UnsupportedVersionError
 from . import names as N
 
-MAJOR, MINOR = 1, 0
+MAJOR, MINOR = 1, 1
 VERSION = [MAJOR, MINOR]
 
 HEAD_FORMAT = "arcfmt-stream-head"
@@ -35,6 +36,7 @@ MAX_OBJECT_BYTES = (1 << 63) - 1
 MIN_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.TRAILER_SIZE                          # 56: an empty INDX + trailer
 MAX_TAIL_BYTES = FL.RECORD_HEADER_SIZE + FL.MAX_RECORD_PAYLOAD + FL.TRAILER_SIZE  # the largest INDX + trailer
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 # ------------------------------------------------------------------------------------ JSON
@@ -132,6 +134,15 @@ class _Fields:
             raise CorruptError(f"{self.where}: field {key!r} must be 16 lower-case hex digits")
         return v
 
+    def sha256(self, key, *, nullable=False):
+        """An optional 1.1 field (S15): None when absent; when present, 64 lower-case hex digits."""
+        if key not in self.obj:
+            return None
+        v = self.get(key, str, nullable=nullable)
+        if v is not None and not _HEX64.match(v):
+            raise CorruptError(f"{self.where}: field {key!r} must be 64 lower-case hex digits")
+        return v
+
 
 def _check_kind(obj: dict, fmt: str, where: str) -> _Fields:
     f = _Fields(obj, where)
@@ -159,6 +170,7 @@ class ObjectRef:
     tail_xxh3_64: str       # xxh3-64 of bytes [index_offset, size): INDX record + trailer
     base_step: int | None = None     # deltas only
     base_digest: str | None = None   # deltas only: the file's base digest (SPEC.md §13.2)
+    sha256: str | None = None        # SHA-256 of the whole object (1.1, S15; None in 1.0 objects)
 
     @property
     def kind(self) -> str:
@@ -173,6 +185,8 @@ class ObjectRef:
                  tail_xxh3_64=self.tail_xxh3_64)
         if self.base_step is not None:
             d.update(base_step=self.base_step, base_digest=self.base_digest)
+        if self.sha256 is not None:
+            d.update(sha256=self.sha256)
         return d
 
 
@@ -196,7 +210,7 @@ def _parse_object(obj, kind, step, shard, num_shards, where) -> ObjectRef:
         if base_step >= step:
             raise CorruptError(f"{where}: base_step {base_step} is not before step {step}")
         base_digest = f.hex32("base_digest")
-    return ObjectRef(name, size, digest, index_offset, tail, base_step, base_digest)
+    return ObjectRef(name, size, digest, index_offset, tail, base_step, base_digest, f.sha256("sha256"))
 
 
 # ------------------------------------------------------------------------------------ head
@@ -240,6 +254,10 @@ class Descriptor:
     @property
     def digest(self) -> str:
         return digest128(self.raw if self.raw else self.to_bytes())
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw if self.raw else self.to_bytes()).hexdigest()
 
     def to_bytes(self) -> bytes:
         return canonical(dict(
@@ -306,11 +324,15 @@ class ShardEntry:
     tensors: int
     delta: ObjectRef | None
     keyframe: ObjectRef | None
+    descriptor_sha256: str | None = None   # SHA-256 of the descriptor's bytes (1.1, S15)
 
     def to_json(self) -> dict:
-        return dict(shard=self.shard, file=self.file, descriptor=self.descriptor, target_digest=self.target_digest,
-                    tensors=self.tensors, delta=None if self.delta is None else self.delta.to_json(),
-                    keyframe=None if self.keyframe is None else self.keyframe.to_json())
+        d = dict(shard=self.shard, file=self.file, descriptor=self.descriptor, target_digest=self.target_digest,
+                 tensors=self.tensors, delta=None if self.delta is None else self.delta.to_json(),
+                 keyframe=None if self.keyframe is None else self.keyframe.to_json())
+        if self.descriptor_sha256 is not None:
+            d.update(descriptor_sha256=self.descriptor_sha256)
+        return d
 
     def object(self, kind: str) -> ObjectRef:
         """The shard's object of ``kind``; asked only for a kind its manifest says every shard has."""
@@ -334,6 +356,8 @@ class Manifest:
     shards: list[ShardEntry] = field(default_factory=list)   # shard order
     writer: str | None = None   # every shard's descriptor names this writer
     raw: bytes = b""
+    base_manifest_sha256: str | None = None   # SHA-256 of the base manifest's bytes (1.1, S15)
+    has_base_sha256: bool = True  # write base_manifest_sha256 (null without a base); False: a 1.0 manifest
 
     @property
     def num_shards(self) -> int:
@@ -342,6 +366,11 @@ class Manifest:
     @property
     def digest(self) -> str:
         return digest128(self.raw if self.raw else self.to_bytes())
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the manifest's bytes: what a step's signature names (S15)."""
+        return hashlib.sha256(self.raw if self.raw else self.to_bytes()).hexdigest()
 
     def cost(self, kind: str) -> int:
         """Bytes of every shard's object of this kind (the planner's edge weight)."""
@@ -352,7 +381,8 @@ class Manifest:
             format=MANIFEST_FORMAT, version=VERSION, step=self.step, base_step=self.base_step,
             base_manifest=self.base_manifest, keyframe=self.keyframe, keyframe_step=self.keyframe_step,
             model_digest=self.model_digest, tensors=self.tensors, shards=[s.to_json() for s in self.shards],
-            writer=self.writer))
+            writer=self.writer, **({"base_manifest_sha256": self.base_manifest_sha256} if self.has_base_sha256
+                                   else {})))
 
 
 def parse_manifest(data, where: str) -> Manifest:
@@ -364,6 +394,10 @@ def parse_manifest(data, where: str) -> Manifest:
     base_manifest = f.hex32("base_manifest", nullable=True)
     if (base_manifest is None) != (base_step is None):
         raise CorruptError(f"{where}: base_manifest must be given exactly when base_step is")
+    has_base_sha256 = "base_manifest_sha256" in f.obj
+    base_sha256 = f.sha256("base_manifest_sha256", nullable=True)
+    if has_base_sha256 and (base_sha256 is None) != (base_step is None):
+        raise CorruptError(f"{where}: base_manifest_sha256 must be null exactly when base_step is")
     keyframe = f.get("keyframe", bool)
     keyframe_step = f.int("keyframe_step", 0, step)
     if keyframe != (keyframe_step == step):
@@ -401,9 +435,10 @@ def parse_manifest(data, where: str) -> Manifest:
         if (objs["keyframe"] is not None) != keyframe:
             raise CorruptError(f"{w}: every shard has a keyframe object exactly when keyframe is true")
         shards.append(ShardEntry(i, file, sf.hex32("descriptor"), sf.hex32("target_digest"),
-                                 sf.int("tensors", 0, MAX_TENSORS), objs["delta"], objs["keyframe"]))
+                                 sf.int("tensors", 0, MAX_TENSORS), objs["delta"], objs["keyframe"],
+                                 sf.sha256("descriptor_sha256")))
     if sum(s.tensors for s in shards) != total:
         raise CorruptError(f"{where}: shard tensor counts do not add up to {total}")
     writer = N.check_writer(f.get("writer", str, nullable=True), CorruptError)
     return Manifest(step, base_step, base_manifest, keyframe, keyframe_step, model_digest, total, shards, writer,
-                    bytes(data))
+                    bytes(data), base_sha256, has_base_sha256)

@@ -15,12 +15,17 @@ retry layer); the objects are :mod:`arcfmt.store.objects`.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
+import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,12 +56,17 @@ from .objects import (
     parse_head,
     parse_manifest,
 )
+from .retry import check_count as retry_count
+from .retry import check_seconds as retry_seconds
 
 HEAD_ATTEMPTS = 32
 
 
 @dataclass
 class CommitResult:
+    """Whether a step is committed: its manifest written (by this call or another shard's), or which
+    shards' descriptors (or which base step) it still waits for, and where the head is."""
+
     step: int
     committed: bool                 # the step's manifest exists (written by this call or another)
     made_manifest: bool = False     # this call wrote it
@@ -68,6 +78,9 @@ class CommitResult:
 
 @dataclass
 class PublishResult:
+    """One shard's publish of a step: the objects uploaded (``delta``, ``keyframe``), the times, and
+    the ``commit`` it led to (a :class:`CommitResult`)."""
+
     step: int
     shard: int
     num_shards: int
@@ -79,28 +92,34 @@ class PublishResult:
     encode_seconds: float
     upload_seconds: float
     seconds: float
+    note: str | None = None         # why this step is a keyframe although a base was at hand
 
     def as_dict(self) -> dict:
+        """The publish and its commit as a JSON-ready dict."""
         c = self.commit
         return dict(step=self.step, shard=self.shard, num_shards=self.num_shards, file=self.file,
                     delta=None if self.delta is None else self.delta.to_json(),
                     keyframe=None if self.keyframe is None else self.keyframe.to_json(),
                     model_bytes=self.model_bytes, committed=c.committed, made_manifest=c.made_manifest,
                     waiting_for=c.waiting_for, waiting_for_base=c.waiting_for_base, head=c.head,
-                    encode_seconds=self.encode_seconds, upload_seconds=self.upload_seconds, seconds=self.seconds)
+                    encode_seconds=self.encode_seconds, upload_seconds=self.upload_seconds, seconds=self.seconds,
+                    note=self.note)
 
 
 class _HashingWriter:
-    """A write-only file wrapper that hashes (xxh3-128) and counts what passes through."""
+    """A write-only file wrapper that hashes (xxh3-128 for the name, SHA-256 for signatures, S15) and
+    counts what passes through: the object is hashed once, while it is written."""
 
     def __init__(self, f):
         self._f = f
         self.h = xxhash.xxh3_128()
+        self.sha = hashlib.sha256()
         self.n = 0
 
     def write(self, data):
         self._f.write(data)
         self.h.update(data)
+        self.sha.update(data)
         self.n += len(data)
         return len(data)
 
@@ -130,9 +149,19 @@ class Publisher:
                  storage_options: dict | None = None, fs=None, effort: str = "default",
                  keyframe_effort: str = "fast", block_elems: int = DEFAULT_BLOCK_ELEMS, workers=None,
                  remember: bool = True, state_dir: str | None = None, tmp_dir: str | None = None,
-                 retries: int = 5, writer: str | None = None):
+                 retries: int = 5, writer: str | None = None, on_commit=None, on_commit_timeout: float = 60.0,
+                 sign_key=None, stream_id: str | None = None, keep_last: int | None = None,
+                 keep_keyframes: int = 0):
         N.check_shard(shard, num_shards)
         self.writer = N.check_writer(writer)
+        # sign_key: an Ed25519 private key (object or PEM/raw file): every step this publisher commits or
+        # finds committed is signed before the head moves (S15); stream_id is signed with it
+        self.signer = None
+        if sign_key is not None:
+            from .signing import Signer
+            self.signer = Signer(sign_key, stream_id)
+        elif stream_id is not None:
+            raise InputError("stream_id is signed: it needs sign_key")
         if isinstance(keyframe_every, bool) or not isinstance(keyframe_every, int) or keyframe_every < 0:
             raise InputError("keyframe_every must be a non-negative integer (0: only on demand)")
         self.store = Store(url, storage_options, fs=fs, retries=retries)
@@ -148,6 +177,15 @@ class Publisher:
         self.state_dir = state_dir
         self.tmp_dir = tmp_dir
         self._last: tuple[int, dict[str, np.ndarray]] | None = None   # (step, {name: array}) of the previous publish
+        # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
+        self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
+        self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
+        self._lost_step: tuple[int, str] | None = None   # (step, why) of a publish that ended in conflict
+        self._file: str | None = None     # the shard's file name at the last step published
+        if on_commit is not None and not callable(on_commit) and not (isinstance(on_commit, str) and on_commit):
+            raise InputError("on_commit must be a callable or a shell command")
+        self.on_commit = on_commit
+        self.on_commit_timeout = retry_seconds(on_commit_timeout, "on_commit_timeout")
 
     # ------------------------------------------------------------------------------ state
     def _state_paths(self, state_dir: str) -> tuple[str, str]:
@@ -171,6 +209,10 @@ class Publisher:
         name = st.get("tensors", os.path.basename(cpath))   # state folders written before "tensors" existed
         if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(".safetensors"):
             raise InputError(f"{jpath}: unreadable publisher state (tensors {name!r}); remove it to start over")
+        kept = st.get("file")
+        if isinstance(kept, str) and self._file is None:
+            with contextlib.suppress(InputError):
+                self._file = N.check_file_name(kept)
         return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
 
     def _save_state(self, step, tensors, source_path):
@@ -192,7 +234,7 @@ class Publisher:
         os.replace(tmp, path)
         with open(jpath + ".tmp", "w") as f:
             json.dump({"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
-                       "tensors": name}, f)
+                       "tensors": name, "file": self._file}, f)
         os.replace(jpath + ".tmp", jpath)
         for n in os.listdir(self.state_dir):     # earlier steps' tensors
             if n != name and (n == os.path.basename(cpath) or (n.startswith(stem + "-step")
@@ -231,24 +273,35 @@ class Publisher:
                     raise InputError(f"base step {base_step} is not before step {step}")
                 base_map, base_step = None, None  # republishing an earlier step: keyframe only
         if file_name is None:
-            b = os.path.basename(source_path) if source_path and os.path.isfile(source_path) else None
-            try:
-                file_name = N.check_file_name(b) if b else N.default_file_name(self.shard, self.num_shards)
-            except InputError:
-                file_name = N.default_file_name(self.shard, self.num_shards)
+            file_name = self._file_name(step, source_path)
         N.check_file_name(file_name)
+        note = self._keyframe_instead(step, base_step if base_map is not None else None, keyframe)
+        if note is not None:
+            base_map, base_step = None, None   # a delta from this base could never be committed
         if keyframe is None:
             make_kf = base_map is None or (self.keyframe_every > 0 and step % self.keyframe_every == 0)
         else:
             make_kf = bool(keyframe) or base_map is None
 
         model_bytes = sum(int(as_numpy(a).nbytes) for a in target.values())
+        try:
+            return self._publish(step, target, source_path, base_map, base_step, make_kf, file_name, note,
+                                 model_bytes, t_start)
+        except ConflictError as exc:
+            self._set_lost(step, str(exc))   # the next step goes out as a keyframe (S8.2, recovery)
+            if "keyframe" in str(exc):
+                raise
+            raise ConflictError(f"{exc}; this rank publishes its next step as a keyframe, so the stream goes "
+                                f"on") from None
+
+    def _publish(self, step, target, source_path, base_map, base_step, make_kf, file_name, note, model_bytes,
+                 t_start) -> PublishResult:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
-            self._remember(step, target, source_path)
+            self._remember(step, target, source_path, done.file)
             return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
-                                 model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start)
+                                 model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start, note)
         t0 = time.perf_counter()
         made = {}
         tmpfiles: list[str] = []
@@ -264,7 +317,7 @@ class Publisher:
                 self.store.put_file(name, path)
                 refs[kind] = ObjectRef(name, info["size"], info["xxh3_128"], info["index_offset"], info["tail"],
                                        base_step if kind == "delta" else None,
-                                       info["base_digest"] if kind == "delta" else None)
+                                       info["base_digest"] if kind == "delta" else None, sha256=info["sha256"])
             t2 = time.perf_counter()
         finally:
             for p in tmpfiles:
@@ -278,12 +331,111 @@ class Publisher:
                           refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
         result = self.commit(step, mine=desc)
-        self._remember(step, target, source_path)
+        self._remember(step, target, source_path, file_name)
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
-                             model_bytes, result, t1 - t0, t2 - t1, t3 - t_start)
+                             model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
 
-    def _remember(self, step, target, source_path) -> None:
+    def _file_name(self, step: int, source_path: str | None) -> str:
+        """The name followers give this shard's file: the one it had at the last step this publisher
+        published (so an engine pointed at the folder never has to list it again), else the
+        checkpoint's own file name unless that carries the step number (``step0017.safetensors``
+        would be renamed every step), else ``shard-<i>-of-<n>.safetensors``."""
+        if self._file is None and self.state_dir and self._last is None:
+            self._load_state()   # the file name of a run before this process, if any
+        if self._file is not None:
+            return self._file
+        b = os.path.basename(source_path) if source_path and os.path.isfile(source_path) else None
+        if b and not re.search(rf"(?i)(step|iter|global_step)[-_]?0*{step}(?!\d)", b):
+            with contextlib.suppress(InputError):
+                return N.check_file_name(b)
+        return N.default_file_name(self.shard, self.num_shards)
+
+    def _keyframe_instead(self, step: int, base_step: int | None, keyframe: bool | None) -> str | None:
+        """Why this step must be a keyframe although a base is at hand (None: a delta from it can commit).
+
+        A base step that can never be committed (a shard claimed by another writer, shards that cannot
+        combine), or this publisher's own last step lost, would wedge every later step: the step goes
+        out as a keyframe instead, on every rank that sees it (S8.2). A shard count that differs from the
+        stream's is a resharded trainer: allowed only for a keyframe asked for on every rank."""
+        lost = self._lost()
+        if base_step is None:
+            n = self._stream_shards()
+            if n is not None and n != self.num_shards and keyframe is not True:
+                raise InputError(f"the stream has {n} shards (at its head); this publisher is shard {self.shard} "
+                                 f"of {self.num_shards}: a resharded trainer starts with a keyframe step "
+                                 f"(--keyframe on every rank); else check --shard")
+            return None
+        braw = self.store.read(N.manifest_name(base_step), MAX_MANIFEST_BYTES, missing_ok=True)
+        if braw is not None:
+            n = parse_manifest(braw, N.manifest_name(base_step)).num_shards
+        elif self.store.read(N.descriptor_name(base_step, self.shard, self.num_shards), MAX_DESCRIPTOR_BYTES,
+                             missing_ok=True) is None:
+            n = self._stream_shards()   # the base was never published at this shard count here
+        else:
+            n = self.num_shards
+        if n is not None and n != self.num_shards:
+            if keyframe is not True:
+                raise InputError(f"base step {base_step} has {n} shards; this publisher is shard {self.shard} "
+                                 f"of {self.num_shards}: a resharded trainer starts with a keyframe step "
+                                 f"(--keyframe on every rank); else check --shard")
+            return f"resharded from {n} to {self.num_shards} shards"
+        if lost is not None:
+            return f"this publisher's step {lost[0]} was lost ({lost[1]})"
+        if braw is not None:
+            return None
+        why = why_blocked(self.store, base_step, self.num_shards, self.writer, any_writer=False)
+        return None if why is None else f"base step {base_step} can never be committed: {why}"
+
+    def _stream_shards(self) -> int | None:
+        """The shard count of the step at the stream's head (None: nothing committed yet)."""
+        raw = self.store.read(N.HEAD, MAX_HEAD_BYTES, missing_ok=True)
+        if raw is None:
+            return None
+        try:
+            h = parse_head(raw)
+        except ArcError:
+            return None   # a damaged head is repaired by the next commit
+        mraw = self.store.read(N.manifest_name(h.step), MAX_MANIFEST_BYTES, missing_ok=True)
+        return None if mraw is None else parse_manifest(mraw, N.manifest_name(h.step)).num_shards
+
+    def _lost_path(self) -> str | None:
+        return None if not self.state_dir else self._state_paths(self.state_dir)[0][: -len(".json")] + ".lost"
+
+    def _lost(self) -> tuple[int, str] | None:
+        """(step, reason) of this publisher's last publish if it ended in ``conflict`` (also across runs
+        with ``state_dir``), else None."""
+        if self._lost_step is not None:
+            return self._lost_step
+        p = self._lost_path()
+        if p is None:
+            return None
+        try:
+            with open(p, "rb") as f:
+                st = json.loads(f.read(1 << 16))
+            return int(st["step"]), str(st["why"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return (-1, f"{p} is unreadable")
+
+    def _set_lost(self, step: int, why: str | None) -> None:
+        self._lost_step = None if why is None else (step, why)
+        p = self._lost_path()
+        if p is None:
+            return
+        if why is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+            return
+        os.makedirs(self.state_dir or ".", exist_ok=True)
+        with open(p + ".tmp", "w") as f:
+            json.dump({"step": step, "why": why}, f)
+        os.replace(p + ".tmp", p)
+
+    def _remember(self, step, target, source_path, file: str) -> None:
+        self._set_lost(step, None)
+        self._file = file
         if self.remember:
             self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
         self._save_state(step, target, source_path)
@@ -327,9 +479,9 @@ class Publisher:
             for n in r.names:
                 th = r.header(n)
                 tensors.append((n, th.dtype.name, tuple(th.shape), f"{th.target_hash:016x}"))
-            info = dict(size=size, xxh3_128=hw.h.hexdigest(), index_offset=trailer.index_offset,
-                        tail=xxhash.xxh3_64_hexdigest(tail), target_digest=r.target_digest.hex(),
-                        base_digest=r.base_digest.hex(), tensors=tensors)
+            info = dict(size=size, xxh3_128=hw.h.hexdigest(), sha256=hw.sha.hexdigest(),
+                        index_offset=trailer.index_offset, tail=xxhash.xxh3_64_hexdigest(tail),
+                        target_digest=r.target_digest.hex(), base_digest=r.base_digest.hex(), tensors=tensors)
         return path, info
 
     def _claim(self, desc: Descriptor) -> None:
@@ -363,6 +515,7 @@ class Publisher:
         if raw is not None:
             m = parse_manifest(raw, mname)
             _check_mine(m, mine)
+            self._sign(m)
             return CommitResult(step, True, False, head=self._advance_head(m), manifest=m)
         dnames = [N.descriptor_name(step, i, n) for i in range(n)]
         raws = self.store.read_many(dnames, MAX_DESCRIPTOR_BYTES)
@@ -375,59 +528,44 @@ class Publisher:
             if (d.step, d.shard, d.num_shards) != (step, i, n):
                 raise ConflictError(f"{dn} describes step {d.step} shard {d.shard} of {d.num_shards}")
             descs.append(d)
-        # a delta object always has its base_step (ObjectRef.kind); the second test only tells mypy so
-        bases = {d.delta.base_step for d in descs if d.delta is not None and d.delta.base_step is not None}
-        use_delta = all(d.delta is not None for d in descs) and len(bases) == 1
-        use_kf = all(d.keyframe is not None for d in descs)
+        entries = check_shards(step, descs)
+        base_b, use_kf = combinable(step, descs)
+        use_delta = base_b is not None
         base_m = None
-        if use_delta:
-            b = next(iter(bases))
-            bname = N.manifest_name(b)
+        if base_b is not None:
+            bname = N.manifest_name(base_b)
             braw = self.store.read(bname, MAX_MANIFEST_BYTES, missing_ok=True)
             if braw is None and _depth == 0:
-                self.commit(b, _depth=1)   # its last shard may have died before committing it
+                self.commit(base_b, _depth=1)   # its last shard may have died before committing it
                 braw = self.store.read(bname, MAX_MANIFEST_BYTES, missing_ok=True)
             if braw is None:
                 if not use_kf:
-                    return CommitResult(step, False, waiting_for_base=b)
+                    return CommitResult(step, False, waiting_for_base=base_b)
                 use_delta = False
             else:
                 base_m = parse_manifest(braw, bname)
-                if base_m.step != b:
+                if base_m.step != base_b:
                     raise ConflictError(f"{bname} describes step {base_m.step}")
-        if not use_delta and not use_kf:
-            raise ConflictError(f"step {step} cannot be committed: its shards do not all have a delta from the "
-                                f"same base step ({sorted(bases)}) nor all a keyframe")
-        writers = sorted({d.writer or "" for d in descs})
-        if len(writers) > 1:
-            raise ConflictError(f"step {step} cannot be committed: its shards come from different writers "
-                                f"({', '.join(w or '(none)' for w in writers)})")
-        entries = []
-        owner: dict[bytes, int] = {}   # tensor name → shard
-        files: dict[str, int] = {}     # file name, lower case → shard
-        for d in descs:
-            for e in d.digest_entries():
-                if e[0] in owner:
-                    raise ConflictError(f"step {step}: tensor {e[0].decode()!r} is published by shards "
-                                        f"{owner[e[0]]} and {d.shard}")
-                owner[e[0]] = d.shard
-                entries.append(e)
-            if d.file.lower() in files:
-                raise ConflictError(f"step {step}: shards {files[d.file.lower()]} and {d.shard} use the same "
-                                    f"file name {d.file!r}")
-            files[d.file.lower()] = d.shard
+                if base_m.num_shards != n:
+                    if not use_kf:
+                        raise ConflictError(f"step {step} cannot be committed: {n} shards of deltas from step "
+                                            f"{base_b}, which has {base_m.num_shards} (a resharded trainer "
+                                            f"starts with a keyframe step){_NEXT_KEYFRAME}")
+                    use_delta = False
         m_base_step: int | None = None
         m_base_digest: str | None = None
+        m_base_sha256: str | None = None
         keyframe_step = step
         if use_delta:
             assert base_m is not None   # read and parsed above whenever use_delta still holds
-            m_base_step, m_base_digest = base_m.step, base_m.digest
+            m_base_step, m_base_digest, m_base_sha256 = base_m.step, base_m.digest, base_m.sha256
             if not use_kf:
                 keyframe_step = base_m.keyframe_step
         m = Manifest(step, m_base_step, m_base_digest, use_kf, keyframe_step, model_digest(entries).hex(), len(entries),
                      [ShardEntry(d.shard, d.file, d.digest, d.target_digest, len(d.tensors),
-                                 d.delta if use_delta else None, d.keyframe if use_kf else None) for d in descs],
-                     descs[0].writer)
+                                 d.delta if use_delta else None, d.keyframe if use_kf else None, d.sha256)
+                      for d in descs],
+                     descs[0].writer, base_manifest_sha256=m_base_sha256)
         data = m.to_bytes()
         made = self.store.create(mname, data)
         if made:
@@ -437,7 +575,56 @@ class Publisher:
             if [s.descriptor for s in m.shards] != [d.digest for d in descs]:
                 raise ConflictError(f"{mname} was written from other shard descriptors than the ones in the store")
         _check_mine(m, mine)
-        return CommitResult(step, True, made, head=self._advance_head(m), manifest=m)
+        self._sign(m)
+        result = CommitResult(step, True, made, head=self._advance_head(m), manifest=m)
+        if made:
+            self._notify(m, result)
+            self._prune()
+        return result
+
+    def _prune(self) -> None:
+        """Retention after a commit this call made (S16): only the committer prunes, and a failure
+        to prune is a warning, never a failed publish."""
+        if self.keep_last is None:
+            return
+        from .prune import prune
+        try:
+            prune(store=self.store, keep_last=self.keep_last, keep_keyframes=self.keep_keyframes)
+        except (ArcError, OSError) as exc:
+            warnings.warn(f"pruning after the commit failed (the step is committed): {type(exc).__name__}: {exc}",
+                          stacklevel=3)
+
+    def _notify(self, m: Manifest, result: CommitResult) -> None:
+        """Run the ``on_commit`` hook once for a step this call committed (it made the manifest): a
+        callable gets the step's facts as a dict, a command gets them as one JSON line on stdin. The
+        step is committed whatever the hook does: a failing hook is a warning, never an error."""
+        if self.on_commit is None:
+            return
+        facts = commit_facts(self.url, m, result.head)
+        try:
+            if callable(self.on_commit):
+                self.on_commit(facts)
+                return
+            p = subprocess.run(self.on_commit, shell=True, input=json.dumps(facts) + "\n", text=True,
+                               capture_output=True, timeout=self.on_commit_timeout)
+            if p.returncode != 0:
+                warnings.warn(f"on-commit command exited with {p.returncode} for step {m.step}: "
+                              f"{(p.stderr or p.stdout).strip()[-500:]}", stacklevel=2)
+        except subprocess.TimeoutExpired:
+            warnings.warn(f"on-commit command ran past {self.on_commit_timeout} s for step {m.step}", stacklevel=2)
+        except Exception as exc:  # the user's hook: the step is committed whatever it does
+            warnings.warn(f"on-commit hook failed for step {m.step}: {type(exc).__name__}: {exc}", stacklevel=2)
+
+    def _sign(self, m: Manifest) -> None:
+        """Create ``steps/<S>/signature.json`` for a committed step, before the head moves (S15.3). An
+        existing one (another rank's, a retry's) must sign this very manifest."""
+        if self.signer is None:
+            return
+        from .signing import MAX_SIGNATURE_BYTES, signature_name
+        name = signature_name(m.step)
+        if self.store.create(name, self.signer.sign(m, int(time.time() * 1000))):
+            return
+        self.signer.check_existing(self.store.read(name, MAX_SIGNATURE_BYTES), m, name)
 
     def _advance_head(self, m: Manifest) -> int:
         """Compare-and-swap the head forward to ``m`` unless it is already at or past it."""
@@ -465,4 +652,99 @@ def _check_mine(m: Manifest, mine: Descriptor | None) -> None:
                             f"{mine.num_shards} (another writer's shards won the step)")
 
 
-__all__ = ["Publisher", "PublishResult", "CommitResult"]
+
+_NEXT_KEYFRAME = ("; it can never be committed: every rank publishes its next step as a keyframe on its own "
+                  "(or pass --keyframe / keyframe=True on every rank)")
+MAX_BLOCKED_DEPTH = 8   # base steps ``why_blocked`` follows down an uncommitted chain
+
+
+def commit_facts(url: str, m: Manifest, head: int | None) -> dict:
+    """What an ``on_commit`` hook is told of a committed step (JSON-ready)."""
+    kinds = [k for k, on in (("delta", m.base_step is not None), ("keyframe", m.keyframe)) if on]
+    return dict(event="commit", url=url, step=m.step, manifest=m.digest, base_step=m.base_step,
+                keyframe=m.keyframe, keyframe_step=m.keyframe_step, model_digest=m.model_digest, tensors=m.tensors,
+                shards=m.num_shards, writer=m.writer, head=head, time_ms=int(time.time() * 1000),
+                bytes={k: m.cost(k) for k in kinds})
+
+
+def check_shards(step: int, descs: list) -> list:
+    """The model-digest entries of a step's descriptors; ``conflict`` if they can never form one step:
+    two writers, a tensor in two shards, two shards with one file name (S8.2 step 3.3)."""
+    writers = sorted({d.writer or "" for d in descs})
+    if len(writers) > 1:
+        raise ConflictError(f"step {step} cannot be committed: its shards come from different writers "
+                            f"({', '.join(w or '(none)' for w in writers)}){_NEXT_KEYFRAME}")
+    entries = []
+    owner: dict[bytes, int] = {}   # tensor name → shard
+    files: dict[str, int] = {}     # file name, lower case → shard
+    for d in descs:
+        for e in d.digest_entries():
+            if e[0] in owner:
+                raise ConflictError(f"step {step}: tensor {e[0].decode()!r} is published by shards "
+                                    f"{owner[e[0]]} and {d.shard}{_NEXT_KEYFRAME}")
+            owner[e[0]] = d.shard
+            entries.append(e)
+        if d.file.lower() in files:
+            raise ConflictError(f"step {step}: shards {files[d.file.lower()]} and {d.shard} use the same "
+                                f"file name {d.file!r}{_NEXT_KEYFRAME}")
+        files[d.file.lower()] = d.shard
+    return entries
+
+
+def combinable(step: int, descs: list) -> tuple[int | None, bool]:
+    """``(base step of the deltas or None, keyframes?)`` that a step of these descriptors can have;
+    ``conflict`` when it can have neither (mixed kinds or base steps)."""
+    # a delta object always has its base_step (ObjectRef.kind); the second test only tells mypy so
+    bases = {d.delta.base_step for d in descs if d.delta is not None and d.delta.base_step is not None}
+    use_delta = all(d.delta is not None for d in descs) and len(bases) == 1
+    use_kf = all(d.keyframe is not None for d in descs)
+    if not use_delta and not use_kf:
+        raise ConflictError(f"step {step} cannot be committed: its shards do not all have a delta from the "
+                            f"same base step ({sorted(bases)}) nor all a keyframe{_NEXT_KEYFRAME}")
+    return (next(iter(bases)) if use_delta else None), use_kf
+
+
+def why_blocked(store: Store, step: int, num_shards: int, writer: str | None = None, *,
+                any_writer: bool = True, _depth: int = 0) -> str | None:
+    """Why ``step`` (of ``num_shards`` shards) can never be committed, or None when it is committed
+    or still may be (shards missing, a base that may still come). Reads only, never writes.
+
+    With ``any_writer`` False, a shard claimed by another writer than ``writer`` blocks the step for
+    that writer (a publisher asking about its own base step)."""
+    if store.read(N.manifest_name(step), MAX_MANIFEST_BYTES, missing_ok=True) is not None:
+        return None
+    dnames = [N.descriptor_name(step, i, num_shards) for i in range(num_shards)]
+    descs = []
+    for dn, raw in zip(dnames, store.read_many(dnames, MAX_DESCRIPTOR_BYTES)):
+        if raw is None:
+            continue
+        try:
+            d = parse_descriptor(raw, dn)
+        except ArcError as exc:
+            return f"{dn} is unreadable ({exc})"
+        if not any_writer and d.writer != writer:
+            return f"shard {d.shard} was claimed by writer {d.writer or '(none)'}"
+        descs.append(d)
+    try:
+        check_shards(step, descs)
+        if len(descs) < num_shards:
+            return None   # the missing shards may still come
+        base, use_kf = combinable(step, descs)
+    except ConflictError as exc:
+        return str(exc).split("; it can never", 1)[0]
+    if use_kf or base is None or _depth >= MAX_BLOCKED_DEPTH:
+        return None
+    braw = store.read(N.manifest_name(base), MAX_MANIFEST_BYTES, missing_ok=True)
+    if braw is not None:
+        try:
+            bm = parse_manifest(braw, N.manifest_name(base))
+        except ArcError as exc:
+            return f"its base step {base} has an unreadable manifest ({exc})"
+        if bm.num_shards != num_shards:
+            return f"its deltas are from step {base}, which has {bm.num_shards} shards, not {num_shards}"
+        return None    # committable: a committer died before writing its manifest
+    why = why_blocked(store, base, num_shards, writer, any_writer=any_writer, _depth=_depth + 1)
+    return None if why is None else f"its base step {base} can never be committed ({why})"
+
+
+__all__ = ["Publisher", "PublishResult", "CommitResult", "why_blocked"]

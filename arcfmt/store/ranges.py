@@ -53,6 +53,8 @@ _DIGITS = re.compile(r"[0-9]{1,19}\Z")
 
 @dataclass
 class FetchStats:
+    """Counters of the range reads made so far (requests, bytes, retries, spool reuse)."""
+
     requests: int = 0       # range requests sent (one per chunk and attempt)
     bytes: int = 0          # bytes received from the store
     retries: int = 0        # chunk requests sent again after a transient error
@@ -60,9 +62,11 @@ class FetchStats:
     reused_bytes: int = 0
 
     def as_dict(self) -> dict:
+        """The counters as a dict."""
         return asdict(self)
 
     def minus(self, other: FetchStats) -> FetchStats:
+        """The counters since ``other`` (an earlier copy): field by field ``self - other``."""
         return FetchStats(**{k: v - getattr(other, k) for k, v in asdict(self).items()})
 
 
@@ -495,7 +499,8 @@ class RangeFetcher(retry.Deadlines):
                     raise fatal
             if failed:
                 delay = retry.backoff_delay(attempt + 1, self.backoff)
-                why = self.may_retry(attempt, self.retries, started, delay)
+                why = self.may_retry(attempt, self.retries, started, delay, what=pieces[failed[0][0]][4],
+                                     error=failed[0][1])
                 if why is not None:
                     j, r = failed[0]
                     _, _, s, e, key = pieces[j]

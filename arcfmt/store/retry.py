@@ -8,6 +8,10 @@ The client libraries' own retries are turned off where arcfmt builds the filesys
 (:func:`arcfmt.store.backends.open_fs`), so they do not multiply. The arguments that set these
 budgets are checked here (:func:`check_budget`, :func:`check_count`, :func:`check_number`,
 :func:`check_seconds`): a bad one is ``InputError``.
+
+Whoever wants to know while a store keeps failing (the command line prints one stderr line per
+retry) sets a notifier: :func:`set_notifier` or the :func:`notifier` context manager; it is called
+with a :class:`RetryNotice` just before each retry's wait, from the thread that retries.
 """
 from __future__ import annotations
 
@@ -16,7 +20,10 @@ import errno
 import math
 import operator
 import random
+import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from ..errors import ArcError, InputError
 from .errors import MissingError, TransportError
@@ -65,6 +72,58 @@ def backoff_delay(attempt: int, base: float, cap: float = 5.0) -> float:
 def describe(exc: BaseException) -> str:
     """One line for an error in a message: an arcfmt error's own message, else ``Type: message``."""
     return str(exc) if isinstance(exc, ArcError) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """One retry about to start: what failed, why, which retry this is and how long it waits first."""
+    what: str | None        # the operation ("reading head.json"); None where the caller did not say
+    error: str | None       # the failure, one line (:func:`describe`)
+    attempt: int            # the number of this retry: 1 for the first
+    retries: int            # the most retries this operation makes
+    delay: float            # seconds slept before it is sent
+
+    def __str__(self) -> str:
+        head = ": ".join(x for x in (self.what, self.error) if x) or "a store request failed"
+        return f"{head}; retry {self.attempt} of {self.retries} in {self.delay:.1f} s"
+
+
+_notifier: Callable[[RetryNotice], None] | None = None
+_notifier_lock = threading.Lock()
+
+
+def set_notifier(fn: Callable[[RetryNotice], None] | None) -> Callable[[RetryNotice], None] | None:
+    """Call ``fn(notice)`` before every retry of every store operation of this process (None: stop);
+    returns the notifier it replaces. An exception ``fn`` raises is ignored (it never fails the
+    operation)."""
+    global _notifier
+    with _notifier_lock:
+        prev, _notifier = _notifier, fn
+    return prev
+
+
+@contextlib.contextmanager
+def notifier(fn: Callable[[RetryNotice], None] | None) -> Iterator[None]:
+    """:func:`set_notifier` for the block only."""
+    prev = set_notifier(fn)
+    try:
+        yield
+    finally:
+        set_notifier(prev)
+
+
+def notify(what: str | None, error: BaseException | str | None, attempt: int, retries: int, delay: float) -> None:
+    """Tell the notifier (if one is set) that retry ``attempt`` of ``what`` starts after ``delay`` s."""
+    fn = _notifier
+    if fn is None:
+        return
+    err = error if error is None or isinstance(error, str) else describe(error)
+    if what and err and err.startswith(f"{what}: "):
+        err = err[len(what) + 2:]
+    try:
+        fn(RetryNotice(what, err, attempt, retries, delay))
+    except Exception:  # a notifier's own failure is no reason to fail the store operation
+        pass
 
 
 def check_count(value, what: str, minimum: int | None = 0) -> int:
@@ -151,8 +210,16 @@ class Deadlines:
             t = min(t, left)
         return t
 
-    def may_retry(self, attempt: int, retries: int, started: float, delay: float) -> str | None:
-        """None if retry number ``attempt + 1`` may start after sleeping ``delay``; else why not."""
+    def may_retry(self, attempt: int, retries: int, started: float, delay: float, *, what: str | None = None,
+                  error: BaseException | str | None = None) -> str | None:
+        """None if retry number ``attempt + 1`` may start after sleeping ``delay`` (the notifier is
+        then told, naming ``what`` and ``error``: :func:`notify`); else why not."""
+        why = self._why_not(attempt, retries, started, delay)
+        if why is None:
+            notify(what, error, attempt + 1, retries, delay)
+        return why
+
+    def _why_not(self, attempt: int, retries: int, started: float, delay: float) -> str | None:
         if attempt >= retries:
             return f"after {attempt} retries" if attempt else ""
         now = time.monotonic()
@@ -188,7 +255,7 @@ def call(fn, what: str, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFA
                 raise TransportError(f"{what}: {describe(exc)}") from exc
             err = exc
         delay = backoff_delay(attempt + 1, backoff)
-        why = limits.may_retry(attempt, retries, started, delay)
+        why = limits.may_retry(attempt, retries, started, delay, what=what, error=err)
         if why is not None:
             msg = describe(err) if isinstance(err, ArcError) and str(err).startswith(what) else \
                 f"{what}: {describe(err)}"

@@ -629,7 +629,17 @@ def job_follow(url, so, into, chunk_size=1 << 20, concurrency=16, until=None, ki
     return {"updates": ups, "points": kp.count, "names": kp.names, "stats": fol.stats.as_dict()}
 
 
-JOBS = {"publish": job_publish, "follow": job_follow}
+def job_live(url, snapshot, kill_at=None):
+    """A live follower (model in memory, a snapshot after every step) catching up from its snapshot."""
+    from arcfmt.store import Follower
+
+    kp = _arm(kill_at, local_reads=not url.startswith("s3://"))
+    fol = Follower(url, live={}, snapshot=snapshot, snapshot_every=1, workers=1)
+    ups = [u.as_dict() for u in fol.sync()]
+    return {"updates": ups, "points": kp.count, "names": kp.names}
+
+
+JOBS = {"publish": job_publish, "follow": job_follow, "live": job_live}
 
 
 def _zygote_main() -> None:  # pragma: no cover - runs in the child process

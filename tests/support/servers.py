@@ -257,13 +257,27 @@ def client_env(server: Server) -> dict:
     return env
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use
-    kind = sys.argv[1] if len(sys.argv) > 1 else "seaweedfs"
+def _serve(kind: str) -> None:  # pragma: no cover - manual use
+    """Start one server, print what a shell needs to reach it, run until Ctrl-C or SIGTERM."""
     srv = STARTERS[kind]()
-    print(f"{kind} pid {srv.pid} at {srv.endpoint} (bucket {BUCKET}); Ctrl-C to stop", flush=True)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    url = f"{protocol(srv)}://{BUCKET}/run42"
+    print(f"# {kind} pid {srv.pid} at {srv.endpoint} (bucket {BUCKET}); Ctrl-C or SIGTERM stops it", flush=True)
+    print("# paste into your shell, then e.g.: arcfmt follow " + url + " --into /tmp/run42 --once"
+          + (" -O token=anon" if srv.kind == "fake-gcs" else ""), flush=True)
+    for k, v in client_env(srv).items():
+        print(f"export {k}={v}", flush=True)
     try:
         srv.proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
         srv.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "seaweedfs")
