@@ -47,13 +47,16 @@ def as_framework(arrays: dict, base: Any, framework: str | None = None, device: 
 
     Torch tensors share the decoded arrays' memory (no copy) on the CPU, or are moved to ``device``
     when given; with ``device=None`` a tensor goes where its same-named base tensor is (a new tensor:
-    where the first torch base tensor is). ``device`` without torch output is an InputError."""
+    where the first torch base tensor is). ``device`` without torch output, or torch output without
+    PyTorch installed, is an InputError."""
     if not wants_torch(base, framework):
         if device is not None:
             raise InputError("device= is for torch output: pass framework='pt' (or torch base tensors)")
         return arrays
-    from . import torch as _torch  # the one module that imports torch (ImportError with the pip hint)
-
+    try:
+        from . import torch as _torch  # the one module that imports torch
+    except ImportError as exc:         # framework="pt" without PyTorch installed
+        raise InputError(str(exc)) from None
     return _torch.from_decoded(arrays, base, device)
 
 

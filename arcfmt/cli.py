@@ -138,9 +138,19 @@ def _block_elems(text: str) -> int:
     return n
 
 
-def _is_folder_path(path: str) -> bool:
-    """``-o DIR/`` (a trailing slash) or ``-o DIR`` for a folder that exists: write into that folder."""
-    return path.endswith(os.sep) or bool(os.altsep and path.endswith(os.altsep)) or os.path.isdir(path)
+def _is_folder_path(path: str, inputs=()) -> bool:
+    """``-o DIR/`` (a trailing slash) or ``-o DIR`` for a folder that exists: write into that folder.
+    Never into a folder that is one of ``inputs`` (a checkpoint folder): that output is refused as
+    one of the inputs, as it always was."""
+    if not (path.endswith(os.sep) or bool(os.altsep and path.endswith(os.altsep)) or os.path.isdir(path)):
+        return False
+    for q in inputs:
+        try:
+            if q is not None and os.path.isdir(q) and os.path.samefile(q, path):
+                return False
+        except OSError:
+            pass
+    return True
 
 
 def _into_folder(path: str, name: str) -> str:
@@ -251,7 +261,7 @@ def _file_kind(path: str) -> str | None:
             head = f.read(9)
     except OSError:
         return None
-    if head.startswith(MAGIC[:len(head)]) and len(head) >= 8:
+    if head.startswith(MAGIC):
         return "arcfmt"
     if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30:
         return "safetensors"
@@ -324,7 +334,7 @@ def cmd_encode(args) -> int:
         out = _binary_stdout()
         shown = "<stdout>"
     else:
-        if _is_folder_path(output):
+        if _is_folder_path(output, [base, target]):
             output = _into_folder(output, _step_file(target_step, target, ".arc"))
         check_output(output, [base, target], args.force)  # before minutes of reading; again when writing
         out = shown = output
@@ -374,7 +384,7 @@ def cmd_apply(args) -> int:
     with _open_delta(args.delta) as f:
         reader = DeltaReader(f, workers=args.workers)
         output = args.output
-        if output is not None and _is_folder_path(output) and not open_checkpoint(args.base).is_dir:
+        if output is not None and _is_folder_path(output, [args.base]) and not open_checkpoint(args.base).is_dir:
             # one file into a folder: named after the step it is at (the base's own name would be wrong)
             output = _into_folder(output, _step_file(reader.target_step, args.base, ".safetensors"))
         total = sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names)
@@ -509,7 +519,7 @@ def cmd_report(args) -> int:
         if p is not None:
             check_readable(p)
     output = args.output
-    if _is_folder_path(output):  # -o DIR/: DIR/stepNNNN.html, after the delta's target step
+    if _is_folder_path(output, [args.base]):  # -o DIR/: DIR/stepNNNN.html, after the delta's target step
         from .reader import DeltaReader
 
         with _open_delta(args.delta) as f:
@@ -864,7 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("paths", nargs="+", metavar="BASE TARGET")
     e.add_argument("-o", "--output", required=True,
                    help="the .arc file to write (atomically); '-': standard output (not a terminal); a folder "
-                        "(DIR/, made if missing, or one that exists): DIR/stepNNNN.arc after the target step")
+                        "(DIR/, made if missing, or one that exists): DIR/stepNNNN.arc after the target step (no step "
+                        "known: after TARGET's name)")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
     e.add_argument("--keyframe", action="store_true", help="full lossless snapshot of TARGET, needs no base")
     e.add_argument("--base-step", type=int, help="step id of the base (default: from a 'stepNNN' name)")

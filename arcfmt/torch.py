@@ -13,6 +13,7 @@ for torch bases (or ``framework="pt"``) through :func:`from_decoded`, imported o
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -74,6 +75,12 @@ def load_checkpoint(path: str | os.PathLike, *, pin_memory: bool = False) -> dic
     (page-locked with ``pin_memory``, for fast copies to a GPU): a live model a Follower can update."""
     from .safetensors_io import open_checkpoint
 
+    if pin_memory:
+        try:
+            torch.empty(1, pin_memory=True)
+        except RuntimeError as exc:   # no accelerator here: page-locked memory would serve nothing
+            warnings.warn(f"pin_memory ignored: {exc}", stacklevel=2)
+            pin_memory = False
     out: dict[str, torch.Tensor] = {}
     for name, arr in open_checkpoint(os.fspath(path)).tensors().items():
         dtype = to_torch(np.empty(0, arr.dtype)).dtype

@@ -47,15 +47,22 @@ def keyframe_mismatches(base: Mapping, target: Mapping) -> list[str]:
             out.append(f"{name!r} (not in the base)")
             continue
         try:
-            ta, ba = as_numpy(t), as_numpy(b)
-            tdt, bdt = from_numpy(ta.dtype), from_numpy(ba.dtype)
-        except InputError:
+            (tdt, tshape), (bdt, bshape) = _dtype_shape(t), _dtype_shape(b)
+        except (InputError, TypeError, AttributeError):
             continue
         if bdt is not tdt:
             out.append(f"{name!r} (dtype {bdt.name} in the base, {tdt.name} here)")
-        elif tuple(ba.shape) != tuple(ta.shape):
-            out.append(f"{name!r} (shape {tuple(ba.shape)} in the base, {tuple(ta.shape)} here)")
+        elif bshape != tshape:
+            out.append(f"{name!r} (shape {bshape} in the base, {tshape} here)")
     return out
+
+
+def _dtype_shape(x: Any) -> tuple[Any, tuple[int, ...]]:
+    """An array's arcfmt dtype and shape without touching its data (a GPU tensor is not copied)."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "new_empty"):   # torch: an empty one of its dtype
+        return from_numpy(as_numpy(x.new_empty((0,))).dtype), tuple(int(d) for d in x.shape)
+    a = as_numpy(x)
+    return from_numpy(a.dtype), tuple(int(d) for d in a.shape)
 
 
 def check_mismatches(base: Mapping, target: Mapping, on_mismatch: str, *, stacklevel: int = 2) -> None:

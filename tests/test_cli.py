@@ -115,7 +115,9 @@ def test_versions_have_one_source():
     from arcfmt import records
     p = subprocess.run([sys.executable, "-m", "arcfmt", "--version"], capture_output=True, text=True)
     major, minor = arcfmt.FORMAT_VERSION
-    assert p.stdout.strip() == f"arcfmt {arcfmt.__version__} (format {major}.{minor})"
+    from arcfmt.store import STREAM_VERSION
+    assert p.stdout.strip() == (f"arcfmt {arcfmt.__version__} (writes format {major}.{minor} files; "
+                                f"stream layout {STREAM_VERSION[0]}.{STREAM_VERSION[1]})")
     assert importlib.metadata.version("arcfmt") == arcfmt.__version__
     data = arcfmt.encode(None, {"a": np.zeros(3, np.float32)})
     assert records.check_header(data[:16]) == arcfmt.FORMAT_VERSION

@@ -276,8 +276,10 @@ def test_missing_paths_are_io_errors(models, tmp_path):
     msg = refused(run("encode", models / "b.safetensors", models / "t.safetensors", "-o", out), "io")
     assert msg == f"arcfmt: error (io): cannot write {out}: No such file or directory\n"
     (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder" / "td.arc").mkdir()  # -o DIR writes DIR/td.arc (no step in the name): a folder there
     msg = refused(run("encode", models / "bd", models / "td", "-o", tmp_path / "a-folder", "--force"), "io")
-    assert msg == f"arcfmt: error (io): cannot write {tmp_path / 'a-folder'}: Is a directory\n"
+    assert msg == f"arcfmt: error (io): cannot write {tmp_path / 'a-folder' / 'td.arc'}: Is a directory\n"
+    os.rmdir(tmp_path / "a-folder" / "td.arc")
     msg = refused(run("report", models / "d.arc", "-o", tmp_path / "missing" / "r.html"), "io")
     assert f"cannot write {tmp_path / 'missing' / 'r.html'}: No such file or directory" in msg
     assert os.listdir(tmp_path) == ["a-folder"] and os.listdir(tmp_path / "a-folder") == []

@@ -2,25 +2,15 @@
 from __future__ import annotations
 
 import lzma
-import zlib
 
 import pytest
 
 from arcfmt import codecs
 from arcfmt.errors import CorruptError, LimitError
 from arcfmt.layout import MAX_XZ_MEMORY
+from support.records import xz_with_dictionary_code
 
-
-def _xz_with_dictionary_code(data: bytes, code: int) -> bytes:
-    x = bytearray(lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE,
-                                filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
-    hsize = (x[12] + 1) * 4
-    hdr = x[12:12 + hsize]
-    k = hdr.index(b"\x21\x01", 2) + 2
-    hdr[k] = code
-    hdr[-4:] = zlib.crc32(bytes(hdr[:-4])).to_bytes(4, "little")
-    x[12:12 + hsize] = hdr
-    return bytes(x)
+_xz_with_dictionary_code = xz_with_dictionary_code
 
 
 def test_dictionary_sizes_are_read_from_the_stream():

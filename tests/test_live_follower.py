@@ -9,6 +9,7 @@ from arcfmt.arrays import as_numpy
 from arcfmt.errors import ArcError, InputError
 from arcfmt.store import Follower, Publisher
 from support.store import MLP, assert_folder, publish_step, trajectory
+from support.store import publishers as support_publishers
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +18,8 @@ def traj():
 
 
 def publishers(url, n, **kw):
-    kw.setdefault("effort", "fast")
     kw.setdefault("keyframe_every", 3)
-    return [Publisher(url, shard=i, num_shards=n, **kw) for i in range(n)]
+    return support_publishers(url, n, **kw)
 
 
 def same(a, b) -> bool:
@@ -222,3 +222,18 @@ def test_killed_live_follower_leaves_its_snapshot_a_whole_step(tmp_path, zygote,
         assert job.rc == 0 and res["ok"], (res, job.log_text())
         assert_folder(snap, weights[s])
     assert outcomes == {False, True}          # killed both before and after the swap
+
+
+def test_pinned_memory_where_there_is_no_accelerator(tmp_path, traj):
+    t = pytest.importorskip("torch")
+    import arcfmt.torch as at
+    from arcfmt.safetensors_io import write_file
+
+    write_file(tmp_path / "m.safetensors", traj[0])
+    if t.cuda.is_available():
+        live = at.load_checkpoint(tmp_path / "m.safetensors", pin_memory=True)
+        assert all(v.is_pinned() for v in live.values())
+    else:
+        with pytest.warns(UserWarning, match="pin_memory ignored"):
+            live = at.load_checkpoint(tmp_path / "m.safetensors", pin_memory=True)
+    assert all(same(as_numpy(v), traj[0][n]) for n, v in live.items())

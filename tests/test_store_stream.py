@@ -24,6 +24,7 @@ from support.store import (
     folder_tensors,
     next_step,
     publish_step,
+    publishers,
     run_cli_trajectory,
     split,
     trajectory,
@@ -33,16 +34,6 @@ from support.store import (
 @pytest.fixture(scope="module")
 def traj():
     return trajectory(steps=6, seed=3)
-
-
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path, memory_url):
-    return memory_url if request.param == "memory" else str(tmp_path / "stream")
-
-
-def publishers(url, n, **kw):
-    kw.setdefault("effort", "fast")
-    return [Publisher(url, shard=i, num_shards=n, **kw) for i in range(n)]
 
 
 def mlp_names(tensors):

@@ -19,6 +19,7 @@ from arcfmt.store.backends import Store
 from arcfmt.store.objects import Head
 from arcfmt.store.signing import MAX_SIGNATURE_BYTES, signature_name
 from support.store import Remote, _unique, arcfmt, assert_folder, publish_step, run_cli_trajectory, trajectory
+from support.store import publishers as support_publishers
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,7 @@ def where(request, tmp_path, memory_url):
 
 
 def publishers(url, n=2, **kw):
-    kw.setdefault("effort", "fast")
-    return [Publisher(url, shard=i, num_shards=n, **kw) for i in range(n)]
+    return support_publishers(url, n, **kw)
 
 
 def objects(url, so=None) -> dict:

@@ -11,7 +11,7 @@ from arcfmt.errors import InputError
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import ConflictError, Follower, MissingError, Publisher
 from arcfmt.store.publisher import why_blocked
-from support.store import arcfmt, assert_folder, publish_step, split, trajectory
+from support.store import arcfmt, assert_folder, publish_step, publishers, split, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +19,9 @@ def traj():
     return trajectory(steps=6, seed=5)
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path, memory_url):
-    return memory_url if request.param == "memory" else str(tmp_path / "stream")
-
-
 def ranks(url, n, **kw):
-    kw.setdefault("effort", "fast")
     kw.setdefault("keyframe_every", 0)
-    return [Publisher(url, shard=i, num_shards=n, **kw) for i in range(n)]
+    return publishers(url, n, **kw)
 
 
 @pytest.mark.parametrize("first", [0, 1])
@@ -194,3 +188,28 @@ def test_the_follower_keeps_each_shard_file_name(tmp_path, traj):
         f.parent.mkdir(parents=True)
         write_file(f, traj[s])
         assert p.publish(s, str(f)).file == "model.safetensors"
+
+
+@pytest.mark.servers
+def test_recovery_resharding_and_no_stream_on_real_servers(remote, tmp_path, traj):
+    """The same recovery, reshard and no-stream paths against SeaweedFS, moto and fake-gcs-server."""
+    so = remote.storage_options
+    real = ranks(remote.url, 2, writer="job-1", storage_options=so)
+    publish_step(real, 0, traj[0])
+    Publisher(remote.url, shard=0, num_shards=2, writer="intruder", effort="fast",
+              storage_options=so).publish(1, split(traj[3], 2)[0])
+    for i, part in enumerate(split(traj[1], 2)):
+        with pytest.raises(ConflictError):
+            real[i].publish(1, part)
+    res = publish_step(real, 2, traj[2])
+    assert all(r.keyframe is not None and r.note for r in res) and res[-1].commit.head == 2
+    three = ranks(remote.url, 3, storage_options=so)
+    with pytest.raises(InputError, match="the stream has 2 shards"):
+        three[0].publish(3, split(traj[3], 3)[0])
+    res = publish_step(three, 3, traj[3], keyframe=True)
+    assert res[-1].commit.committed
+    fol = Follower(remote.url, tmp_path / "f", storage_options=so)
+    assert [(u.step, u.kind) for u in fol.sync()] == [(3, "keyframe")]
+    assert_folder(tmp_path / "f", traj[3])
+    with pytest.raises(MissingError, match="no stream"):
+        Follower(remote.url + "-typo", tmp_path / "g", storage_options=so).sync()

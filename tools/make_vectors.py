@@ -45,6 +45,7 @@ from support.records import (  # noqa: E402, F401
     split,
     tens_payload,
     varint,
+    xz_with_dictionary_code,
 )
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance")
@@ -788,20 +789,11 @@ def reject_vectors():
 
     def xz_dict(code):
         def edit(streams, params):
-            c, d, L_ = streams[0]
-            raw = zstandard.ZstdDecompressor().decompress(d)
-            x = bytearray(_lzma.compress(raw, format=_lzma.FORMAT_XZ, check=_lzma.CHECK_NONE,
-                                         filters=[{"id": _lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
-            hsize = (x[12] + 1) * 4
-            hdr = x[12:12 + hsize]
-            k = hdr.index(b"\x21\x01", 2) + 2
-            hdr[k] = code
-            import zlib
-            hdr[-4:] = zlib.crc32(bytes(hdr[:-4])).to_bytes(4, "little")
-            x[12:12 + hsize] = hdr
+            raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
             streams[0][0] = 2
-            streams[0][1] = bytes(x)
+            streams[0][1] = xz_with_dictionary_code(raw, code)
         return edit
+
     def xz_struct(fault):
         """An xz stream declaring a 4 GiB - 1 dictionary (limit), with one structural fault that the
         pre-decoding walk of §9 finds first (corrupt)."""
@@ -1190,12 +1182,16 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
       restream(zframe(lambda raw, fr: b"\x28\xb5\x2f\xfd" + bytes([0xA1, 5]) + len(raw).to_bytes(4, "little")
                       + ((len(raw) << 3) | 1).to_bytes(3, "little") + raw)), "corrupt", base_={"w": bz})
 
-    def xz_of(fn):
+    def recoded(codec, fn):
+        """The first stream's bytes, decoded from zstd and stored as ``fn(raw)`` under ``codec``."""
         def edit(streams, params):
             raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
-            streams[0][0] = 2
+            streams[0][0] = codec
             streams[0][1] = fn(raw)
         return edit
+
+    def xz_of(fn):
+        return recoded(2, fn)
     n("n_xz_garbage", "an xz stream that is not xz data", ["9"], restream(xz_of(lambda raw: b"\xfd7zXZ\0" + b"x" * 40)),
       "corrupt", base_={"w": bz})
     n("n_xz_cut", "an xz stream missing its last 20 bytes", ["9"],
@@ -1206,11 +1202,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
       "corrupt", base_={"w": bz})
 
     def bz_of(fn):
-        def edit(streams, params):
-            raw = zstandard.ZstdDecompressor().decompress(streams[0][1])
-            streams[0][0] = 3
-            streams[0][1] = fn(raw)
-        return edit
+        return recoded(3, fn)
     n("n_bz2_garbage", "a bzip2 stream that is not bzip2 data", ["9"], restream(bz_of(lambda raw: b"BZh9" + b"x" * 40)),
       "corrupt", base_={"w": bz})
     n("n_bz2_cut", "a bzip2 stream missing its last 4 bytes", ["9"],

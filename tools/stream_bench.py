@@ -280,8 +280,8 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
 
 # ============================================================================ --regions: mirrors
 
-class MeteredLocal(LocalFileSystem):
-    """A local folder read through a meter: every byte ``cat_file`` returns is counted (the stream
+class _Metered:
+    """A filesystem read through a meter: every byte ``cat_file`` returns is counted (the stream
     layer's every read of a local or generic store — head polls, JSON objects, range reads through
     ``cat_ranges`` — goes through it), by the kind of object read."""
 
@@ -296,18 +296,12 @@ class MeteredLocal(LocalFileSystem):
         return data
 
 
-class MeteredMemory(MemoryFileSystem):
-    """The same meter on a memory filesystem (one shared store per process, as memory:// is)."""
+class MeteredLocal(_Metered, LocalFileSystem):
+    """A local folder through the meter."""
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.meter = {"head": 0, "json": 0, "data": 0, "reads": 0}
-        self._meter_lock = threading.Lock()
 
-    def cat_file(self, path, start=None, end=None, **kw):
-        data = super().cat_file(path, start=start, end=end, **kw)
-        _count(self, path, data)
-        return data
+class MeteredMemory(_Metered, MemoryFileSystem):
+    """The meter on a memory filesystem (one shared store per process, as memory:// is)."""
 
 
 # a follower of a root with no stream yet raises this (where the follower has it), instead of waiting

@@ -39,7 +39,7 @@ from ..errors import ArcError, InputError
 from ..integrity import model_digest, tensor_hash
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
-from ..writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
+from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches
 from . import names as N
 from .backends import Store
 from .errors import ConflictError
@@ -150,6 +150,7 @@ class Publisher:
                  keyframe_effort: str = "fast", block_elems: int = DEFAULT_BLOCK_ELEMS, workers=None,
                  remember: bool = True, state_dir: str | None = None, tmp_dir: str | None = None,
                  retries: int = 5, writer: str | None = None, on_commit=None, on_commit_timeout: float = 60.0,
+                 on_mismatch: str = "warn",
                  sign_key=None, stream_id: str | None = None, keep_last: int | None = None,
                  keep_keyframes: int = 0):
         N.check_shard(shard, num_shards)
@@ -185,6 +186,9 @@ class Publisher:
         if on_commit is not None and not callable(on_commit) and not (isinstance(on_commit, str) and on_commit):
             raise InputError("on_commit must be a callable or a shell command")
         self.on_commit = on_commit
+        if on_mismatch not in ON_MISMATCH:
+            raise InputError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
+        self.on_mismatch = on_mismatch   # a tensor the base lacks, or of another shape or dtype: a keyframe
         self.on_commit_timeout = retry_seconds(on_commit_timeout, "on_commit_timeout")
 
     # ------------------------------------------------------------------------------ state
@@ -307,6 +311,7 @@ class Publisher:
         tmpfiles: list[str] = []
         try:
             if base_map is not None:
+                check_mismatches(base_map, target, self.on_mismatch, stacklevel=3)
                 made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles)
             if make_kf:
                 made["keyframe"] = self._encode(step, target, None, None, tmpfiles)

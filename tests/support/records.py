@@ -232,3 +232,20 @@ def patch_trailer(data: bytes, offset: int, new: bytes, fix_checksum: bool = Tru
         fix_trailer_checksum(t)
     d[-L.TRAILER_SIZE:] = t
     return bytes(d)
+
+
+def xz_with_dictionary_code(data: bytes, code: int) -> bytes:
+    """``data`` as one xz stream (LZMA2, no check) whose filter properties declare dictionary-size code
+    ``code`` (SPEC.md §9: the declared size is what the xz limit is checked against), header CRC fixed."""
+    import lzma
+    import zlib
+
+    x = bytearray(lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_NONE,
+                                filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
+    hsize = (x[12] + 1) * 4
+    hdr = x[12:12 + hsize]
+    k = hdr.index(b"\x21\x01", 2) + 2
+    hdr[k] = code
+    hdr[-4:] = zlib.crc32(bytes(hdr[:-4])).to_bytes(4, "little")
+    x[12:12 + hsize] = hdr
+    return bytes(x)

@@ -108,6 +108,20 @@ def memory_url(request):
         fs.rm(url, recursive=True)
 
 
+@pytest.fixture(params=["memory", "local"])
+def url(request, tmp_path, memory_url):
+    """A fresh stream on ``memory://`` and in a local folder (the two stores every stream test covers)."""
+    return memory_url if request.param == "memory" else str(tmp_path / "stream")
+
+
+def publishers(url, n: int = 1, **kw) -> list:
+    """One Publisher per shard of an ``n``-shard trainer (fast effort unless told otherwise)."""
+    from arcfmt.store import Publisher
+
+    kw.setdefault("effort", "fast")
+    return [Publisher(url, shard=i, num_shards=n, **kw) for i in range(n)]
+
+
 # ------------------------------------------------------------------------------------ data
 
 def next_step(prev: dict, rng: np.random.Generator, density: float = 0.01) -> dict:
