@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
-from arcfmt.errors import InputError
+from arcfmt.errors import CorruptError, InputError
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import ConflictError, Follower, MissingError, Publisher
 from arcfmt.store.publisher import why_blocked
@@ -213,3 +214,33 @@ def test_recovery_resharding_and_no_stream_on_real_servers(remote, tmp_path, tra
     assert_folder(tmp_path / "f", traj[3])
     with pytest.raises(MissingError, match="no stream"):
         Follower(remote.url + "-typo", tmp_path / "g", storage_options=so).sync()
+
+
+def test_a_follower_refuses_deltas_across_shard_counts(tmp_path, traj):
+    """A manifest of deltas whose base step has another shard count (which no committer writes) is
+    corrupt for a follower, found while the plan walks (SPEC S6, S9.2 step 3)."""
+    from arcfmt.store import names as N
+    from arcfmt.store.objects import Head, canonical, digest128, parse_json
+
+    url = tmp_path / "stream"
+    real = ranks(str(url), 2)
+    publish_step(real, 0, traj[0])
+    publish_step(real, 1, traj[1])
+    m0p, m1p = url / N.manifest_name(0), url / N.manifest_name(1)
+    m0 = parse_json(m0p.read_bytes(), "m0", 1 << 24)
+    m0["shards"] = m0["shards"][:1]
+    m0["tensors"] = m0["shards"][0]["tensors"]
+    ref = m0["shards"][0]["keyframe"]
+    one = ref["name"].replace("-of-00002-", "-of-00001-")   # names carry the shard count (S3)
+    shutil.copyfile(url / ref["name"], url / one)
+    ref["name"] = one
+    raw0 = canonical(m0)
+    m0p.write_bytes(raw0)
+    m1 = parse_json(m1p.read_bytes(), "m1", 1 << 24)
+    m1["base_manifest"] = digest128(raw0)
+    m1.pop("base_manifest_sha256", None)
+    raw1 = canonical(m1)
+    m1p.write_bytes(raw1)
+    (url / N.HEAD).write_bytes(Head(1, digest128(raw1), 0, 0).to_bytes())
+    with pytest.raises(CorruptError, match="2 shards of deltas from step 0, which has 1"):
+        Follower(str(url), tmp_path / "f").sync()
