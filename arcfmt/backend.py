@@ -15,6 +15,8 @@ The interface (what both modules define):
 
 ``changes(base, target) -> int64 array``
     indices where the two unsigned arrays differ, increasing (``np.flatnonzero(base != target)``).
+``scatter(flat, index, values)``
+    ``flat[index] = values`` (the live follower writes a step's staged changes with it).
 ``exponent_counts(dt, sample, changed) -> (ne, ce)``
     elements of ``sample`` and of ``changed`` per exponent field value (int64 arrays of ``2^E``).
 ``class_cuts(ne, ce, max_classes, overhead) -> list``
@@ -22,10 +24,11 @@ The interface (what both modules define):
     ``ctx_delta.choose_thresholds``).
 ``ctx_encode(dt, base, target, positions, thresholds, max_rice) -> (counts, rice, qbits, mw, streams)``
     a whole changed block once its thresholds are chosen: the params it needs and its four streams.
-``ctx_decode(dt, p, streams, m, base, out) -> status``
+``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
-    failed check having written nothing. A backend that can word the failure raises
-    :class:`~arcfmt.errors.CorruptError` instead (the numpy twins do).
+    failed check having written nothing; fills ``positions`` (when given) with the positions changed.
+    A backend that can word the failure raises :class:`~arcfmt.errors.CorruptError` instead (the numpy
+    twins do).
 """
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ class Backend(Protocol):
 
     def changes(self, base: np.ndarray, target: np.ndarray) -> np.ndarray: ...
 
+    def scatter(self, flat: np.ndarray, index: np.ndarray, values: np.ndarray) -> None: ...
+
     def exponent_counts(self, dt: DType, sample: np.ndarray, changed: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
@@ -61,7 +66,7 @@ class Backend(Protocol):
                    thresholds: Sequence[int], max_rice: int) -> tuple[list[int], list[int], int, int, list[bytes]]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
-                   out: np.ndarray) -> int: ...
+                   out: np.ndarray, positions: np.ndarray | None = None) -> int: ...
 
 
 class _Selection:

@@ -66,6 +66,11 @@ def changes(base, target):
     return np.flatnonzero(base != target)
 
 
+def scatter(flat, index, values) -> None:
+    """``flat[index] = values`` (a live model's staged changes), without the GIL."""
+    _scatter(flat, index, values)
+
+
 def exponent_counts(dt, sample, changed):
     """Elements of ``sample`` and of ``changed`` per exponent field value."""
     size = 1 << dt.exp_bits
@@ -90,12 +95,16 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice):
     return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
 
 
-def ctx_decode(dt, p, streams, m, base, out) -> int:
-    """A whole block into ``out``: OK, or the status of the first failed check, having written nothing."""
+def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
+    """A whole block into ``out``: OK, or the status of the first failed check, having written nothing.
+    ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes."""
     return _ctx_decode(
         base, out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64), np.asarray(p.rice, np.int64),
-        *_args(dt, p.thresholds), out is not base)
+        *_args(dt, p.thresholds), out is not base, _NO_POSITIONS if positions is None else positions)
+
+
+_NO_POSITIONS = np.empty(0, np.int64)
 
 
 def _bytes_array(buf) -> np.ndarray:
@@ -248,7 +257,7 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy):
+                copy, pos_out):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
 
@@ -307,6 +316,9 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         v = _step_target(base[p], mbuf, mw, c, start[x], sbuf, t, half)
         start[x] += 1
         out[p] = v if v >= 0 else (half - 1) - v
+    if pos_out.size:   # the caller wants the changed positions too (class order)
+        for t in range(c):
+            pos_out[t] = pos[t]
     return OK
 
 
@@ -488,6 +500,12 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
         for b in range(mw):
             planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
     return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes
+
+
+@_jit
+def _scatter(flat, index, values):
+    for k in range(index.size):
+        flat[index[k]] = values[k]
 
 
 @_jit

@@ -20,6 +20,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -128,15 +129,17 @@ def check_digests(headers: Sequence[records.TensorHeader], index: records.Index)
 
 
 def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: np.ndarray | None,
-                 out: np.ndarray) -> None:
-    """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block."""
+                 out: np.ndarray, *, changes: bool = False) -> np.ndarray | None:
+    """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block. With
+    ``changes``: the positions it changed, where the encoding hands them over (else None)."""
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
-        return  # in place: the bytes are already there
+        return None  # in place: the bytes are already there
     where = f"tensor {th.name!r} block {b}"
     streams = records.decode_block_streams(payload, info, where)
     try:
-        encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out)
+        return encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out,
+                                      changes=changes)
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
 
@@ -271,12 +274,13 @@ class _Tensor:
 
 
 def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
-                arr: np.ndarray, hashed: list[int] | None, post: Callable[[int, np.ndarray], None] | None) -> None:
-    decode_block(th, b, load(), base_block, arr)
+                arr: np.ndarray, hashed: list[int] | None,
+                post: Callable[[int, np.ndarray, np.ndarray | None], None] | None) -> None:
+    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
     if post is not None:    # the sink's own per-block work, on the same thread (e.g. StagedSink's diff)
-        post(b, arr)
+        post(b, arr, changed)
 
 
 def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
@@ -484,10 +488,17 @@ class StagedSink:
             if len(free) < 64:
                 free.append(arr)
 
-    def apply(self, changes: Iterable[Change]) -> None:
-        """Write the staged changes into the live arrays (no check can fail any more)."""
+    def apply(self, changes: Sequence[Change], workers: int = 1) -> None:
+        """Write the staged changes into the live arrays (no check can fail any more); the compiled
+        scatter runs without the GIL, so ``workers`` threads write different tensors at once."""
+        scatter = backend.selected().scatter
+        if workers > 1 and len(changes) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="arcfmt-apply") as pool:
+                for f in [pool.submit(scatter, self.live[c.name], c.index, c.values) for c in changes]:
+                    f.result()
+            return
         for c in changes:
-            self.live[c.name][c.index] = c.values
+            scatter(self.live[c.name], c.index, c.values)
 
 
 class _StagedTensor:
@@ -505,13 +516,18 @@ class _StagedTensor:
             return base_block  # decode_block leaves it as it is: nothing changes in this block
         return self.sink._take(self.th.block_len(b), self.th.dtype.uint)
 
-    def decoded(self, b: int, arr: np.ndarray) -> None:
-        """On the decoding thread: reduce the block to what differs from the live contents (the
-        compiled ``changes`` runs without the GIL); the block's buffer is then dropped."""
+    def decoded(self, b: int, arr: np.ndarray, changed: np.ndarray | None) -> None:
+        """On the decoding thread: reduce the block to what differs from the live contents — from the
+        positions the decoder changed when it hands them over, else by comparing the whole block (the
+        compiled ``changes`` runs without the GIL); the block's buffer is then reused."""
         if b in self.kept:
             return
         s, e = self.th.block_range(b)
-        at = backend.selected().changes(self.flat[s:e], arr)
+        live = self.flat[s:e]
+        if changed is not None:   # exactly the positions whose value the block changes
+            at = np.sort(changed)
+        else:
+            at = backend.selected().changes(live, arr)
         if at.size:
             self.parts[b] = (at + s, arr[at])
 

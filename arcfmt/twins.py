@@ -33,6 +33,11 @@ def changes(base, target):
     return np.flatnonzero(base != target)
 
 
+def scatter(flat, index, values) -> None:
+    """``flat[index] = values``."""
+    flat[index] = values
+
+
 def exponent_counts(dt, sample, changed):
     """Elements of ``sample`` and of ``changed`` per exponent field value."""
     size = 1 << dt.exp_bits
@@ -110,7 +115,8 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice):
     return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)]
 
 
-def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray) -> int:
+def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
+               positions: np.ndarray | None = None) -> int:
     """The block into ``out``, one step at a time; a failed check raises CorruptError with its message
     (nothing written: every check runs before any element is)."""
     c = p.changed
@@ -129,6 +135,8 @@ def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray
     if out is not base:
         out[:] = base
     out[pos] = unordered(dt, v)
+    if positions is not None:
+        positions[:c] = pos
     return OK
 
 

@@ -180,9 +180,11 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
 
 # ----------------------------------------------------------------------------------------- decode
 
-def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray) -> None:
-    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written."""
-    status = backend.selected().ctx_decode(dt, p, streams, m, base, out)
+def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray,
+           positions: np.ndarray | None = None) -> None:
+    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written.
+    ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes."""
+    status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions)
     if status != backend.OK:
         # A check failed: the numpy twin finds it again and raises it with its message. It writes to
         # scratch, so even if the two backends disagreed (a bug) ``out`` stays untouched.
@@ -244,6 +246,17 @@ class CtxDelta(Encoding):
                out: np.ndarray) -> None:
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
         decode(dt, Params.unpack(params), streams, m, base, out)
+
+    def decode_changes(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int,
+                       base: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+        """:meth:`decode`, returning the positions it changed (unsorted; every one differs from the base,
+        as a step's magnitude is at least 1): a live model's sparse update needs them, and the decoder
+        has them already."""
+        assert base is not None, "ctx-delta needs a base: the container never decodes one without"
+        p = Params.unpack(params)
+        positions = np.empty(p.changed, np.int64)
+        decode(dt, p, streams, m, base, out, positions)
+        return positions
 
     def changed(self, params: Sequence[int]) -> int:
         return Params.unpack(params).changed

@@ -155,6 +155,14 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
 
 def decode_block(dt: DType, encoding_id: int, params: Sequence[int], streams: Sequence[BytesLike], m: int,
                  base: np.ndarray | None,
-                 out: np.ndarray) -> None:
-    """Write a block's target into ``out`` (which may be ``base`` itself, for in-place updates)."""
-    get(encoding_id).decode(dt, params, streams, m, base, out)
+                 out: np.ndarray, *, changes: bool = False) -> np.ndarray | None:
+    """Write a block's target into ``out`` (which may be ``base`` itself, for in-place updates). With
+    ``changes``, also return the positions it changed where the encoding knows them for free
+    (``decode_changes``: exactly the positions whose value differs from the base, unsorted), else None."""
+    enc = get(encoding_id)
+    fast = getattr(enc, "decode_changes", None) if changes else None
+    if fast is not None:
+        result: np.ndarray = fast(dt, params, streams, m, base, out)
+        return result
+    enc.decode(dt, params, streams, m, base, out)
+    return None

@@ -823,7 +823,7 @@ class _LiveModel:
                 assert th.base_hash is not None
                 pipeline.verify_hash(th, th.base_hash)
         # Everything verified: only now does any live array change.
-        sink.apply(changes)
+        sink.apply(changes, self.fol.workers)
         torch_like = any(type(a).__module__.startswith("torch") for a in self.arrays.values())
         for n, a in fresh.items():
             self.arrays[n] = _torch_of(a) if torch_like else a
