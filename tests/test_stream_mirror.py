@@ -474,3 +474,32 @@ def test_signed_steps_stay_signed_in_the_mirror(tmp_path, traj):
     fol = Follower(dst, tmp_path / "f", trust=[key + ".pub"], stream_id="run42")
     assert [u.step for u in fol.sync()] == [0, 1, 2]
     assert_folder(fol.into, traj[2])
+
+
+def test_a_signature_that_arrives_late_is_waited_for(tmp_path, traj):
+    """A source that signs, replicated asynchronously: step 1's signature shows up after its head. The
+    mirror waits for it (as for any late object) instead of copying the step unsigned for good; an
+    unsigned stream costs no wait."""
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    pubs = publishers(src, n=1)
+    publish_step(pubs, 0, traj[0])
+    with open(os.path.join(src, signature_name(0)), "wb") as f:
+        f.write(b'{"sig": 0}\n')
+    assert [r.signed for r in mirror(src, dst, tmp_path, missing_wait=30).sync()] == [True]
+    publish_step(pubs, 1, traj[1])
+    late = os.path.join(src, signature_name(1))
+    threading.Timer(0.4, lambda: open(late, "wb").write(b'{"sig": 1}\n')).start()
+    (r,) = mirror(src, dst, tmp_path, missing_wait=30).sync()
+    assert r.step == 1 and r.signed and r.seconds >= 0.3
+    assert open(os.path.join(dst, signature_name(1)), "rb").read() == b'{"sig": 1}\n'
+    # a signing source whose signature never comes: copied unsigned once missing_wait is spent
+    publish_step(pubs, 2, traj[2])
+    events = []
+    (r,) = mirror(src, dst, tmp_path, missing_wait=0.3, progress=events.append).sync()
+    assert r.step == 2 and not r.signed and any(e["event"] == "unsigned" for e in events)
+    # an unsigned source: nothing is waited for
+    src2, dst2 = str(tmp_path / "src2"), str(tmp_path / "dst2")
+    publish_step(publishers(src2, n=1), 0, traj[0])
+    t0 = time.monotonic()
+    (r,) = mirror(src2, dst2, tmp_path, missing_wait=30).sync()
+    assert not r.signed and time.monotonic() - t0 < 10

@@ -387,6 +387,8 @@ def test_prune_killed_at_every_deletion(traj, tmp_path):
         _check_all_reach_head(w, folders, traj, tmp_path / f"k{n}", STEPS - 1)
         prune(w.url, keep_last=2)           # a rerun finishes the job
         assert names(w) == final, n
+        assert sorted(os.listdir(os.path.join(w.url, N.STEPS))) == sorted({n_.split("/")[1] for n_ in final
+                                                                            if n_.startswith(N.STEPS + "/")})
         shutil.rmtree(w.url)
         for folder in folders.values():
             shutil.rmtree(folder)
@@ -457,3 +459,26 @@ def test_listing_is_bounded_and_names_are_classified(local, traj):
         assert classify(bad).kind == "other", bad
     with pytest.raises(InputError):
         local.store().list("../x")
+
+
+def test_empty_step_folders_left_by_a_killed_prune_are_removed(local, traj, tmp_path):
+    """A prune killed between its last unlink and the folder's removal leaves an empty step folder that
+    no object listing shows: the next prune removes it — but never a link, a non-empty folder or a kept
+    step's folder."""
+    publish(local, traj, n=1)
+    steps_dir = os.path.join(local.local, N.STEPS)
+    prune(local.url, keep_last=3)
+    kept = sorted(os.listdir(steps_dir))
+    os.mkdir(os.path.join(steps_dir, f"{1:020d}"))                     # as a kill before its rmdir leaves it
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", os.path.join(steps_dir, f"{2:020d}"), target_is_directory=True)
+    os.mkdir(os.path.join(steps_dir, f"{3:020d}"))
+    (tmp_path / "keep-me").write_bytes(b"x")
+    os.link(tmp_path / "keep-me", os.path.join(steps_dir, f"{3:020d}", "notes.txt"))   # not a stream name
+    os.mkdir(os.path.join(steps_dir, "00000000000000000001x"))
+    res = prune(local.url, keep_last=3)
+    assert res.deleted == []
+    left = sorted(os.listdir(steps_dir))
+    assert f"{1:020d}" not in left and f"{2:020d}" in left and f"{3:020d}" in left
+    assert "00000000000000000001x" in left and os.path.isdir(tmp_path / "outside")
+    assert set(kept) <= set(left)

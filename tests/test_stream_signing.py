@@ -434,3 +434,38 @@ def test_signed_stream_on_a_real_server(remote, tmp_path, traj, keys):
         fol.sync()
     assert_folder(tmp_path / "f", traj[2])
     assert isinstance(SignatureError("x"), ArcError) and folder_tensors(tmp_path / "f")
+
+
+def test_trust_mode_objects_above_the_memory_budget_pass_through_a_file(memory_url, tmp_path, traj, keys,
+                                                                       monkeypatch):
+    """A signed object bigger than ``memory_budget`` is hashed as it arrives, a budget at a time, into an
+    unlinked temporary file, and decoded from its mapping: followed bit-exactly, and a flipped byte is
+    still refused by SHA-256 before anything is decoded."""
+    signed_stream(memory_url, traj, keys["a"][0], steps=3)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    spilled = []
+    real = F.Follower._spill_signed
+    monkeypatch.setattr(F.Follower, "_spill_signed", lambda self, p: spilled.append(p.obj.size) or real(self, p))
+    fol = Follower(memory_url, tmp_path / "t", trust=[keys["a"][1]], memory_budget=512, chunk_size=4096)
+    assert [u.step for u in fol.sync()] == [0, 1, 2]
+    assert_folder(tmp_path / "t", traj[2])
+    assert len(spilled) >= 3 and all(s > 512 for s in spilled)
+    assert os.listdir(tmp_path / "tmp") == []           # unlinked from the start
+    # the same follower refuses a damaged object it spills
+    from arcfmt.store.backends import Store
+    st = Store(memory_url)
+    pubs = publishers(memory_url, 2, keys["a"][0])
+    for i, part in enumerate(split(traj[3], 2)):
+        pubs[i].publish(3, part, base=split(traj[2], 2)[i], base_step=2)
+    m = SL.parse_manifest(st.read(f"{STEP.format(3)}/manifest.json", SL.MAX_MANIFEST_BYTES), "m")
+    obj = m.shards[0].delta
+    data = bytearray(st.read(obj.name, obj.size))
+    data[70] ^= 1
+    st.fs.pipe_file(st.path(obj.name), bytes(data))
+    with pytest.raises(SignatureError, match="signed sha256"):
+        fol.sync()
+    assert fol.state()["step"] == 2
+    assert_folder(tmp_path / "t", traj[2])

@@ -210,6 +210,11 @@ class Backend(abc.ABC):
             out.append((p, size, _mtime(info), info.get("type", "file") == "file"))
         return out
 
+    def remove_empty_folders(self, path: str, doomed) -> None:
+        """Remove the empty folders directly in ``path`` whose names ``doomed(name)`` accepts (object
+        stores have no folders: nothing)."""
+        return
+
     def delete(self, paths: builtins.list) -> None:
         """Remove each object; one that is already gone is fine. In any order (call again for an order)."""
         for p in paths:
@@ -382,6 +387,24 @@ class LocalBackend(Backend):
     def delete(self, paths: builtins.list) -> None:
         for p in paths:
             _local_delete(p)
+
+    def remove_empty_folders(self, path: str, doomed) -> None:
+        """``rmdir`` through ``path`` opened ``O_NOFOLLOW``: only an empty real folder goes (a link, a
+        file or a folder with anything in it stays)."""
+        try:
+            fd = os.open(path, _DIR_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            with os.scandir(fd) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False) and doomed(e.name)]
+            for name in names:
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:
+                    pass          # not empty (or gone): left alone
+        finally:
+            os.close(fd)
 
 
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -1036,6 +1059,19 @@ class Store(retry.Deadlines):
             out.append(classify(p[cut:], size, mtime, regular))
         out.sort(key=lambda e: e.name)
         return out
+
+    def remove_empty_step_folders(self, below: int, keep=()) -> None:
+        """Remove the empty step folders of steps below ``below`` but for ``keep`` (local stores: a
+        prune killed between its last unlink and its folder's removal leaves one, which no listing of
+        objects shows; object stores have no folders)."""
+        keep = set(keep)
+
+        def doomed(name: str) -> bool:
+            return len(name) == 20 and name.isascii() and name.isdigit() and int(name) < below \
+                and int(name) not in keep
+
+        base = self.path(N.STEPS)
+        self._call(lambda: self.adapter.remove_empty_folders(base, doomed), "removing empty step folders")
 
     def delete(self, names) -> None:
         """Remove these stream objects (manifests, descriptors, data objects; a missing one is fine),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
+import hashlib
+import mmap
 import os
 import select
 import shutil
@@ -164,7 +166,8 @@ class Follower:
     ``progress``: called with one dict per event (``{"event": "step", ...}``, ``"bytes"``, ``"head"``).
     ``concurrency``: range requests in flight at once; finished batches are spooled, so an interrupted
     download loses at most one batch. ``memory_budget``: record bytes held in memory at once; a shard
-    with more is fetched and rebuilt a group of tensors at a time. ``max_output_bytes``: the most
+    with more is fetched and rebuilt a group of tensors at a time (with ``trust``, where a whole object
+    is hashed before use, it passes through an unlinked temporary file instead). ``max_output_bytes``: the most
     tensor bytes one shard's object may make (default: what the folder's base backs plus a bound
     scaled to the object's size, so a tiny object cannot fill the disk). ``request_timeout``: the
     deadline of one request, body included (a trickling server is abandoned and retried);
@@ -649,14 +652,47 @@ class Follower:
 
     def _fetch_signed(self, plans) -> None:
         """Trust mode: each shard object with wanted tensors, fetched whole ([0, size)) through the
-        range fetcher, must hash to its signed SHA-256, and its tail must be the tail already parsed."""
+        range fetcher, must hash to its signed SHA-256, and its tail must be the tail already parsed.
+        Objects that fit ``memory_budget`` together are held in memory; a bigger one is written, as it
+        is hashed, ``memory_budget`` bytes at a time, to an unlinked temporary file (``TMPDIR``) and
+        read back mapped: memory stays bounded however large a signed keyframe is."""
         used = [p for p in plans if p.wanted]
-        datas = self.fetcher.fetch([(p.source.path, 0, p.obj.size, p.source.key) for p in used])
-        for p, data in zip(used, datas):
+        small, big, held = [], [], 0
+        for p in sorted(used, key=lambda p: p.obj.size):
+            if held + p.obj.size <= self.memory_budget:
+                small.append(p)
+                held += p.obj.size
+            else:
+                big.append(p)
+        datas = self.fetcher.fetch([(p.source.path, 0, p.obj.size, p.source.key) for p in small])
+        for p, data in zip(small, datas):
             check_object(p.obj, data)
-            if bytes(p.source.read(p.obj.index_offset, p.obj.tail_size)) != data[p.obj.index_offset:]:
-                raise SignatureError(f"{p.obj.name}: its signed bytes end in another tail than the one read")
-            p.source.add(0, data)
+            self._add_signed(p, data)
+        for p in big:
+            self._add_signed(p, self._spill_signed(p))
+
+    def _spill_signed(self, p) -> memoryview:
+        """One signed object through a temporary file: hashed as it arrives, mapped once it checked."""
+        step = max(1, min(self.memory_budget, p.obj.size))
+        h = hashlib.sha256()
+        with tempfile.TemporaryFile(prefix="arcfmt-signed-") as f:
+            for a in range(0, p.obj.size, step):
+                reqs = [(p.source.path, lo, min(lo + DEFAULT_CHUNK, a + step, p.obj.size), p.source.key)
+                        for lo in range(a, min(a + step, p.obj.size), DEFAULT_CHUNK)]
+                for data in self.fetcher.fetch(reqs):
+                    h.update(data)
+                    f.write(data)
+            f.flush()
+            if p.obj.sha256 is None or f.tell() != p.obj.size or h.hexdigest() != p.obj.sha256:
+                raise SignatureError(f"{p.obj.name}: its bytes do not hash to the signed sha256 in the manifest")
+            # the mapping outlives the file object (its pages stay until the last view is gone)
+            return memoryview(mmap.mmap(f.fileno(), p.obj.size, access=mmap.ACCESS_READ))
+
+    @staticmethod
+    def _add_signed(p, data) -> None:
+        if bytes(p.source.read(p.obj.index_offset, p.obj.tail_size)) != data[p.obj.index_offset:]:
+            raise SignatureError(f"{p.obj.name}: its signed bytes end in another tail than the one read")
+        p.source.add(0, data)
 
     def _tails(self, m: Manifest, kind: str) -> list:
         """Every shard's index and trailer, in one range request each (one concurrent batch)."""

@@ -119,6 +119,7 @@ class Mirror:
         self._cleaned = False
         self._lock = threading.Lock()
         self._reserved = 0                 # bytes of the objects being staged now (the free-space check)
+        self._signs = False                # the source signs its steps (a signature was seen there)
 
     # ------------------------------------------------------------------------------ reading
     def _emit(self, **event) -> None:
@@ -162,6 +163,18 @@ class Mirror:
                 self.json_bytes_read += len(raw)
                 return raw
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _src_signature(self, name: str) -> bytes | None:
+        """A step's signature, or None for an unsigned step. A source that signs (its head step is
+        signed, or so was a step copied before) has every step signed: a missing signature there is
+        not there *yet* (replication lag) and is waited for as a missing object is (S17.1 step 2.4)."""
+        try:
+            raw = self._src_json(name, MAX_SIGNATURE_BYTES, wait=self._signs)
+        except MissingError:
+            self._emit(event="unsigned", name=name, waited=self.missing_wait)
+            return None
+        self._signs = True
+        return raw
 
     def _src_manifest(self, step: int, digest: str, wait: bool = True) -> Manifest:
         name = N.manifest_name(step)
@@ -284,6 +297,11 @@ class Mirror:
         path = self._plan(src_head, dst_head)
         if not path:
             return
+        if not self._signs:   # does the source sign its steps? its head step, or the last one copied, says
+            self._signs = self.src.read(signature_name(src_head.step), MAX_SIGNATURE_BYTES,
+                                        missing_ok=True) is not None or (
+                dst_head is not None and self.dst.read(signature_name(dst_head.step), MAX_SIGNATURE_BYTES,
+                                                       missing_ok=True) is not None)
         self._open_work()
         try:
             for m in path:
@@ -321,9 +339,8 @@ class Mirror:
         written += self._create(N.manifest_name(m.step), m.raw)
         # 4. the step's signature, verbatim, if the source has one
         sig_name = signature_name(m.step)
-        sig = self.src.read(sig_name, MAX_SIGNATURE_BYTES, missing_ok=True)
+        sig = self._src_signature(sig_name)
         if sig is not None:
-            self.json_bytes_read += len(sig)
             written += self._create(sig_name, sig)
         # 5. the head, forward only
         moved = self._advance_head(m)

@@ -168,6 +168,7 @@ def prune(url: str | None = None, *, keep_last: int, keep_keyframes: int = 0, dr
                 res.deleted.extend(batch)
                 if progress is not None:
                     progress(batch)
+        st.remove_empty_step_folders(oldest, keep)   # and those a killed prune emptied
     else:
         res.deleted = [e.name for e in ordered]
     res.seconds = time.perf_counter() - t0
