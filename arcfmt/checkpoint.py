@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from . import outputs, pipeline
 from .checkpoint_writer import CheckpointSink, ShardLayout, check_written, write_json
-from .errors import ArcError, InputError, LimitError, os_error
+from .errors import ArcError, InputError, LimitError, SafetensorsError, WrongBaseError, os_error
 from .reader import DeltaReader
 from .safetensors_io import INDEX_NAME, Checkpoint, open_checkpoint
 from .staging import OLD_TAG, TMP_TAG, Stage, recover
@@ -114,7 +114,10 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
         raise InputError("give exactly one of an output path or in_place=True")
     base_path = os.fspath(base_path).rstrip("/") or "/"
     dest = base_path if out_path is None else os.fspath(out_path).rstrip("/")  # out_path is None iff in_place
-    base = open_checkpoint(base_path)
+    try:
+        base = open_checkpoint(base_path)
+    except SafetensorsError as exc:  # SPEC.md §1 "Base files", §19: a base that is not one is `wrong_base`
+        raise WrongBaseError(f"base: {exc}") from None
     if not base.is_dir and os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(base_path))
     recover(dest)

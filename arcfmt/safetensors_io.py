@@ -110,8 +110,8 @@ def read_file(path: str) -> SafetensorsFile:
             begin, end = info["data_offsets"]
         except (TypeError, KeyError, ValueError, UnsupportedError) as exc:
             raise SafetensorsError(f"{path}: tensor {name!r}: bad header entry ({exc})") from None
-        if not all(isinstance(d, int) and d >= 0 for d in shape) or not all(
-                isinstance(x, int) for x in (begin, end)):
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in (begin, end)):  # JSON true is no integer
             raise SafetensorsError(f"{path}: tensor {name!r}: shape and offsets must be non-negative integers")
         if len(shape) > MAX_DIMS:
             raise SafetensorsError(f"{path}: tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")

@@ -8,15 +8,16 @@ and hash bindings ``zstandard`` and ``xxhash``; it does not import ``arcfmt``.
 Usage::
 
     python conformance/independent_decoder.py [--stream] BASE DELTA OUT
-    python conformance/independent_decoder.py object KIND PATH    # KIND: head | manifest | descriptor | signature
+    python conformance/independent_decoder.py object KIND PATH [NAME]   # KIND: head | manifest | descriptor | signature
 
 The second form checks one stream object (SPEC.md Part II: S2 JSON, S3 names, S4 object
 references, S5 descriptor, S6 manifest, S7 head, S11 versions, S12 limits, S15.2 signature
 structure and the optional S15.3 SHA-256 fields; the Ed25519 signature itself is not verified,
-it needs a trusted key) on its own content:
+it needs a trusted key) on its own content and, with NAME (the object's name in the stream, e.g.
+``steps/00000000000000000001/manifest.json``), against that name, last:
 exit 0 = valid, 1 = refused (``error: CATEGORY: message``), 2 = anything unexpected.  With no
-object name given, the checks against the object's own name are skipped; every check between
-fields (each object reference's derived name included) is made.  See "Part II" below.
+object name given (or an empty one), the checks against the object's own name are skipped; every
+check between fields (each object reference's derived name included) is made.  See "Part II" below.
 
 BASE is a safetensors file holding the base tensors (``{}`` header when the file
 needs no base), DELTA the arcfmt file, OUT the JSON report written on success::
@@ -570,26 +571,57 @@ class InputFile:
 # Base checkpoint (safetensors)
 
 class BaseCheckpoint:
+    """SPEC §1 "Base files": the base safetensors file, checked when it is opened (before the delta is
+    read); every fault is `wrong_base`."""
+
     def __init__(self, path):
         self.f = open(path, "rb")
+        try:
+            self._load()
+        except BaseException:
+            self.f.close()
+            raise
+
+    def _load(self):
         size = os.fstat(self.f.fileno()).st_size
-        head = self.f.read(8)
-        if len(head) != 8:
-            raise ValueError("base safetensors file too short")
-        n = struct.unpack("<Q", head)[0]
+        if size < 8:
+            fail("wrong_base", f"base file: {size} bytes, shorter than the 8-byte header length")
+        n = struct.unpack("<Q", self.f.read(8))[0]
         if n > size - 8:
-            raise ValueError("base safetensors header runs past the end of the file")
-        header = json.loads(self.f.read(n).decode("utf-8"))
+            fail("wrong_base", f"base file: header length {n} runs past the end of the file ({size} bytes)")
+        try:
+            header = json.loads(self.f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            fail("wrong_base", f"base file: header is not UTF-8 JSON ({str(exc)[:80]})")
+        if not isinstance(header, dict):
+            fail("wrong_base", "base file: header is not a JSON object")
         self.data_start = 8 + n
         self.data_size = size - self.data_start
         self.tensors = {}
         for name, entry in header.items():
             if name == "__metadata__":
+                if not (isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())):
+                    fail("wrong_base", "base file: __metadata__ is not an object of strings")
                 continue
-            begin, end = entry["data_offsets"]
-            if not (0 <= begin <= end <= self.data_size):
-                raise ValueError(f"base tensor {name!r}: bad data_offsets")
-            self.tensors[name] = (entry["dtype"], list(entry["shape"]), begin, end)
+            dtype = entry.get("dtype") if isinstance(entry, dict) else None
+            shape = entry.get("shape") if isinstance(entry, dict) else None
+            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+            if not (isinstance(dtype, str) and isinstance(shape, list) and all(is_int(d) and d >= 0 for d in shape)
+                    and isinstance(offsets, list) and len(offsets) == 2 and all(is_int(x) for x in offsets)):
+                fail("wrong_base", f"base file: tensor {name!r}: not an entry {{dtype, shape, data_offsets}}")
+            begin, end = offsets
+            if not 0 <= begin <= end <= self.data_size:
+                fail("wrong_base", f"base file: tensor {name!r}: data_offsets [{begin}, {end}] outside the "
+                                   f"{self.data_size}-byte data section")
+            code = DTYPE_BY_NAME.get(dtype)
+            if code is not None:  # a dtype §2 does not name cannot be any tensor's base (may be refused)
+                count = 1
+                for d in shape:
+                    count *= d
+                if end - begin != count * DTYPES[code][1]:
+                    fail("wrong_base", f"base file: tensor {name!r}: data_offsets hold {end - begin} bytes, "
+                                       f"{dtype} x {shape} is {count * DTYPES[code][1]}")
+            self.tensors[name] = (dtype, list(shape), begin, end)
 
     def read(self, name, offset, n):
         _, _, begin, end = self.tensors[name]
@@ -609,9 +641,7 @@ class BaseCheckpoint:
             fail("wrong_base", f"tensor {ti.name!r}: base dtype {dtype_name} != {ti.dtype_name}")
         if shape != ti.dims:
             fail("wrong_base", f"tensor {ti.name!r}: base shape {shape} != {ti.dims}")
-        if end - begin != ti.n * ti.W:
-            fail("wrong_base", f"tensor {ti.name!r}: base holds {end - begin} bytes, "
-                               f"expected {ti.n * ti.W}")
+        # the base file's entries hold dtype x shape bytes (checked when it was opened)
         h = xxhash.xxh3_64()
         chunk = 1 << 24
         for off in range(0, end - begin, chunk):
@@ -1469,11 +1499,11 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
 # ============================================================================================
 # Part II: stream objects (SPEC.md S2-S7, S11, S12), checked on their own content.
 #
-#     python conformance/independent_decoder.py object KIND PATH     # KIND: head|manifest|descriptor
+#     python conformance/independent_decoder.py object KIND PATH [NAME]   # KIND: head|manifest|descriptor|signature
 #
-# There is no object name, so the checks that compare a field with the object's own name (a
-# descriptor's step/shard/num_shards, a manifest's step) are skipped; every check between fields of
-# the object, including each object reference's derived name (S3), is made.
+# Every check between fields of the object, including each object reference's derived name (S3), is
+# made; with NAME (the object's name in the stream), last, the fields that must equal the name's (a
+# descriptor's step/shard/num_shards, a manifest's or signature's step; a head is head.json).
 
 STREAM_LIMITS = {"head": 4096, "manifest": 16 * 2 ** 20, "descriptor": 64 * 2 ** 20,  # S12
                  "signature": 64 * 2 ** 10}
@@ -1987,7 +2017,19 @@ def check_signature(obj):
     get_hex(obj, "signature", 128, what)
 
 
-def check_stream_object(kind, path):
+def own_name(kind, obj):
+    """S3: the name an object of `kind` with these (already checked) fields is stored under."""
+    if kind == "head":
+        return "head.json"
+    step_dir = f"steps/{obj['step']:020d}"
+    if kind == "descriptor":
+        return f"{step_dir}/shard-{obj['shard']:05d}-of-{obj['num_shards']:05d}.json"
+    return f"{step_dir}/{'manifest' if kind == 'manifest' else 'signature'}.json"
+
+
+def check_stream_object(kind, path, name=""):
+    """S2 check order: size, JSON, the object's own checks; last, with the name the object was read
+    under, the step / shard / shard count in that name (S5, S6, S15.2: "equal to the name's")."""
     limit = STREAM_LIMITS[kind]
     with open(path, "rb") as fh:
         data = fh.read(limit + 1)  # S12: read limit + 1 bytes; more than the limit is refused
@@ -1996,14 +2038,17 @@ def check_stream_object(kind, path):
     obj = parse_json(data, kind)
     {"head": check_head, "manifest": check_manifest, "descriptor": check_descriptor,
      "signature": check_signature}[kind](obj)
+    if name and name != own_name(kind, obj):
+        fail("corrupt", f"{kind}: read as {name[:120]!r}, but its fields make it {own_name(kind, obj)!r}")
 
 
 def main_object(args):
-    if len(args) != 2 or args[0] not in STREAM_LIMITS:
-        print("usage: independent_decoder.py object {head|manifest|descriptor|signature} PATH", file=sys.stderr)
+    if len(args) not in (2, 3) or args[0] not in STREAM_LIMITS:
+        print("usage: independent_decoder.py object {head|manifest|descriptor|signature} PATH [NAME]",
+              file=sys.stderr)
         return 2
     try:
-        check_stream_object(args[0], args[1])
+        check_stream_object(*args)
     except ArcError as exc:
         msg = " ".join(str(exc.message).split()).encode("ascii", "backslashreplace").decode("ascii")
         print(f"error: {exc.category}: {msg}")
@@ -2025,8 +2070,8 @@ def main(argv):
         print("usage: independent_decoder.py [--stream] BASE DELTA OUT", file=sys.stderr)
         return 2
     base_path, delta_path, out_path = args
-    base = BaseCheckpoint(base_path)
     try:
+        base = BaseCheckpoint(base_path)
         tensors = (decode_streaming if stream else decode_random_access)(delta_path, base)
     except ArcError as exc:
         msg = " ".join(str(exc.message).split()).encode("ascii", "backslashreplace").decode("ascii")

@@ -170,22 +170,25 @@ def run_one(index, v, mode):
     try:
         if "kind" in v:
             try:
-                mod.check_stream_object(v["kind"], os.path.join(HERE, v["object"]))
+                with runner.object_file(v) as path:
+                    mod.check_stream_object(v["kind"], path, runner.object_name(v))
                 outcome, detail = runner.judge_object(v, 0, None)
                 lines: list = []
             except mod.ArcError as exc:
                 outcome, detail = runner.judge_object(v, 1, exc.category)
                 lines = _raising_lines(exc)
             return outcome, detail, lines
-        base = mod.BaseCheckpoint(os.path.join(HERE, v["base"]))
         decode = mod.decode_streaming if mode == "stream" else mod.decode_random_access
+        base = None
         try:
+            base = mod.BaseCheckpoint(os.path.join(HERE, v["base"]))
             out = mod.report(decode(os.path.join(HERE, v["delta"]), base))
         except mod.ArcError as exc:
             outcome, detail = runner.judge(v, 1, None, exc.category, mode)
             return outcome, detail, _raising_lines(exc)
         finally:
-            base.f.close()
+            if base is not None:
+                base.f.close()
         outcome, detail = runner.judge(v, 0, out, None, mode)
         return outcome, detail, []
     except _Timeout:

@@ -2,7 +2,7 @@
 
     python -m conformance run                       # the reference implementation (in process)
     python -m conformance run --impl independent    # conformance/independent_decoder.py
-    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]" [--impl-objects "CMD {kind} {object}"]
+    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]" [--impl-objects "CMD {kind} {object} [{name}]"]
     python -m conformance list                      # the vectors and what they cover
     python -m conformance rules                     # SPEC.md conditions (Appendix A, A.1) without a vector
     python -m conformance mutate                    # checks of the independent decoder no vector notices
@@ -14,7 +14,9 @@ exit 0 = rebuilt, 1 = rejected (first stdout line ``error: CATEGORY: message``),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
+import gzip
 import hashlib
 import io
 import json
@@ -34,6 +36,31 @@ def load_manifest():
         return json.load(f)
 
 
+@contextlib.contextmanager
+def object_file(v):
+    """The path of a stream-object vector's object as the validator gets it: the file itself, or, for a
+    file stored gzip-compressed (``.json.gz``, README "Stream objects"), its expansion in a temporary
+    file that is removed afterwards."""
+    path = os.path.join(HERE, v["object"])
+    if not path.endswith(".gz"):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="arcfmt-conf-") as tmp:
+        out = os.path.join(tmp, os.path.basename(path)[:-3])
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+        yield out
+
+
+def object_name(v) -> str:
+    """The name a stream-object vector's object was read under (SPEC.md S3), e.g. ``head.json``."""
+    return v.get("object_name", "")
+
+
 # ------------------------------------------------------------------------------------ reference
 
 def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
@@ -41,9 +68,13 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
     import numpy as np
 
     import arcfmt
+    from arcfmt.errors import SafetensorsError, WrongBaseError
     from arcfmt.safetensors_io import open_checkpoint
 
-    base = open_checkpoint(base_path).tensors()
+    try:  # SPEC.md §1 "Base files": a base file that is not one is `wrong_base`, before the delta is read
+        base = open_checkpoint(base_path).tensors()
+    except SafetensorsError as exc:
+        raise WrongBaseError(f"base file: {exc}") from None
     with open(delta_path, "rb") as f:
         data = f.read()
     if mode == "stream":
@@ -58,15 +89,18 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
     return res
 
 
-def reference_object(kind: str, path: str) -> None:
-    """Parse a stream object (SPEC.md Part II) with arcfmt; raises ArcError when it must be refused."""
+def reference_object(kind: str, path: str, name: str = "") -> None:
+    """Parse a stream object (SPEC.md Part II) with arcfmt; raises ArcError when it must be refused.
+    With ``name`` (the name it was read under), its step / shard / shard count are checked against it last."""
     from arcfmt.store import objects as SL
     from arcfmt.store import signing as SG
 
     with open(path, "rb") as f:
         data = f.read()
-    {"head": SL.parse_head, "manifest": SL.parse_manifest, "descriptor": SL.parse_descriptor,
-     "signature": SG.parse_signature}[kind](data, path)
+    obj = {"head": SL.parse_head, "manifest": SL.parse_manifest, "descriptor": SL.parse_descriptor,
+           "signature": SG.parse_signature}[kind](data, name or path)
+    if name:
+        SL.check_own_name(obj, name)
 
 
 def run_reference(v, mode, timeout):
@@ -75,7 +109,8 @@ def run_reference(v, mode, timeout):
     t0 = time.perf_counter()
     try:
         if "kind" in v:
-            reference_object(v["kind"], os.path.join(HERE, v["object"]))
+            with object_file(v) as path:
+                reference_object(v["kind"], path, object_name(v))
             out = None
             rc, category = 0, None
             return judge_object(v, rc, category) + (time.perf_counter() - t0,)
@@ -107,7 +142,7 @@ def objects_command(impl: str | None, impl_objects: str | None) -> str | None:
         return impl_objects
     if impl == "independent":
         path = os.path.join(HERE, "independent_decoder.py")
-        return f"{shlex.quote(sys.executable)} {shlex.quote(path)} object {{kind}} {{object}}"
+        return f"{shlex.quote(sys.executable)} {shlex.quote(path)} object {{kind}} {{object}} {{name}}"
     return None
 
 
@@ -128,8 +163,9 @@ def _error_category(stdout: str):
 
 
 def run_external_object(template, v, timeout):
-    cmd = template.format(kind=v["kind"], object=shlex.quote(os.path.join(HERE, v["object"])))
-    p, dt = _run_shell(cmd, timeout)
+    with object_file(v) as path:
+        cmd = template.format(kind=v["kind"], object=shlex.quote(path), name=shlex.quote(object_name(v)))
+        p, dt = _run_shell(cmd, timeout)
     if p is None:
         return "timeout", f"no answer in {timeout} s", timeout
     if p.returncode in (0, 1):
@@ -316,8 +352,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the vectors against an implementation")
     r.add_argument("--impl", help="'independent', or a command with {base} {delta} {out} and optionally {mode}")
-    r.add_argument("--impl-objects", help="a command with {kind} and {object} for the stream-object vectors "
-                                          "(SPEC.md Part II); 'independent' supplies its own")
+    r.add_argument("--impl-objects", help="a command with {kind}, {object} and optionally {name} for the "
+                                          "stream-object vectors (SPEC.md Part II); 'independent' supplies its own")
     r.add_argument("--mode", choices=["random", "stream", "both"], default="both")
     r.add_argument("--filter", default="*", help="only vectors whose name matches this glob")
     r.add_argument("--timeout", type=float, default=10.0, help="seconds per vector")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import bz2 as _bz2
+import gzip
 import hashlib
 import json
 import lzma as _lzma
@@ -52,6 +53,16 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conforman
 
 
 # ------------------------------------------------------------------------------------ data
+
+def _xz_mbi(v: int) -> bytes:
+    """An .xz multibyte integer (7 bits a byte, low first)."""
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v >= 0x80 else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
 
 def rng(seed):
     return np.random.default_rng(seed)
@@ -725,6 +736,13 @@ def reject_vectors():
     def first_not_meta(p):
         p.recs.insert(0, Rec(b"note", b"before META"))
     n("n_first_record_not_meta", "a note before META", ["3", "12.2"], mod(first_not_meta), "corrupt")
+
+    def meta_as_note(p):
+        p.recs[0].type = b"note"
+    n("n_meta_typed_note", "the record at offset 16 is a note whose 20-byte payload is a valid META payload: "
+      "random access expects META there (a decoder that skips the type compare reads it as META and accepts); "
+      "front to back the first record is not META", ["3", "5", "12.1", "12.2"],
+      mod(meta_as_note, list_others=False), "corrupt")
     noted = write_delta(base, {"w": t}, note="x")
 
     def other_type(index):
@@ -821,6 +839,44 @@ def reject_vectors():
                 footer[4:8] = (len(idx) // 4 - 1).to_bytes(4, "little")
                 footer[0:4] = zlib.crc32(bytes(footer[4:10])).to_bytes(4, "little")
                 x = x[:ist] + bytearray(idx) + footer
+            elif fault in ("int_past", "int_long", "block_past_end"):
+                # the index rewritten; a decoder that reads on past the fault finds a 4 GiB - 1 dictionary
+                # (limit) or reads past the stored bytes
+                assert x[ist + 1] == 1  # one block; its unpadded size as stored:
+                k = ist + 2
+                while x[k] & 0x80:
+                    k += 1
+                unpadded = bytes(x[ist + 2:k + 1])
+                if fault == "int_past":
+                    # the uncompressed size's continuation bytes run to the end of the index; the footer's
+                    # first byte (CRC32, unchecked before decoding) would end it as 0x01
+                    idx = b"\x00\x01" + unpadded
+                    idx += b"\x80" * (4 - len(idx) % 4 or 4)
+                    crc0 = b"\x01"
+                elif fault == "int_long":
+                    idx, crc0 = b"\x00" + b"\x80" * 9 + b"\x00\x00", b""  # a record count of 10+ bytes
+                else:  # two blocks, the first 2 MiB long: the second would start far past the stored bytes
+                    idx = b"\x00\x02" + _xz_mbi(1 << 21) + b"\x01" + unpadded + b"\x01"
+                    idx += bytes(-len(idx) % 4)
+                    idx += zlib.crc32(idx).to_bytes(4, "little")
+                    crc0 = b""
+                footer = bytearray(x[n_ - 12:])
+                footer[4:8] = (len(idx) // 4 - 1).to_bytes(4, "little")
+                footer[0:4] = zlib.crc32(bytes(footer[4:10])).to_bytes(4, "little")
+                if crc0:
+                    footer[0:1] = crc0
+                x = x[:ist] + bytearray(idx) + footer
+            elif fault == "props_past":
+                # one block whose 8-byte header ends right after the LZMA2 filter's id and property size:
+                # the property byte would be the header's CRC32, whose first byte is 40 (a 4 GiB - 1
+                # dictionary for a decoder that reads on)
+                hdr = bytes([1, 0, 0x21, 1, 40, 0, 0, 0])
+                idx = b"\x00\x01\x0c\x01"
+                idx += zlib.crc32(idx).to_bytes(4, "little")
+                footer = bytearray(x[n_ - 12:])
+                footer[4:8] = (len(idx) // 4 - 1).to_bytes(4, "little")
+                footer[0:4] = zlib.crc32(bytes(footer[4:10])).to_bytes(4, "little")
+                x = x[:12] + bytearray(hdr) + bytearray(4) + bytearray(idx) + footer
             streams[0][1] = bytes(x)
         return edit
     import zlib
@@ -829,7 +885,11 @@ def reject_vectors():
                         ("flags", "a reserved bit of the block header's flags set"),
                         ("unpadded", "the index's unpadded size 4 too large: the block does not end at the index"),
                         ("nonminimal", "the index's record count written as a non-minimal 2-byte integer"),
-                        ("props", "LZMA2 properties byte 41 (> 40)")):
+                        ("props", "LZMA2 properties byte 41 (> 40)"),
+                        ("int_past", "an index integer whose continuation bytes run past the end of the index"),
+                        ("int_long", "an index record count of more than 9 bytes"),
+                        ("block_past_end", "two blocks in the index, the second starting past the stored bytes"),
+                        ("props_past", "a block header that ends before its LZMA2 filter's property byte")):
         n(f"n_xz_structure_{fault}", f"an xz stream with {desc}, declaring a dictionary beyond MAX_XZ_MEMORY: "
           "the structure is checked first (corrupt, not limit)", ["9"], restream(xz_struct(fault)), "corrupt",
           base_={"w": bz})
@@ -961,6 +1021,53 @@ def reject_vectors():
     n("n_wrong_base_missing", "the base lacks the tensor", ["7"], good, "wrong_base", base_={"x": b})
     V.extend(check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit, zfile, bz, kraw, noted,
                            two, wrong))
+    V.extend(base_file_vectors(good, b, mod, tens_edit, tp))
+    return V
+
+
+def safetensors_bytes(header, data: bytes = b"", length: int | None = None) -> bytes:
+    """A base file from its parts, any of them wrong: the header (a dict, or the header bytes), the data
+    section, and the header length field (``length``, default the header's true length)."""
+    raw = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    return (len(raw) if length is None else length).to_bytes(8, "little") + raw + data
+
+
+def base_file_vectors(good, b, mod, tens_edit, tp):
+    """SPEC.md §1 "Base files": a base file that is not a valid safetensors file is `wrong_base`, checked
+    when it is opened. ``good`` applies to ``{"w": b}`` (BF16, 24 x 16)."""
+    import xxhash
+    V = []
+
+    def n(name, desc, base_bytes, data=good):
+        V.append(Vector(name, desc, ["1", "12.3", "15"], base_bytes, data, error="wrong_base"))
+    raw = b.tobytes()
+    entry = {"dtype": "BF16", "shape": [24, 16], "data_offsets": [0, len(raw)]}
+    n("n_base_file_short", "a base file of 5 bytes: shorter than its 8-byte header length", b"\x02\x00\x00\x00\x00")
+    n("n_base_file_header_length", "a base file whose header length is one byte more than the file holds",
+      safetensors_bytes({"w": entry}, raw, length=len(json.dumps({"w": entry}, separators=(",", ":"))) + len(raw) + 1))
+    n("n_base_file_header_not_json", "a base file whose header is not JSON", safetensors_bytes(b'{"w":', raw))
+    n("n_base_file_header_not_object", "a base file whose header is a JSON array", safetensors_bytes(b"[]", raw))
+    n("n_base_file_metadata", "a base file whose __metadata__ maps a key to a number",
+      safetensors_bytes({"__metadata__": {"format": 1}, "w": entry}, raw))
+    n("n_base_file_entry", "a base file whose tensor entry has no data_offsets",
+      safetensors_bytes({"w": {"dtype": "BF16", "shape": [24, 16]}}, raw))
+    n("n_base_file_offsets_outside", "a base file whose tensor's data_offsets [2, 770] end 2 bytes past its "
+      "768-byte data section", safetensors_bytes({"w": dict(entry, data_offsets=[2, len(raw) + 2])}, raw))
+    # a file that needs no base: the base file is checked all the same, when it is opened
+    kf = write_delta(None, {"k": np.arange(6, dtype=np.uint8)})
+    n("n_base_file_offsets_outside_unused", "a keyframe file (it needs no base) and a base file whose only "
+      "tensor (U8 [10], not used) has data_offsets [0, 10] in an 8-byte data section",
+      safetensors_bytes({"u": {"dtype": "U8", "shape": [10], "data_offsets": [0, 10]}}, bytes(8)), kf)
+    n("n_base_file_header_length_unused", "a keyframe file (it needs no base) and a base file whose header "
+      "length is one byte more than the file holds", safetensors_bytes(b"{}", length=3), kf)
+    # data_offsets span 770 bytes for a 768-byte BF16 [24, 16]; the file's base_hash (and base_digest) is
+    # the hash of all 770, so a decoder that hashes the range without checking its size accepts the file
+    extra = raw + b"\x01\x02"
+    h = xxhash.xxh3_64_intdigest(extra)
+    lying = mod(tens_edit(lambda th: tp(th, base_hash=h)), base_digest=model_digest([(b"w", 11, (24, 16), h)]))
+    n("n_base_file_size_mismatch", "a base file whose tensor's data_offsets hold 770 bytes where BF16 x [24, 16] "
+      "is 768 (the file's base_hash is the hash of all 770)", safetensors_bytes(
+          {"w": dict(entry, data_offsets=[0, len(extra)])}, extra), lying)
     return V
 
 
@@ -1396,6 +1503,8 @@ class ObjectVector:
     kind: str                            # head | manifest | descriptor | signature
     data: bytes
     error: str | None = None
+    object_name: str | None = None       # the name it is read under (S3); None: the one its fields give
+    gz: bool = False                     # stored gzip-compressed (.json.gz, conformance/README.md)
 
 
 def stream_objects():
@@ -1858,6 +1967,30 @@ def object_vectors():
        edit("signature", "signature", lambda m: m.__setitem__("format", "arcfmt-stream-manifest")), "corrupt")
     nv("n_stream_signature_too_large", "a signature object over its 64 KiB limit", ["S12", "S15.2"], "signature",
        o["signature"][:-2] + b',"zz":"' + b"a" * (64 << 10) + b'"}\n', "limit")
+    # -- the object's own name (S2 check order, last): the step / shard / count in it equal the fields
+    for vname, kind, src, name, desc in (
+            ("n_stream_manifest_name_other_step", "manifest", "manifest_delta",
+             "steps/00000000000000000002/manifest.json", "step 1's manifest read as step 2's"),
+            ("n_stream_manifest_keyframe_name_other_step", "manifest", "manifest_keyframe",
+             "steps/00000000000000000001/manifest.json", "step 0's manifest read as step 1's"),
+            ("n_stream_descriptor_name_other_step", "descriptor", "descriptor",
+             "steps/00000000000000000000/shard-00001-of-00002.json", "step 1's descriptor read as step 0's"),
+            ("n_stream_descriptor_name_other_shard", "descriptor", "descriptor",
+             "steps/00000000000000000001/shard-00000-of-00002.json", "shard 1's descriptor read as shard 0's"),
+            ("n_stream_descriptor_name_other_count", "descriptor", "descriptor",
+             "steps/00000000000000000001/shard-00001-of-00003.json", "a descriptor of shard 1 of 2 read as of 3"),
+            ("n_stream_signature_name_other_step", "signature", "signature",
+             "steps/00000000000000000002/signature.json", "step 1's signature read as step 2's")):
+        V.append(ObjectVector(vname, desc + ": the object's fields disagree with the name it was read under",
+                              ["S2", "S3", "S5" if kind == "descriptor" else "S6" if kind == "manifest" else "S15.2"],
+                              kind, o[src], "corrupt", object_name=name))
+    # -- more than MAX_DESCRIPTOR_TENSORS entries (about 3 MB: stored gzip-compressed, README). The count is
+    # checked when the field is reached, before the entries (each [] is not a valid entry: corrupt after)
+    V.append(ObjectVector("n_stream_descriptor_too_many_tensors", "a descriptor with 2^20 + 1 tensor entries "
+                          "(each an empty array): the count limit comes before the entries' own checks",
+                          ["S5", "S12"], "descriptor",
+                          edit("descriptor", "descriptor", lambda d: d.__setitem__("tensors", [[]] * ((1 << 20) + 1))),
+                          "limit", gz=True))
     return V
 
 
@@ -1954,6 +2087,12 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_zstd_window_too_large", ["R-ZSTD-WINDOW"]),
     ("n_xz_bomb", ["R-XZ.LENGTH", "R-BOMB"]), ("n_xz_memory_limit", ["R-XZ-MEMORY"]),
     ("n_xz_dictionary_over_limit", ["R-XZ-MEMORY"]), ("n_xz_structure_*", ["R-XZ.VALID", "R-CHECK-ORDER"]),
+    ("n_meta_typed_note", ["R-RECORD-LOCATED.HEADER", "R-RECORD-ORDER.FIRST-META"]),
+    ("n_base_file_short", ["R-BASE-FILE.FRAME"]), ("n_base_file_header_length*", ["R-BASE-FILE.FRAME"]),
+    ("n_base_file_header_not_*", ["R-BASE-FILE.JSON"]), ("n_base_file_metadata", ["R-BASE-FILE.ENTRIES"]),
+    ("n_base_file_entry", ["R-BASE-FILE.ENTRIES"]), ("n_base_file_offsets_outside*", ["R-BASE-FILE.OFFSETS"]),
+    ("n_base_file_size_mismatch", ["R-BASE-FILE.SIZE"]),
+    ("n_stream_*_name_other_*", ["R-S-NAMES.OWN"]), ("n_stream_descriptor_too_many_tensors", ["R-S-LIMITS"]),
     ("n_xz_block_header_crc", ["R-XZ.VALID"]), ("y_xz_dictionary_at_limit", ["R-XZ-MEMORY"]),
     ("n_xz_garbage", ["R-XZ.VALID"]), ("n_xz_cut", ["R-XZ.VALID"]), ("n_xz_empty", ["R-XZ.VALID"]),
     ("n_xz_short_output", ["R-XZ.LENGTH"]), ("n_xz_trailing_data", ["R-XZ.ONE-STREAM"]),
@@ -2072,7 +2211,11 @@ def generate(out_dir: str) -> None:
     for v in valid_vectors() + reject_vectors() + ctx_reject_vectors():
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc"
-        write_file(os.path.join(vec_dir, base_file), v.base)
+        if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")
+            with open(os.path.join(vec_dir, base_file), "wb") as f:
+                f.write(v.base)
+        else:
+            write_file(os.path.join(vec_dir, base_file), v.base)
         with open(os.path.join(vec_dir, delta_file), "wb") as f:
             f.write(v.delta)
         entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
@@ -2087,18 +2230,53 @@ def generate(out_dir: str) -> None:
                 entry["errors"] = v.errors
         manifest["vectors"].append(entry)
     for v in object_vectors():
-        fname = f"{v.name}.json"
+        fname = f"{v.name}.json" + (".gz" if v.gz else "")
         with open(os.path.join(vec_dir, fname), "wb") as f:
-            f.write(v.data)
+            f.write(gzip.compress(v.data, compresslevel=9, mtime=0) if v.gz else v.data)
         entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
                  "description": v.description, "covers": ["SPEC.md " + c for c in v.covers],
-                 "rules": rules_for(v.name), "kind": v.kind, "object": f"vectors/{fname}"}
+                 "rules": rules_for(v.name), "kind": v.kind, "object": f"vectors/{fname}",
+                 "object_name": v.object_name or own_name(v.kind, v.data)}
         if v.error is not None:
             entry["error"] = v.error
         manifest["vectors"].append(entry)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
         f.write("\n")
+
+
+def _content(path: str) -> bytes:
+    """A vector file's content: a ``.gz`` file's expansion (zlib builds may compress the same bytes differently)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return gzip.decompress(data) if path.endswith(".gz") else data
+
+
+def own_name(kind: str, data: bytes) -> str:
+    """The name (SPEC.md S3) a stream object is stored under, from its own step / shard / shard count; for
+    an object whose fields do not give one, the name of the object it was made from (its fields' own
+    checks come first, S2)."""
+    default = {"head": "head.json", "manifest": "steps/00000000000000000001/manifest.json",
+               "descriptor": "steps/00000000000000000001/shard-00001-of-00002.json",
+               "signature": "steps/00000000000000000001/signature.json"}[kind]
+    try:
+        obj = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    except ValueError:
+        return default
+    if kind == "head" or not isinstance(obj, dict):
+        return default
+
+    def ok(k, lo, hi):
+        x = obj.get(k)
+        return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+    if not ok("step", 0, (1 << 64) - 2):
+        return default
+    step_dir = f"steps/{obj['step']:020d}"
+    if kind == "descriptor":
+        if not (ok("num_shards", 1, 4096) and ok("shard", 0, obj["num_shards"] - 1)):
+            return default
+        return f"{step_dir}/shard-{obj['shard']:05d}-of-{obj['num_shards']:05d}.json"
+    return f"{step_dir}/{kind}.json"
 
 
 def main(argv=None):
@@ -2117,7 +2295,7 @@ def main(argv=None):
         for rel in ["manifest.json"] + sorted(os.listdir(os.path.join(tmp, "vectors"))):
             a = os.path.join(tmp, rel if rel == "manifest.json" else os.path.join("vectors", rel))
             b = os.path.join(ROOT, rel if rel == "manifest.json" else os.path.join("vectors", rel))
-            if not os.path.exists(b) or open(a, "rb").read() != open(b, "rb").read():
+            if not os.path.exists(b) or _content(a) != _content(b):
                 diffs.append(rel)
         extra = set(os.listdir(os.path.join(ROOT, "vectors"))) - set(os.listdir(os.path.join(tmp, "vectors"))) \
             if os.path.isdir(os.path.join(ROOT, "vectors")) else set()

@@ -442,3 +442,19 @@ def parse_manifest(data, where: str) -> Manifest:
     writer = N.check_writer(f.get("writer", str, nullable=True), CorruptError)
     return Manifest(step, base_step, base_manifest, keyframe, keyframe_step, model_digest, total, shards, writer,
                     bytes(data), base_sha256, has_base_sha256)
+
+
+def check_own_name(obj, name: str) -> None:
+    """SPEC.md S2 "Check order", last: the object was read under ``name``; the step (and, for a descriptor,
+    the shard and shard count) that name carries must be the object's own (`corrupt`)."""
+    if isinstance(obj, Head):
+        want = N.HEAD
+    elif isinstance(obj, Manifest):
+        want = N.manifest_name(obj.step)
+    elif isinstance(obj, Descriptor):
+        want = N.descriptor_name(obj.step, obj.shard, obj.num_shards)
+    else:  # a signature (S15.2): beside the manifest it signs
+        from .signing import signature_name
+        want = signature_name(obj.step)
+    if name != want:
+        raise CorruptError(f"{name}: the object describes {want}")
