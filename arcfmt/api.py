@@ -122,7 +122,7 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
     it are untouched.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
-    wanted, bases, _ = reader.selection(arrays, names)
+    wanted, bases, _ = reader.selection(arrays, names, workers=reader.workers)
     live = {}
     for n in wanted:
         if bases[n] is None:

@@ -57,6 +57,40 @@ def _trailing_zeros(typingctx, x):
     return types.uint64(types.uint64), codegen
 
 
+def _ge_mask64_typing(typingctx, arr, start, mask, edge):
+    """``_ge_mask64(arr, start, mask, edge)``: bit ``b`` set where ``(arr[start + b] & mask) >= edge``
+    (unsigned), for the 64 elements from ``start`` (all inside ``arr``, a contiguous 1-D array).
+
+    Written as LLVM vector IR (one load of 64 elements, an ``and``, an unsigned compare and the
+    compare's 64 bits as one integer), which LLVM turns into a few vector instructions on any target
+    (a compare into a mask register on AVX-512): the loop that shifts each compare into place is
+    several times slower in the kernels' surroundings."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and isinstance(arr.dtype, types.Integer) and not getattr(arr.dtype, "signed", True)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir  # type: ignore[import-untyped]
+        aty = signature.args[0]
+        a = context.make_array(aty)(context, builder, args[0])
+        elt = context.get_data_type(aty.dtype)
+        vec = ir.VectorType(elt, 64)
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), vec.as_pointer())
+        v = builder.load(ptr, align=max(1, elt.width // 8))
+        lanes = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
+        undef = ir.Constant(vec, ir.Undefined)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)),
+                                          undef, lanes)
+        ge = builder.icmp_unsigned(">=", builder.and_(v, splat(args[2])), splat(args[3]))
+        return builder.bitcast(ge, ir.IntType(64))
+    return types.uint64(arr, types.intp, arr.dtype, arr.dtype), codegen
+
+
+_ge_mask64 = cast("Callable[[np.ndarray, int, Any, Any], np.uint64]", intrinsic(_ge_mask64_typing))
+
+
 # ------------------------------------------------------------------------------------ the backend
 
 def changes(base, target):
@@ -91,7 +125,8 @@ def _args(dt, thresholds):
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice):
     """A whole changed block: ``(counts, rice, qbits, mw, streams)``."""
-    counts, rice, qbits, q, r, s, mw, mag = _ctx_encode(base, target, positions, *_args(dt, thresholds), max_rice)
+    counts, rice, qbits, q, r, s, mw, mag = _ctx_encode(np.ascontiguousarray(base), target, positions,
+                                                        *_args(dt, thresholds), max_rice)
     return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
 
 
@@ -99,9 +134,10 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
     """A whole block into ``out``: OK, or the status of the first failed check, having written nothing.
     ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes."""
     return _ctx_decode(
-        base, out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
-        _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64), np.asarray(p.rice, np.int64),
-        *_args(dt, p.thresholds), out is not base, _NO_POSITIONS if positions is None else positions)
+        np.ascontiguousarray(base), out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]),
+        _bytes_array(streams[2]), _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64),
+        np.asarray(p.rice, np.int64), *_args(dt, p.thresholds), out is not base,
+        _NO_POSITIONS if positions is None else positions)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -280,42 +316,33 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
-    else:
-        n_words = (m + 63) // 64
-        words = _class_words(base, mask, edges, counts)
-        off = 0
-        for k in range(n_classes):
-            ck = counts[k]
-            if ck == 0:
-                continue
-            pop, cum = _word_counts(words[k])
-            if n_words == 0 or ranks[off + ck - 1] >= cum[n_words - 1]:
-                return BEYOND
-            _select(words[k], cum, pop, ranks[off:off + ck], pos[off:off + ck])
-            off += ck
+    elif not _class_select(base, mask, edges, counts, ranks):
+        return BEYOND
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
+    # The changed elements are gathered once (the later passes read them in order, not all over the
+    # block) and every new value is computed and checked before anything is written.
+    bv = np.empty(c, base.dtype)
+    for t in range(c):
+        bv[t] = base[pos[t]]
     start = np.zeros(emask + 2, np.int64)
     for t in range(c):
-        start[((base[pos[t]] >> shift) & emask) + 1] += 1
+        start[((bv[t] >> shift) & emask) + 1] += 1
     for x in range(emask + 1):
         start[x + 1] += start[x]
-    slot = start.copy()
-    for t in range(c):  # check every step before writing anything
-        x = (base[pos[t]] >> shift) & emask
-        v = _step_target(base[pos[t]], mbuf, mw, c, slot[x], sbuf, t, half)
-        slot[x] += 1
+    nv = np.empty(c, base.dtype)
+    for t in range(c):
+        x = (bv[t] >> shift) & emask
+        v = _step_target(bv[t], mbuf, mw, c, start[x], sbuf, t, half)
+        start[x] += 1
         if v < -half or v >= half:
             return RANGE
+        nv[t] = v if v >= 0 else (half - 1) - v
     if copy:
         for i in range(m):
             out[i] = base[i]
     for t in range(c):
-        p = pos[t]
-        x = (base[p] >> shift) & emask
-        v = _step_target(base[p], mbuf, mw, c, start[x], sbuf, t, half)
-        start[x] += 1
-        out[p] = v if v >= 0 else (half - 1) - v
+        out[pos[t]] = nv[t]
     if pos_out.size:   # the caller wants the changed positions too (class order)
         for t in range(c):
             pos_out[t] = pos[t]
@@ -335,33 +362,109 @@ def _step_target(b, mbuf, mw, c, j, sbuf, t, half):
 
 
 @_jit
+def _word_select(x, r):
+    """The bit index of the ``r``-th set bit of ``x`` (``r`` below its popcount): a binary search on
+    popcounts of halves."""
+    at = 0
+    half = 32
+    while half:
+        low = x & np.uint64((np.uint64(1) << np.uint64(half)) - np.uint64(1))
+        p = np.int64(_popcount(low))
+        if r >= p:
+            r -= p
+            x >>= np.uint64(half)
+            at += half
+        else:
+            x = low
+        half >>= 1
+    return at
+
+
+@_jit
+def _class_select(base, mask, edges, counts, ranks):
+    """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
+    → their positions in the block, in place; False when a rank is beyond its class's members.
+
+    Per class, one pass over the base, a 64-element word at a time, ending at the word of its last
+    rank: the word's class bitmap (``_ge_mask64`` against the class's two edges), its popcount added
+    to the members so far, and the ranks that fall in this word selected from it — no bitmap or count
+    array is stored. ``base`` is contiguous."""
+    n_classes = edges.size + 1
+    nt = edges.size
+    m = base.size
+    full_words = m // 64
+    all_ones = ~np.uint64(0)
+    zero = np.uint64(0)
+    off = 0
+    for k in range(n_classes):
+        t = off
+        end = off + counts[k]
+        off = end
+        if t == end:
+            continue
+        e_lo = edges[k - 1] if k > 0 else edges[0]
+        e_hi = edges[k] if k < nt else edges[0]
+        seen = np.int64(0)
+        r = ranks[t]
+        for w in range(full_words):
+            s = w * 64
+            lo = _ge_mask64(base, s, mask, e_lo) if k > 0 else all_ones
+            hi = _ge_mask64(base, s, mask, e_hi) if k < nt else zero
+            word = lo & ~hi
+            top = seen + np.int64(_popcount(word))
+            while r < top:
+                ranks[t] = s + _word_select(word, r - seen)
+                t += 1
+                if t == end:
+                    break
+                r = ranks[t]
+            if t == end:
+                break
+            seen = top
+        if t != end:   # the last, partial word
+            s = full_words * 64
+            word = np.uint64(0)
+            for b in range(m - s):
+                a = base[s + b] & mask
+                if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
+                    word |= np.uint64(1) << np.uint64(b)
+            top = seen + np.int64(_popcount(word))
+            while t < end and ranks[t] < top:
+                ranks[t] = s + _word_select(word, ranks[t] - seen)
+                t += 1
+            if t != end:
+                return False
+    return True
+
+
+@_jit
 def _class_words(base, mask, edges, counts):
     """Packed membership bitmaps, one row per class (rows of classes without changes stay zero), in
-    one pass over the base: each 64-element word is compared with every threshold while in cache.
-    ``mask`` and ``edges`` have the base's dtype, so the compares stay in the element width."""
+    one pass over the base: each 64-element word is compared with every threshold while in cache
+    (``_ge_mask64``). ``mask`` and ``edges`` have the base's dtype, so the compares stay in the element
+    width; ``base`` is contiguous."""
     n_classes = edges.size + 1
+    nt = edges.size
     m = base.size
     n_words = (m + 63) // 64
+    full_words = m // 64
     words = np.zeros((n_classes, n_words), np.uint64)
-    ge = np.zeros(n_classes + 1, np.uint64)  # ge[i + 1]: elements of the word >= edges[i]
     for w in range(n_words):
         s = w * 64
-        n = min(64, m - s)
-        full = ~np.uint64(0) if n == 64 else (np.uint64(1) << np.uint64(n)) - np.uint64(1)
-        ge[0] = full
-        for i in range(n_classes - 1):
-            x = np.uint64(0)
-            if n == 64:
-                for b in range(64):
-                    x |= np.uint64((base[s + b] & mask) >= edges[i]) << np.uint64(b)
-            else:
-                for b in range(n):
-                    x |= np.uint64((base[s + b] & mask) >= edges[i]) << np.uint64(b)
-            ge[i + 1] = x
-        ge[n_classes] = np.uint64(0)
+        n = 64 if w < full_words else m - s
+        lo = ~np.uint64(0) if n == 64 else (np.uint64(1) << np.uint64(n)) - np.uint64(1)
         for k in range(n_classes):
+            if k == nt:
+                hi = np.uint64(0)
+            elif n == 64:
+                hi = _ge_mask64(base, s, mask, edges[k])
+            else:
+                hi = np.uint64(0)
+                for b in range(n):
+                    hi |= np.uint64((base[s + b] & mask) >= edges[k]) << np.uint64(b)
             if counts[k]:
-                words[k, w] = ge[k] & ~ge[k + 1]
+                words[k, w] = lo & ~hi
+            lo = hi
     return words
 
 

@@ -29,7 +29,7 @@ import xxhash
 
 from . import backend, encodings, records
 from . import layout as L
-from .arrays import as_uint, release
+from .arrays import as_uint, is_mapped, release
 from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
@@ -264,10 +264,11 @@ class _Workers:
 
 
 class _Tensor:
-    __slots__ = ("item", "out", "hash", "left", "single")
+    __slots__ = ("item", "out", "hash", "left", "single", "mapped")
 
     def __init__(self, item: Item, out: TensorOutput[Any]) -> None:
         self.item, self.out = item, out
+        self.mapped = is_mapped(item.base_u)  # its blocks' base pages are handed back once decoded
         self.single = item.th.block_count == 1
         self.hash: xxhash.xxh3_64 | None = None if self.single else xxhash.xxh3_64()
         self.left = item.th.block_count
@@ -308,7 +309,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             assert t.hash is not None
             t.hash.update(arr.data.cast("B"))
         t.out.done(b, arr)
-        if base_block is not None and base_block is not arr:
+        if t.mapped and base_block is not None and base_block is not arr:
             release(base_block)
         t.left -= 1
         if t.left == 0:

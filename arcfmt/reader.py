@@ -24,6 +24,7 @@ from .errors import (
     MissingTensorError,
     TruncatedError,
 )
+from .parallel import SHARED_MIN_ELEMS
 
 # --------------------------------------------------------------------------------------- sources
 
@@ -217,13 +218,18 @@ class DeltaReader:
             self.header(n)
         base = {} if base is None else base
         args = [(self.header(n), base.get(n) if self.header(n).needs_base else None) for n in wanted]
-        if workers > 1 and len(wanted) > 1:
+        shared = [i for i, (th, b) in enumerate(args) if b is not None and th.size >= SHARED_MIN_ELEMS]
+        if workers > 1 and len(shared) > 1:
+            # the large bases are hashed by the pool, the small ones meanwhile here (a job per small
+            # tensor would cost more than its hash)
             with ThreadPoolExecutor(workers, thread_name_prefix="arcfmt-check") as pool:
-                jobs = [pool.submit(pipeline.check_base, *a) for a in args]
+                jobs = {i: pool.submit(pipeline.check_base, *args[i]) for i in shared}
                 try:
-                    bases = {n: j.result() for n, j in zip(wanted, jobs)}
+                    bases = {}
+                    for i, n in enumerate(wanted):
+                        bases[n] = jobs[i].result() if i in jobs else pipeline.check_base(*args[i])
                 finally:
-                    for j in jobs:
+                    for j in jobs.values():
                         j.cancel()
         else:
             bases = {n: pipeline.check_base(*a) for n, a in zip(wanted, args)}
@@ -278,7 +284,7 @@ class DeltaReader:
         decoded; blocks decode in parallel threads. Torch base tensors give torch tensors back;
         ``framework``/``device`` as for :func:`arcfmt.decode`.
         """
-        wanted, bases, _ = self.selection(base, names)
+        wanted, bases, _ = self.selection(base, names, workers=self.workers)
         headers = [self.header(n) for n in wanted]
         sink = pipeline.ArraySink(self.output_budget(headers), headers)
         order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together

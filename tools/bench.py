@@ -12,6 +12,10 @@ through tools/peers_worker.py and are skipped with a note when not installed.
 Figures per method and trajectory: % of BF16 bytes, bytes per changed element, encode MB/s and decode
 MB/s (BF16 bytes of the target per second; decode = verified, bit-exact rebuild), and whether every
 round trip was bit-exact.
+
+Beside them, the compulsory-work floor of a decode on the same pairs (issue 19): what any verified
+rebuild must do at least — allocate the output, copy the base into it, and xxh3 the base and the
+output, one thread — as `floor MB/s`, and arcfmt's decode as `% of floor` (best of --repeat each).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import tempfile
 import time
 
 import numpy as np
+import xxhash
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -58,6 +63,24 @@ def steps_in(folder: str) -> list[str]:
     return files
 
 
+def floor_seconds(base: dict, target: dict) -> float:
+    """One run of the compulsory work of a decode of ``target`` from ``base``: allocate the output (one
+    allocation, as arcfmt's decoder makes), copy each base tensor into it and xxh3 the base and the
+    output tensor (the base check and the target check of SPEC.md §12.3); one thread."""
+    t0 = time.perf_counter()
+    out = np.empty(sum(v.nbytes for v in target.values()), np.uint8)
+    at = 0
+    for name, v in target.items():
+        b = base.get(name)
+        src = (b if b is not None and b.nbytes == v.nbytes else v).reshape(-1).view(np.uint8)
+        xxhash.xxh3_64_intdigest(src)
+        dst = out[at: at + src.size]
+        np.copyto(dst, src)
+        xxhash.xxh3_64_intdigest(dst)
+        at += src.size
+    return time.perf_counter() - t0
+
+
 def bench_arcfmt(files, repeat, effort, breakdown):
     rows = []
     roles = {}
@@ -68,8 +91,9 @@ def bench_arcfmt(files, repeat, effort, breakdown):
         bf16 = sum(v.nbytes for v in cur.values())
         changed = sum(int(np.count_nonzero(prev[k].view(f"u{v.itemsize}") != v.view(f"u{v.itemsize}")))
                       for k, v in cur.items() if k in prev and prev[k].shape == v.shape and prev[k].dtype == v.dtype)
-        enc_t, dec_t = [], []
+        enc_t, dec_t, floor_t = [], [], []
         for _ in range(repeat):
+            floor_t.append(floor_seconds(prev, cur))
             buf = io.BytesIO()
             t0 = time.perf_counter()
             w = DeltaWriter(buf, effort=effort)
@@ -82,7 +106,8 @@ def bench_arcfmt(files, repeat, effort, breakdown):
             dec_t.append(time.perf_counter() - t0)
         exact = out.keys() == cur.keys() and all(out[k].tobytes() == cur[k].tobytes() for k in cur)
         rows.append(dict(peer="arcfmt", base=a, target=b, bytes=len(delta), bf16_bytes=bf16, changed=changed,
-                         encode_s=min(enc_t), decode_s=min(dec_t), exact=exact, error=None))
+                         encode_s=min(enc_t), decode_s=min(dec_t), floor_s=min(floor_t), exact=exact,
+                         error=None))
         if breakdown:
             headers = len(delta)
             for t in w.stats:
@@ -138,11 +163,15 @@ def summarize(rows):
     bf16 = sum(r["bf16_bytes"] for r in ok)
     size = sum(r["bytes"] for r in ok)
     changed = sum(r["changed"] for r in ok)
-    return dict(pairs=len(ok), errors=len(rows) - len(ok), bytes=size, bf16_bytes=bf16,
-                percent=100 * size / bf16, bytes_per_changed=size / max(changed, 1),
-                encode_mbs=bf16 / 1e6 / sum(r["encode_s"] for r in ok),
-                decode_mbs=bf16 / 1e6 / sum(r["decode_s"] for r in ok),
-                exact=all(r["exact"] for r in ok))
+    out = dict(pairs=len(ok), errors=len(rows) - len(ok), bytes=size, bf16_bytes=bf16,
+               percent=100 * size / bf16, bytes_per_changed=size / max(changed, 1),
+               encode_mbs=bf16 / 1e6 / sum(r["encode_s"] for r in ok),
+               decode_mbs=bf16 / 1e6 / sum(r["decode_s"] for r in ok),
+               exact=all(r["exact"] for r in ok))
+    if all("floor_s" in r for r in ok):
+        out["floor_mbs"] = bf16 / 1e6 / sum(r["floor_s"] for r in ok)
+        out["percent_of_floor"] = 100 * out["decode_mbs"] / out["floor_mbs"]
+    return out
 
 
 def main(argv=None):
@@ -210,13 +239,15 @@ def main(argv=None):
     for t in report["trajectories"]:
         print(f"\n{t['trajectory']}: {t['pairs']} step pairs")
         print(f"| {'method':12s} | {'% of BF16':>9s} | {'B/changed':>9s} | {'encode MB/s':>11s} "
-              f"| {'decode MB/s':>11s} | bit-exact |")
-        print(f"|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|-----------|")
+              f"| {'decode MB/s':>11s} | {'floor MB/s':>10s} | {'% of floor':>10s} | bit-exact |")
+        print(f"|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 13}|{'-' * 13}|{'-' * 12}|{'-' * 12}|-----------|")
         for name, s in t["methods"].items():
             if s is None:
                 continue
+            fl = (f"{s['floor_mbs']:10.0f} | {s['percent_of_floor']:9.1f}%" if "floor_mbs" in s
+                  else f"{'':10s} | {'':10s}")
             print(f"| {name:12s} | {s['percent']:8.4f}% | {s['bytes_per_changed']:9.3f} | {s['encode_mbs']:11.0f} | "
-                  f"{s['decode_mbs']:11.0f} | {'yes' if s['exact'] else 'NO':9s} |")
+                  f"{s['decode_mbs']:11.0f} | {fl} | {'yes' if s['exact'] else 'NO':9s} |")
         for note in t["notes"]:
             print(f"note: {note}")
         if "vs_arc_v3" in t:

@@ -28,7 +28,8 @@ class Unchanged(Encoding):
     def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
                out: np.ndarray) -> None:
         if out is not base:
-            out[:] = base
+            assert base is not None, "unchanged needs a base: the container never decodes one without"
+            np.copyto(out, base)
 
     def changed(self, params: Sequence[int]) -> int:
         return 0
