@@ -343,12 +343,20 @@ class StreamReader:
 
     Each tensor is verified before it is yielded, but the file as a whole is only valid once the
     iteration has finished (index cross-checked, trailer checked): commit nothing before that.
+    Torch base tensors give torch tensors; ``framework``/``device`` as for :func:`arcfmt.decode`.
     """
 
-    def __init__(self, fileobj, base=None, *, max_output_bytes: int | None = None):
+    def __init__(self, fileobj, base=None, *, max_output_bytes: int | None = None,
+                 framework: str | None = None, device: Any = None):
+        from .api import wants_torch
+
         self._f = fileobj
         self._explicit_budget = max_output_bytes
         self._base = {} if base is None else base
+        self._torch = wants_torch(self._base, framework)   # checked now: a bad value fails before any read
+        if device is not None and not self._torch:
+            raise InputError("device= is for torch output: pass framework='pt' (or torch base tensors)")
+        self._device = device
         self._pos = 0
         self.meta: records.Meta | None = None      # each set as the iteration reads it
         self.index: records.Index | None = None
@@ -390,7 +398,13 @@ class StreamReader:
         budget = pipeline.ArraySink(self._default_budget() if self._explicit_budget is None
                                     else self._explicit_budget)
         self._backed = self._explicit_budget is None
-        yield from pipeline.run(self._items(budget), budget)
+        if not self._torch:
+            yield from pipeline.run(self._items(budget), budget)
+            return
+        from .api import as_framework
+
+        for name, arr in pipeline.run(self._items(budget), budget):
+            yield name, as_framework({name: arr}, self._base, "pt", self._device)[name]
 
     def _critical(self):
         """The next critical record (ancillary ones are noted and skipped, §12.2 step 2)."""

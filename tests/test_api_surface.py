@@ -189,6 +189,24 @@ def test_torch_from_the_reader():
     assert all(isinstance(v, torch.Tensor) for v in every.values())
 
 
+def test_torch_from_the_stream_reader():
+    """Front to back, as from a pipe: torch bases give torch tensors, numpy ones numpy, either on request."""
+    import io
+
+    torch, base, target, tb = _torch_pair()
+    delta = arcfmt.encode(tb, target, block_elems=16, workers=1, on_mismatch="ignore")
+    got = dict(arcfmt.StreamReader(io.BytesIO(delta), tb))
+    assert all(isinstance(v, torch.Tensor) for v in got.values()) and got["new"].dtype == torch.float16
+    assert_bit_exact({n: _np(v) for n, v in got.items()}, target)
+    assert all(isinstance(v, np.ndarray) for _, v in arcfmt.StreamReader(io.BytesIO(delta), tb, framework="np"))
+    assert all(isinstance(v, torch.Tensor) for _, v in arcfmt.StreamReader(io.BytesIO(delta), base, framework="pt"))
+    assert all(v.device.type == "meta" for _, v in arcfmt.StreamReader(io.BytesIO(delta), tb, device="meta"))
+    with pytest.raises(arcfmt.InputError, match="device"):
+        arcfmt.StreamReader(io.BytesIO(delta), base, device="cpu")
+    with pytest.raises(arcfmt.InputError, match="framework"):
+        arcfmt.StreamReader(io.BytesIO(delta), base, framework="tf")
+
+
 def test_torch_apply_in_place_gives_fresh_tensors_as_torch():
     torch, base, target, tb = _torch_pair()
     delta = arcfmt.encode(tb, target, block_elems=16, workers=1, on_mismatch="ignore")
