@@ -357,6 +357,16 @@ class StreamReader:
         if device is not None and not self._torch:
             raise InputError("device= is for torch output: pass framework='pt' (or torch base tensors)")
         self._device = device
+        if self._torch:
+            from .api import as_framework
+
+            as_framework({}, self._base, "pt", device)        # torch missing: InputError now
+            # where each tensor goes: the device of its torch base tensor, else of the first one (once,
+            # not per tensor: a model has thousands)
+            tb = {k: v for k, v in self._base.items() if type(v).__module__.split(".", 1)[0] == "torch"} \
+                if isinstance(self._base, Mapping) else {}
+            self._torch_base = tb
+            self._torch_first = {next(iter(tb)): next(iter(tb.values()))} if tb else {}
         self._pos = 0
         self.meta: records.Meta | None = None      # each set as the iteration reads it
         self.index: records.Index | None = None
@@ -404,7 +414,8 @@ class StreamReader:
         from .api import as_framework
 
         for name, arr in pipeline.run(self._items(budget), budget):
-            yield name, as_framework({name: arr}, self._base, "pt", self._device)[name]
+            one = {name: self._torch_base[name]} if name in self._torch_base else self._torch_first
+            yield name, as_framework({name: arr}, one, "pt", self._device)[name]
 
     def _critical(self):
         """The next critical record (ancillary ones are noted and skipped, §12.2 step 2)."""

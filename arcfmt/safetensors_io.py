@@ -91,20 +91,24 @@ def read_file(path: str) -> SafetensorsFile:
             header_bytes = read_header(f, size, path)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(header_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SafetensorsError(f"{path}: header is not valid JSON: {exc}") from None
+    try:   # UTF-8 only (json.loads of bytes would also take UTF-16/32 or a BOM); a nesting too deep for
+        # the parser or an integer of thousands of digits is as malformed as a syntax error
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SafetensorsError(f"{path}: header is not valid UTF-8 JSON: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: header is not a JSON object")
+    has_metadata = "__metadata__" in header
     metadata = header.pop("__metadata__", None)
-    if metadata is not None and (not isinstance(metadata, dict)
-                                 or not all(isinstance(v, str) for v in metadata.values())):
+    if has_metadata and (not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values())):
         raise SafetensorsError(f"{path}: __metadata__ must map strings to strings")
     data_size = size - data_start(header_bytes)
     specs = []
     for name, info in header.items():
         try:
+            if not (isinstance(info, dict) and isinstance(info["dtype"], str) and isinstance(info["shape"], list)
+                    and isinstance(info["data_offsets"], list)):
+                raise TypeError("dtype must be a string, shape and data_offsets arrays")
             dt = dtypes.from_name(info["dtype"])
             shape = tuple(info["shape"])
             begin, end = info["data_offsets"]

@@ -497,6 +497,12 @@ def test_a_signature_that_arrives_late_is_waited_for(tmp_path, traj):
     events = []
     (r,) = mirror(src, dst, tmp_path, missing_wait=0.3, progress=events.append).sync()
     assert r.step == 2 and not r.signed and any(e["event"] == "unsigned" for e in events)
+    # a source that stopped signing: one wait was spent, the next steps wait for nothing
+    publish_step(pubs, 3, traj[3])
+    publish_step(pubs, 4, traj[4])
+    m = mirror(src, dst, tmp_path, missing_wait=30)
+    t0 = time.monotonic()
+    assert [(r.step, r.signed) for r in m.sync()] == [(3, False), (4, False)] and time.monotonic() - t0 < 10
     # an unsigned source: nothing is waited for
     src2, dst2 = str(tmp_path / "src2"), str(tmp_path / "dst2")
     publish_step(publishers(src2, n=1), 0, traj[0])

@@ -439,21 +439,25 @@ def test_signed_stream_on_a_real_server(remote, tmp_path, traj, keys):
 def test_trust_mode_objects_above_the_memory_budget_pass_through_a_file(memory_url, tmp_path, traj, keys,
                                                                        monkeypatch):
     """A signed object bigger than ``memory_budget`` is hashed as it arrives, a budget at a time, into an
-    unlinked temporary file, and decoded from its mapping: followed bit-exactly, and a flipped byte is
-    still refused by SHA-256 before anything is decoded."""
+    unlinked temporary file beside the folder, and decoded from its mapping alone (no byte fetched
+    again after the hash): followed bit-exactly, a flipped byte still refused by SHA-256 before anything
+    is decoded, a budget of 0 still sends one request per chunk, and a disk without room is `limit`."""
     signed_stream(memory_url, traj, keys["a"][0], steps=3)
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    import tempfile
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    spilled = []
-    real = F.Follower._spill_signed
-    monkeypatch.setattr(F.Follower, "_spill_signed", lambda self, p: spilled.append(p.obj.size) or real(self, p))
+    spilled, sources = [], []
+    real_spill, real_add = F.Follower._spill_signed, F.Follower._add_signed
+    monkeypatch.setattr(F.Follower, "_spill_signed", lambda self, p: spilled.append(p.obj.size) or real_spill(self, p))
+    monkeypatch.setattr(F.Follower, "_add_signed", staticmethod(lambda p, data: sources.append(p.source)
+                                                              or real_add(p, data)))
     fol = Follower(memory_url, tmp_path / "t", trust=[keys["a"][1]], memory_budget=512, chunk_size=4096)
     assert [u.step for u in fol.sync()] == [0, 1, 2]
     assert_folder(tmp_path / "t", traj[2])
     assert len(spilled) >= 3 and all(s > 512 for s in spilled)
-    assert os.listdir(tmp_path / "tmp") == []           # unlinked from the start
+    assert sources and all(src.misses == 0 for src in sources)    # every record read came from the checked bytes
+    assert not [n for n in os.listdir(tmp_path) if "signed" in n]   # unlinked
+    # a budget of 0: whole chunks all the same (not one request per byte)
+    f0 = Follower(memory_url, tmp_path / "z", trust=[keys["a"][1]], memory_budget=0, chunk_size=4096)
+    f0.sync()
+    assert f0.stats.requests <= 3 * sum(-(-s // 4096) + 2 for s in spilled)
     # the same follower refuses a damaged object it spills
     from arcfmt.store.backends import Store
     st = Store(memory_url)
@@ -469,3 +473,9 @@ def test_trust_mode_objects_above_the_memory_budget_pass_through_a_file(memory_u
         fol.sync()
     assert fol.state()["step"] == 2
     assert_folder(tmp_path / "t", traj[2])
+    # no room for the spill: `limit`, before anything is fetched
+    from arcfmt.errors import LimitError
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 0))
+    fresh = Follower(memory_url, tmp_path / "full", trust=[keys["a"][1]], memory_budget=512)
+    with pytest.raises(LimitError, match="bytes free"):
+        fresh.sync()

@@ -1051,6 +1051,16 @@ def base_file_vectors(good, b, mod, tens_edit, tp):
       safetensors_bytes({"__metadata__": {"format": 1}, "w": entry}, raw))
     n("n_base_file_entry", "a base file whose tensor entry has no data_offsets",
       safetensors_bytes({"w": {"dtype": "BF16", "shape": [24, 16]}}, raw))
+    n("n_base_file_metadata_null", "a base file whose __metadata__ is null (present, so it must be an object)",
+      safetensors_bytes({"__metadata__": None, "w": entry}, raw))
+    n("n_base_file_shape_not_array", "a base file whose tensor's shape is the string \"\" (not an array; a "
+      "reader that iterates it would see a scalar)",
+      safetensors_bytes({"w": dict(entry, shape="")}, raw))
+    hdr = json.dumps({"w": entry}, separators=(",", ":")).encode()
+    n("n_base_file_header_bom", "a base file whose JSON header starts with a UTF-8 byte order mark",
+      safetensors_bytes(b"\xef\xbb\xbf" + hdr, raw))
+    n("n_base_file_header_utf16", "a base file whose JSON header is UTF-16-LE (some JSON parsers detect it)",
+      safetensors_bytes(json.dumps({"w": entry}, separators=(",", ":")).encode("utf-16-le"), raw))
     n("n_base_file_offsets_outside", "a base file whose tensor's data_offsets [2, 770] end 2 bytes past its "
       "768-byte data section", safetensors_bytes({"w": dict(entry, data_offsets=[2, len(raw) + 2])}, raw))
     # a file that needs no base: the base file is checked all the same, when it is opened
@@ -2089,7 +2099,9 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_xz_dictionary_over_limit", ["R-XZ-MEMORY"]), ("n_xz_structure_*", ["R-XZ.VALID", "R-CHECK-ORDER"]),
     ("n_meta_typed_note", ["R-RECORD-LOCATED.HEADER", "R-RECORD-ORDER.FIRST-META"]),
     ("n_base_file_short", ["R-BASE-FILE.FRAME"]), ("n_base_file_header_length*", ["R-BASE-FILE.FRAME"]),
-    ("n_base_file_header_not_*", ["R-BASE-FILE.JSON"]), ("n_base_file_metadata", ["R-BASE-FILE.ENTRIES"]),
+    ("n_base_file_header_not_*", ["R-BASE-FILE.JSON"]), ("n_base_file_header_bom", ["R-BASE-FILE.JSON"]),
+    ("n_base_file_header_utf16", ["R-BASE-FILE.JSON"]), ("n_base_file_metadata*", ["R-BASE-FILE.ENTRIES"]),
+    ("n_base_file_shape_not_array", ["R-BASE-FILE.ENTRIES"]),
     ("n_base_file_entry", ["R-BASE-FILE.ENTRIES"]), ("n_base_file_offsets_outside*", ["R-BASE-FILE.OFFSETS"]),
     ("n_base_file_size_mismatch", ["R-BASE-FILE.SIZE"]),
     ("n_stream_*_name_other_*", ["R-S-NAMES.OWN"]), ("n_stream_descriptor_too_many_tensors", ["R-S-LIMITS"]),

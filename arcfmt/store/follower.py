@@ -654,8 +654,9 @@ class Follower:
         """Trust mode: each shard object with wanted tensors, fetched whole ([0, size)) through the
         range fetcher, must hash to its signed SHA-256, and its tail must be the tail already parsed.
         Objects that fit ``memory_budget`` together are held in memory; a bigger one is written, as it
-        is hashed, ``memory_budget`` bytes at a time, to an unlinked temporary file (``TMPDIR``) and
-        read back mapped: memory stays bounded however large a signed keyframe is."""
+        is hashed, to an unlinked temporary file beside the folder (no folder: ``TMPDIR``) and read
+        back mapped, so memory stays bounded however large a signed keyframe is (on a tmpfs the
+        mapping is memory again)."""
         used = [p for p in plans if p.wanted]
         small, big, held = [], [], 0
         for p in sorted(used, key=lambda p: p.obj.size):
@@ -672,21 +673,34 @@ class Follower:
             self._add_signed(p, self._spill_signed(p))
 
     def _spill_signed(self, p) -> memoryview:
-        """One signed object through a temporary file: hashed as it arrives, mapped once it checked."""
-        step = max(1, min(self.memory_budget, p.obj.size))
+        """One signed object through a temporary file: hashed as it arrives, mapped once it checked.
+        Requests are the fetcher's chunks, ``memory_budget`` bytes of them (at least one) at a time."""
+        size, where = p.obj.size, self._parent
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError as exc:
+            raise os_error(exc, "check the free space of", where) from None
+        if size > free:
+            raise LimitError(f"{p.obj.name}: {size} bytes to check before use (trust mode), but {where} has "
+                             f"{free} bytes free")
+        chunk = self.fetcher.chunk_size
+        step = max(chunk, min(self.memory_budget, size))
         h = hashlib.sha256()
-        with tempfile.TemporaryFile(prefix="arcfmt-signed-") as f:
-            for a in range(0, p.obj.size, step):
-                reqs = [(p.source.path, lo, min(lo + DEFAULT_CHUNK, a + step, p.obj.size), p.source.key)
-                        for lo in range(a, min(a + step, p.obj.size), DEFAULT_CHUNK)]
-                for data in self.fetcher.fetch(reqs):
-                    h.update(data)
-                    f.write(data)
-            f.flush()
-            if p.obj.sha256 is None or f.tell() != p.obj.size or h.hexdigest() != p.obj.sha256:
-                raise SignatureError(f"{p.obj.name}: its bytes do not hash to the signed sha256 in the manifest")
-            # the mapping outlives the file object (its pages stay until the last view is gone)
-            return memoryview(mmap.mmap(f.fileno(), p.obj.size, access=mmap.ACCESS_READ))
+        try:
+            with tempfile.TemporaryFile(prefix=".arcfmt-signed-", dir=where) as f:
+                for a in range(0, size, step):
+                    stop = min(a + step, size)
+                    reqs = [(p.source.path, lo, min(lo + chunk, stop), p.source.key) for lo in range(a, stop, chunk)]
+                    for data in self.fetcher.fetch(reqs):
+                        h.update(data)
+                        f.write(data)
+                f.flush()
+                if p.obj.sha256 is None or f.tell() != size or h.hexdigest() != p.obj.sha256:
+                    raise SignatureError(f"{p.obj.name}: its bytes do not hash to the signed sha256 in the manifest")
+                # the mapping outlives the file object (its pages stay until the last view is gone)
+                return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
+        except OSError as exc:
+            raise os_error(exc, "write", where) from None
 
     @staticmethod
     def _add_signed(p, data) -> None:

@@ -168,10 +168,14 @@ class Mirror:
         """A step's signature, or None for an unsigned step. A source that signs (its head step is
         signed, or so was a step copied before) has every step signed: a missing signature there is
         not there *yet* (replication lag) and is waited for as a missing object is (S17.1 step 2.4)."""
+        t0 = time.monotonic()
         try:
             raw = self._src_json(name, MAX_SIGNATURE_BYTES, wait=self._signs)
         except MissingError:
-            self._emit(event="unsigned", name=name, waited=self.missing_wait)
+            # copied unsigned; the next step's signature decides again whether to wait (a source that
+            # stopped signing costs one wait, not one per step for good)
+            self._signs = False
+            self._emit(event="unsigned", name=name, waited=round(time.monotonic() - t0, 3))
             return None
         self._signs = True
         return raw
