@@ -57,6 +57,11 @@ def _trailing_zeros(typingctx, x):
     return types.uint64(types.uint64), codegen
 
 
+def _intrinsic2(defn: Callable[[Any, Any, Any], tuple[Any, Any]]) -> Callable[[np.uint64, np.uint64], np.uint64]:
+    """:func:`_intrinsic` for two uint64 arguments."""
+    return cast("Callable[[np.uint64, np.uint64], np.uint64]", intrinsic(defn))
+
+
 def _ge_mask64_typing(typingctx, arr, start, mask, edge):
     """``_ge_mask64(arr, start, mask, edge)``: bit ``b`` set where ``(arr[start + b] & mask) >= edge``
     (unsigned), for the 64 elements from ``start`` (all inside ``arr``, a contiguous 1-D array).
@@ -89,6 +94,28 @@ def _ge_mask64_typing(typingctx, arr, start, mask, edge):
 
 
 _ge_mask64 = cast("Callable[[np.ndarray, int, Any, Any], np.uint64]", intrinsic(_ge_mask64_typing))
+
+
+def _copy_elems_typing(typingctx, dst, src, start, n):
+    """``_copy_elems(dst, src, start, n)``: ``dst[start:start + n] = src[start:start + n]`` as one
+    ``llvm.memcpy`` (both contiguous 1-D arrays of one dtype, not overlapping). Why: the element loop
+    inside a larger kernel is not vectorised (LLVM cannot rule out aliasing there), and numba's slice
+    assignment copies through a temporary."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype
+            and dst.ndim == src.ndim == 1 and dst.layout == src.layout == "C"):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+        d = context.make_array(signature.args[0])(context, builder, args[0])
+        s = context.make_array(signature.args[1])(context, builder, args[1])
+        size = context.get_abi_sizeof(context.get_data_type(signature.args[0].dtype))
+        cgutils.raw_memcpy(builder, builder.gep(d.data, [args[2]]), builder.gep(s.data, [args[2]]), args[3], size)
+        return context.get_dummy_value()
+    return types.void(dst, src, types.intp, types.intp), codegen
+
+
+_copy_elems = cast("Callable[[np.ndarray, np.ndarray, int, int], None]", intrinsic(_copy_elems_typing))
 
 
 # ------------------------------------------------------------------------------------ the backend
@@ -131,16 +158,31 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice):
 
 
 def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
-    """A whole block into ``out``: OK, or the status of the first failed check, having written nothing.
+    """A whole block into ``out``: OK, or the status of the first failed check, having written nothing
+    into ``base`` (in place; a separate ``out`` may hold part of the base's copy, see ``_ctx_decode``).
     ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes."""
+    args = _decode_args.get((dt.code, *p.thresholds))
+    if args is None:
+        if len(_decode_args) >= 4096:
+            _decode_args.clear()
+        args = _decode_args[(dt.code, *p.thresholds)] = _args(dt, p.thresholds)  # never written to
+    if not out.flags.c_contiguous:   # the kernel copies into contiguous memory only
+        flat = out.copy() if out is base else np.empty(out.shape, out.dtype)
+        status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions)
+        if status == OK:
+            out[...] = flat
+        return status
     return _ctx_decode(
-        np.ascontiguousarray(base), out, _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]),
-        _bytes_array(streams[2]), _bytes_array(streams[3]), p.mag_width, np.asarray(p.counts, np.int64),
-        np.asarray(p.rice, np.int64), *_args(dt, p.thresholds), out is not base,
+        base if base.flags.c_contiguous else np.ascontiguousarray(base), out, _bytes_array(streams[0]), p.qbits,
+        _bytes_array(streams[1]), _bytes_array(streams[2]), _bytes_array(streams[3]), p.mag_width,
+        np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, out is not base,
         _NO_POSITIONS if positions is None else positions)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
+# The kernel arguments of a dtype and thresholds (:func:`_args`), by (dtype code, *thresholds): a block's
+# per-call Python work holds the GIL, and these repeat from block to block.
+_decode_args: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
 
 def _bytes_array(buf) -> np.ndarray:
@@ -225,6 +267,9 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     """Quotient and remainder bit strings → each class's member ranks (concatenated in class order).
 
     Checks, in the order SPEC.md §8.6 gives: quotient padding, quotient codes, remainder padding.
+    Each bit string is read through a 64-bit window fed a byte at a time: a quotient is the window's
+    trailing zeros (one ``tzcnt``, where a loop per bit mispredicts its exit once per code), a
+    remainder its low bits.
     """
     for b in range(qbits, 8 * qbuf.size):
         if qbuf[b >> 3] >> (b & 7) & 1:
@@ -233,24 +278,49 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     for k in range(counts.size):
         rbits += counts[k] * rice[k]
     c = ranks.size
+    nq = qbuf.size
+    qacc = np.uint64(0)   # the next qn bits of qbuf, lowest first; qi: the next byte to feed in
+    qn = 0
+    qi = 0
+    racc = np.uint64(0)   # the same for rbuf
+    rn = 0
+    ri = 0
     qpos = 0
-    rpos = 0
     idx = 0
     for k in range(counts.size):
         r = rice[k]
+        low = (np.uint64(1) << np.uint64(r)) - np.uint64(1)
         prev = -1
         for _ in range(counts[k]):
             q = 0
-            while qpos < qbits and not (qbuf[qpos >> 3] >> (qpos & 7) & 1):
-                q += 1
-                qpos += 1
-            if qpos >= qbits:
+            while True:   # every bit past qbits is 0 (checked above): a 1 found is a code's end
+                while qn <= 56 and qi < nq:
+                    qacc |= np.uint64(qbuf[qi]) << np.uint64(qn)
+                    qi += 1
+                    qn += 8
+                if qacc:
+                    z = int(_trailing_zeros(qacc))
+                    q += z
+                    qpos += z + 1
+                    qacc = (qacc >> np.uint64(z)) >> np.uint64(1)
+                    qn -= z + 1
+                    break
+                if qn == 0:
+                    return Q_CODES
+                q += qn
+                qpos += qn
+                qn = 0
+            if qpos > qbits:
                 return Q_CODES
-            qpos += 1
             g = q << r
-            for s in range(r):
-                g |= np.int64(rbuf[rpos >> 3] >> (rpos & 7) & 1) << s
-                rpos += 1
+            if r:
+                while rn < r:   # rbuf holds rbits bits: never fed past its end
+                    racc |= np.uint64(rbuf[ri]) << np.uint64(rn)
+                    ri += 1
+                    rn += 8
+                g |= np.int64(racc & low)
+                racc >>= np.uint64(r)
+                rn -= r
             prev += g + 1
             ranks[idx] = prev
             idx += 1
@@ -297,8 +367,10 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
 
-    Returns OK, or the first failed check's status, having written nothing. Why one call: per block it
-    replaces a dozen numpy calls that each hold the GIL, so blocks decode in parallel threads.
+    Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
+    ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
+    base anyway, so the block is read once). Why one call: per block it replaces a dozen numpy calls
+    that each hold the GIL, so blocks decode in parallel threads.
     """
     c = 0
     for k in range(counts.size):
@@ -316,7 +388,9 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
-    elif not _class_select(base, mask, edges, counts, ranks):
+        if copy:
+            _copy_elems(out, base, 0, m)
+    elif not _class_select(base, mask, edges, counts, ranks, out, copy):
         return BEYOND
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
@@ -338,9 +412,6 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         if v < -half or v >= half:
             return RANGE
         nv[t] = v if v >= 0 else (half - 1) - v
-    if copy:
-        for i in range(m):
-            out[i] = base[i]
     for t in range(c):
         out[pos[t]] = nv[t]
     if pos_out.size:   # the caller wants the changed positions too (class order)
@@ -380,61 +451,217 @@ def _word_select(x, r):
     return at
 
 
-@_jit
-def _class_select(base, mask, edges, counts, ranks):
-    """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
-    → their positions in the block, in place; False when a rank is beyond its class's members.
+def _fast_pdep() -> bool:
+    """Whether this CPU has BMI2's ``pdep`` at full speed (x86 since Haswell; AMD since Zen 3 — on
+    earlier AMD cores it is microcoded, tens of times slower). Numba caches a build per CPU."""
+    try:
+        import llvmlite.binding as llvm  # type: ignore[import-untyped]
+        name = llvm.get_host_cpu_name()
+        return bool(llvm.get_host_cpu_features().get("bmi2")) and not name.startswith(("znver1", "znver2", "bdver"))
+    except Exception:  # noqa: BLE001 - any doubt: the portable select
+        return False
 
-    Per class, one pass over the base, a 64-element word at a time, ending at the word of its last
-    rank: the word's class bitmap (``_ge_mask64`` against the class's two edges), its popcount added
-    to the members so far, and the ranks that fall in this word selected from it — no bitmap or count
-    array is stored. ``base`` is contiguous."""
+
+FAST_PDEP = _fast_pdep()
+
+
+@_intrinsic2
+def _pdep(typingctx, x, m):
+    """BMI2 ``pdep``: the low bits of ``x`` deposited at the set bits of ``m`` (only called where
+    :data:`FAST_PDEP`)."""
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        i64 = ir.IntType(64)
+        fn = builder.module.declare_intrinsic("llvm.x86.bmi.pdep.64", fnty=ir.FunctionType(i64, [i64, i64]))
+        return builder.call(fn, args)
+    return types.uint64(types.uint64, types.uint64), codegen
+
+
+@_jit
+def _pdep_select(x, r):
+    """:func:`_word_select` in two instructions: the ``r``-th set bit of ``x`` deposited, then found."""
+    return np.int64(_trailing_zeros(_pdep(np.uint64(1) << np.uint64(r), x)))
+
+
+_select_bit = _pdep_select if FAST_PDEP else _word_select
+
+
+_SELECT_CHUNK = 64  # words per copied chunk: 4096 elements, copied while the chunk's compares read it
+
+
+@_jit
+def _class_select(base, mask, edges, counts, ranks, out, copy):
+    """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
+    → their positions in the block, in place; False when a rank is beyond its class's members. With
+    ``copy``, ``out`` gets the base's elements in the same pass (all of them, also when it fails).
+
+    One pass over the base for every class at once, a 64-element word at a time: the word's class
+    bitmaps (``_ge_mask64`` against each threshold, a class's members lying between two of them),
+    their popcounts added to each class's members so far, and the ranks that fall in this word
+    selected from it — no bitmap or count array is stored. Up to 4 classes (every default and fast
+    block) run :func:`_select4`, with the classes' state in registers. ``base`` is contiguous."""
     n_classes = edges.size + 1
+    if n_classes <= 4:
+        e = np.empty(3, edges.dtype)
+        for i in range(3):
+            if i < edges.size:
+                e[i] = edges[i]
+            else:     # a threshold no element reaches (mask + 1): the classes after it are empty
+                e[i] = mask
+                e[i] += 1
+        c1 = counts[1] if n_classes > 1 else 0
+        c2 = counts[2] if n_classes > 2 else 0
+        c3 = counts[3] if n_classes > 3 else 0
+        return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy)
     nt = edges.size
     m = base.size
     full_words = m // 64
-    all_ones = ~np.uint64(0)
-    zero = np.uint64(0)
+    nxt = np.empty(n_classes, np.int64)   # each class's next rank (index into ranks)
+    end = np.empty(n_classes, np.int64)
+    seen = np.zeros(n_classes, np.int64)  # each class's members before the current word
     off = 0
     for k in range(n_classes):
-        t = off
-        end = off + counts[k]
-        off = end
-        if t == end:
+        nxt[k] = off
+        off += counts[k]
+        end[k] = off
+    all_ones = ~np.uint64(0)
+    w = 0
+    while w < full_words:
+        we = min(full_words, w + _SELECT_CHUNK)
+        if copy:
+            _copy_elems(out, base, w * 64, (we - w) * 64)
+        for v in range(w, we):
+            s = v * 64
+            lo = all_ones
+            for k in range(n_classes):
+                hi = _ge_mask64(base, s, mask, edges[k]) if k < nt else np.uint64(0)
+                t = nxt[k]
+                word = lo & ~hi
+                sk = seen[k]
+                top = sk + np.int64(_popcount(word))
+                while t < end[k] and ranks[t] < top:
+                    ranks[t] = s + _select_bit(word, ranks[t] - sk)
+                    t += 1
+                nxt[k] = t
+                seen[k] = top
+                lo = hi
+        w = we
+    if copy:
+        _copy_elems(out, base, w * 64, m - w * 64)
+    s = full_words * 64
+    for k in range(n_classes):   # the last, partial word
+        t = nxt[k]
+        if t == end[k]:
             continue
         e_lo = edges[k - 1] if k > 0 else edges[0]
         e_hi = edges[k] if k < nt else edges[0]
-        seen = np.int64(0)
-        r = ranks[t]
-        for w in range(full_words):
-            s = w * 64
-            lo = _ge_mask64(base, s, mask, e_lo) if k > 0 else all_ones
-            hi = _ge_mask64(base, s, mask, e_hi) if k < nt else zero
-            word = lo & ~hi
-            top = seen + np.int64(_popcount(word))
-            while r < top:
-                ranks[t] = s + _word_select(word, r - seen)
-                t += 1
-                if t == end:
-                    break
-                r = ranks[t]
-            if t == end:
-                break
-            seen = top
-        if t != end:   # the last, partial word
-            s = full_words * 64
-            word = np.uint64(0)
-            for b in range(m - s):
-                a = base[s + b] & mask
-                if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
-                    word |= np.uint64(1) << np.uint64(b)
-            top = seen + np.int64(_popcount(word))
-            while t < end and ranks[t] < top:
-                ranks[t] = s + _word_select(word, ranks[t] - seen)
-                t += 1
-            if t != end:
-                return False
+        word = np.uint64(0)
+        for b in range(m - s):
+            a = base[s + b] & mask
+            if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
+                word |= np.uint64(1) << np.uint64(b)
+        sk = seen[k]
+        top = sk + np.int64(_popcount(word))
+        while t < end[k] and ranks[t] < top:
+            ranks[t] = s + _select_bit(word, ranks[t] - sk)
+            t += 1
+        if t != end[k]:
+            return False
     return True
+
+
+@_jit
+def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy):
+    """:func:`_class_select` for up to 4 classes of ``n0..n3`` ranks, split by thresholds ``e0..e2``
+    (a threshold above ``mask`` leaves the classes after it empty). A branch per class and word,
+    taken where a rank falls in the word: changes are sparse within a class, so it is mostly
+    predicted (measured: faster than placing ranks without branches, but on the densest blocks)."""
+    m = base.size
+    full_words = m // 64
+    big = np.int64(1) << 62   # the "next rank" of a class with none left
+    t0, t1, t2, t3 = 0, n0, n0 + n1, n0 + n1 + n2
+    end0, end1, end2, end3 = t1, t2, t3, t3 + n3
+    r0 = ranks[t0] if t0 < end0 else big
+    r1 = ranks[t1] if t1 < end1 else big
+    r2 = ranks[t2] if t2 < end2 else big
+    r3 = ranks[t3] if t3 < end3 else big
+    s0 = np.int64(0)
+    s1 = np.int64(0)
+    s2 = np.int64(0)
+    s3 = np.int64(0)
+    w = 0
+    while w < full_words:
+        we = min(full_words, w + _SELECT_CHUNK)
+        if copy:
+            _copy_elems(out, base, w * 64, (we - w) * 64)
+        for v in range(w, we):
+            s = v * 64
+            h0 = _ge_mask64(base, s, mask, e0)
+            h1 = _ge_mask64(base, s, mask, e1)
+            h2 = _ge_mask64(base, s, mask, e2)
+            w0 = ~h0
+            w1 = h0 & ~h1
+            w2 = h1 & ~h2
+            p0 = s0 + np.int64(_popcount(w0))
+            p1 = s1 + np.int64(_popcount(w1))
+            p2 = s2 + np.int64(_popcount(w2))
+            p3 = s3 + np.int64(_popcount(h2))
+            if r0 < p0:
+                r0, t0 = _place(w0, s, s0, p0, r0, t0, end0, ranks, big)
+            if r1 < p1:
+                r1, t1 = _place(w1, s, s1, p1, r1, t1, end1, ranks, big)
+            if r2 < p2:
+                r2, t2 = _place(w2, s, s2, p2, r2, t2, end2, ranks, big)
+            if r3 < p3:
+                r3, t3 = _place(h2, s, s3, p3, r3, t3, end3, ranks, big)
+            s0, s1, s2, s3 = p0, p1, p2, p3
+        w = we
+    if copy:
+        _copy_elems(out, base, w * 64, m - w * 64)
+    return _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
+                         s0, s1, s2, s3)
+
+
+@_jit
+def _place(word, s, seen, top, r, t, end, ranks, big):
+    """Every rank of a class that falls in this word (``seen`` members before it, ``top`` through it)
+    → its position; returns the class's next rank and its index."""
+    while r < top:
+        ranks[t] = s + _select_bit(word, r - seen)
+        t += 1
+        r = ranks[t] if t < end else big
+    return r, t
+
+
+@_jit
+def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
+                  s0, s1, s2, s3):
+    """The ranks of :func:`_select4` left for the last, partial word; False if any is beyond."""
+    big = np.int64(1) << 62
+    m = base.size
+    s = (m // 64) * 64
+    if s < m and (r0 < big or r1 < big or r2 < big or r3 < big):
+        h0 = np.uint64(0)
+        h1 = np.uint64(0)
+        h2 = np.uint64(0)
+        for b in range(m - s):
+            a = base[s + b] & mask
+            bit = np.uint64(1) << np.uint64(b)
+            if a >= e0:
+                h0 |= bit
+            if a >= e1:
+                h1 |= bit
+            if a >= e2:
+                h2 |= bit
+        valid = (np.uint64(1) << np.uint64(m - s)) - np.uint64(1)
+        w0 = valid & ~h0
+        w1 = h0 & ~h1
+        w2 = h1 & ~h2
+        r0, t0 = _place(w0, s, s0, s0 + np.int64(_popcount(w0)), r0, t0, end0, ranks, big)
+        r1, t1 = _place(w1, s, s1, s1 + np.int64(_popcount(w1)), r1, t1, end1, ranks, big)
+        r2, t2 = _place(w2, s, s2, s2 + np.int64(_popcount(w2)), r2, t2, end2, ranks, big)
+        r3, t3 = _place(h2, s, s3, s3 + np.int64(_popcount(h2)), r3, t3, end3, ranks, big)
+    return t0 == end0 and t1 == end1 and t2 == end2 and t3 == end3
 
 
 @_jit

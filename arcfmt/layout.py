@@ -352,9 +352,11 @@ def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_ele
 # The definition of a BLCK payload's head (the stream data follows it):
 #   tensor varint | block varint | encoding u8 | params: varints, as many as the encoding says |
 #   streams: one (codec u8, stored length varint) per stream, as many as the encoding and dtype say
-# The counts come from the caller: ``param_count(encoding, params read so far)`` (called before each
-# param and once after the last; it rejects an unknown or unfit encoding before any param is read)
-# and ``stream_count(encoding, params)``. ``_end``: where the stream data starts.
+# The counts come from the caller: ``param_count(encoding, params read so far)`` (called before the
+# first param, and again each time as many params as it last gave have been read — so after the
+# last, and wherever the count depends on a param just read; it rejects an unknown or unfit encoding
+# before any param is read) and ``stream_count(encoding, params)``. ``_end``: where the stream data
+# starts.
 
 class BlockFields:
     __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")
@@ -370,19 +372,27 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
     """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
     prefixed with ``what``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
+    n = len(buf)
     tensor, pos = _varint_at(buf, 0, what)
     block, pos = _varint_at(buf, pos, what)
-    if pos >= len(buf):
+    if pos >= n:
         raise CorruptError(f"{what}: structure runs past the end of its bytes")
     encoding = buf[pos]
     pos += 1
     params: list[int] = []
-    while len(params) < param_count(encoding, params):
-        v, pos = _varint_at(buf, pos, what)
-        params.append(v)
+    count = param_count(encoding, params)
+    while len(params) < count:
+        if pos < n and buf[pos] < 0x80:  # a one-byte varint (most params): _varint_at's first case, inline
+            params.append(buf[pos])
+            pos += 1
+        else:
+            v, pos = _varint_at(buf, pos, what)
+            params.append(v)
+        if len(params) == count:   # as many as it said: ask again, with these (the count may depend on them)
+            count = param_count(encoding, params)
     streams = []
     for _ in range(stream_count(encoding, params)):
-        if pos >= len(buf):
+        if pos >= n:
             raise CorruptError(f"{what}: structure runs past the end of its bytes")
         codec = buf[pos]
         length, pos = _varint_at(buf, pos + 1, what)

@@ -292,6 +292,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     and the error is raised. The sink's own ``finish()`` (if any) runs after the last commit.
     """
     pool = _Workers(workers)
+    threads = bool(pool.threads)
     window = window or max(2, 2 * workers)
     pending: deque[tuple[_Tensor, int, _Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
     ready: list[_T] = []
@@ -301,6 +302,9 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         pool.wait(job)
         if job.error is not None:
             raise job.error
+        completed(t, b, arr, base_block, hashed)
+
+    def completed(t: _Tensor, b: int, arr: np.ndarray, base_block: np.ndarray | None, hashed: list[int] | None) -> None:
         th = t.item.th
         if t.single:
             assert hashed is not None  # a tensor of one block is hashed where it was decoded
@@ -343,12 +347,18 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 enc = None if item.encodings is None else item.encodings[b]
                 arr = t.out.buffer(b, enc, base_block, drain)
                 hashed: list[int] | None = [] if t.single else None
-                job = _Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
-                pending.append((t, b, job, arr, base_block, hashed))
-                pool.submit(job, shared=e - s >= SHARED_MIN_ELEMS)
-                while pending and (len(pending) >= window or pending[0][2].state == 2):
-                    complete_one()
-                yield from _flush(ready)
+                shared = e - s >= SHARED_MIN_ELEMS and threads
+                if not pending and not shared:   # nothing in flight: decode and finish it here, no job
+                    _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None))
+                    completed(t, b, arr, base_block, hashed)
+                else:
+                    job = _Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
+                    pending.append((t, b, job, arr, base_block, hashed))
+                    pool.submit(job, shared=shared)
+                    while pending and (len(pending) >= window or pending[0][2].state == 2):
+                        complete_one()
+                if ready:
+                    yield from _flush(ready)
         drain()
         yield from _flush(ready)
         finish = getattr(sink, "finish", None)

@@ -113,7 +113,7 @@ class RecordHead:
 def parse_record_head(data: BytesLike, offset: int) -> RecordHead:
     """Check a 16-byte record header: type letters and payload limit (SPEC.md §5)."""
     h = L.parse_record_header(data)
-    if not L.RECORD_TYPE_RE.match(h.type):
+    if not h.type.isalpha():  # bytes.isalpha: ASCII letters only, as RECORD_TYPE_RE (4 bytes by the layout)
         raise CorruptError(f"record at offset {offset}: type {h.type!r} is not four ASCII letters")
     if h.length > L.MAX_RECORD_PAYLOAD:
         raise LimitError(f"record {h.type.decode()} at offset {offset}: payload of {h.length} bytes "
@@ -317,15 +317,17 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     """Parse and check a BLCK header and stream table against the tensor it belongs to."""
     start, stop = th.block_range(block)
     lengths: list[int] = []
+    found: list[encodings.Encoding] = []   # the block's encoding, looked up once
 
     def param_count(encoding: int, head: list[int]) -> int:
-        enc = encodings.get(encoding)
         if not head:
+            enc = encodings.get(encoding)
             enc.check_dtype(th.dtype)
-        return enc.param_count(head)
+            found[:] = [enc]
+        return found[0].param_count(head)
 
     def stream_count(encoding: int, params: list[int]) -> int:
-        lengths[:] = encodings.get(encoding).stream_lengths(th.dtype, params, stop - start)
+        lengths[:] = found[0].stream_lengths(th.dtype, params, stop - start)
         return len(lengths)
 
     try:
@@ -457,23 +459,23 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
             raise CorruptError(f"{where}: a {t.decode()} record is listed among the other records")
         if L.is_critical(t):
             raise UnknownRecordError(f"{where}: the file holds a critical record of unknown type {t.decode()!r}")
-    names = memoryview(b.names)
+    names = bytes(b.names)
     entries = []
     seen = set()
     pos = 0
-    for t in range(b.tensor_count):
-        nl = int(b.name_lengths[t])
-        raw = bytes(names[pos: pos + nl])
+    # every column as Python ints once (a numpy slice and tolist per tensor cost more than the rest)
+    blk = list(map(BlockRef, b.blk_offsets.tolist(), b.blk_sizes.tolist(), b.blk_checksums.tolist(),
+                   b.blk_encodings.tolist()))
+    bounds = zip(b.name_lengths.tolist(), starts.tolist(), ends.tolist(), b.tens_offsets.tolist(),
+                 b.tens_sizes.tolist(), b.tens_checksums.tolist())
+    for t, (nl, s0, e0, to, ts, tc) in enumerate(bounds):
+        raw = names[pos: pos + nl]
         pos += nl
         name = check_name(raw, f"{where}: entry {t}")
         if raw in seen:
             raise CorruptError(f"{where}: duplicate tensor name {name!r}")
         seen.add(raw)
-        blocks = [BlockRef(int(o), int(s), int(c), int(e)) for o, s, c, e in zip(
-            b.blk_offsets[starts[t]: ends[t]].tolist(), b.blk_sizes[starts[t]: ends[t]].tolist(),
-            b.blk_checksums[starts[t]: ends[t]].tolist(), b.blk_encodings[starts[t]: ends[t]].tolist())]
-        entries.append(IndexEntry(name, int(b.tens_offsets[t]), int(b.tens_sizes[t]), int(b.tens_checksums[t]),
-                                  blocks))
+        entries.append(IndexEntry(name, to, ts, tc, blk[s0:e0]))
     others = [OtherRecord(int(o), int(z), bytes(t)) for o, z, t in zip(
         b.other_offsets.tolist(), b.other_sizes.tolist(), b.other_types.tolist())]
     return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others)

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import codecs, encodings, records
 from . import layout as L
-from .arrays import as_numpy, as_uint, release
+from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
 from .errors import InputError, LimitError
 from .integrity import DigestEntry, model_digest, tensor_hash
@@ -25,6 +25,10 @@ _Pending = (tuple[Literal["T"], records.TensorHeader]
             | tuple[Literal["B"], tuple[records.TensorHeader, int, list[_Coded], np.ndarray | None, np.ndarray]])
 
 DEFAULT_BLOCK_ELEMS = 1 << 20
+# Input bytes of in-memory (not memory-mapped) tensors encoded between two writes: every flush waits
+# for its slowest block, so small batches leave threads idle; the inputs are in memory already, and
+# what a batch holds besides them is its blocks' streams.
+BATCH_BYTES = 64 << 20
 ON_MISMATCH = ("warn", "error", "ignore")
 
 
@@ -111,6 +115,13 @@ class TensorStats:
 _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block's streams (corpus)
 
 
+def _hash_into(th: records.TensorHeader, base: np.ndarray | None, target: np.ndarray) -> None:
+    """A tensor header's hashes (xxh3 releases the GIL on large tensors: a job like a block's)."""
+    if base is not None:
+        th.base_hash = tensor_hash(base)
+    th.target_hash = tensor_hash(target)
+
+
 def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
@@ -124,11 +135,16 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
-        est = [sum(len(codecs.encode_smallest(s, "fast")[1]) for s in c.streams) for c in cands]
-        order = sorted(range(len(cands)), key=est.__getitem__)
-        cands, est = [cands[i] for i in order], [est[i] for i in order]
+        # The fast codings are kept: a dense stream's full trial is the same one, and every other
+        # stream keeps the smaller of its fast and full results.
+        coded_fast = [[codecs.encode_smallest(s, "fast") for s in c.streams] for c in cands]
+        sized = [sum(len(x[1]) for x in f) for f in coded_fast]
+        order = sorted(range(len(cands)), key=sized.__getitem__)
+        cands = [cands[i] for i in order]
+        est: list[int] | None = [sized[i] for i in order]
+        fast: list[list[tuple[int, bytes]]] | None = [coded_fast[i] for i in order]
     else:
-        est = None
+        est = fast = None
     best = None
     for i, cand in enumerate(cands):
         if best is not None and est is not None and est[i] > best[2] * _SCREEN_MARGIN:
@@ -136,13 +152,22 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
         if force_codec is not None:
             coded = [codecs.encode_with(force_codec, s) for s in cand.streams]
         else:
-            coded = [codecs.encode_smallest(s, "fast" if j in cand.dense and effort != "max" else effort)
+            coded = [_full_trial(s, j in cand.dense and effort != "max", effort, None if fast is None else fast[i][j])
                      for j, s in enumerate(cand.streams)]
         total = sum(len(s) for _, s in coded)
         if best is None or total < best[2]:
             best = (cand, coded, total)
     assert best is not None, "no encoding proposed a candidate for this block"
     return best[0], best[1]
+
+
+def _full_trial(data, dense: bool, effort, fast: tuple[int, bytes] | None) -> tuple[int, bytes]:
+    """A stream's codec trials: the fast ones for a dense stream (reusing ``fast``, their result, when
+    given), else the effort's, keeping ``fast`` where it is smaller (ties: the full trial's)."""
+    if dense:
+        return fast if fast is not None else codecs.encode_smallest(data, "fast")
+    full = codecs.encode_smallest(data, effort)
+    return fast if fast is not None and len(fast[1]) < len(full[1]) else full
 
 
 def _check_shape(name: str, shape: tuple, block_elems: int) -> None:
@@ -249,8 +274,9 @@ class DeltaWriter:
                 b = None  # dtype or shape changed: the tensor travels as a keyframe
         n = t.size
         block_elems = min(self._block_elems, max(1, n))
+        # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks
         th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
-                                  tensor_hash(b) if b is not None else None, tensor_hash(t))
+                                  0 if b is not None else None, 0)
         return th, b, t
 
     def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
@@ -272,25 +298,35 @@ class DeltaWriter:
         batch = 4 * self._workers  # blocks encoded between two writes: bounds memory for mapped inputs
         pending: list[_Pending] = []
         jobs: list[tuple[Any, ...]] = []  # (fn, *args) for run_jobs
+        sizes: list[int] = []  # elements each job reads
+        held = [0, False]  # the batch's block input bytes, and whether any input is memory-mapped
 
         def flush():
-            run_jobs(jobs, self._workers, elems=[job[4].size for job in jobs])  # job[4]: the block's target
+            run_jobs(jobs, self._workers, elems=sizes)
             for item in pending:
                 self._emit(item)
             pending.clear()
             jobs.clear()
+            sizes.clear()
+            held[:] = [0, False]
 
         for name, base, target in items:
             th, b, t = self._prepare(name, base, target, keyframe)
             pending.append(("T", th))
+            jobs.append((_hash_into, th, b, t))  # before the tensor's first emit: same flush or an earlier one
+            sizes.append(t.size * (1 if b is None else 2))
+            held[1] = held[1] or is_mapped(t) or is_mapped(b)
             for blk in range(th.block_count):
                 s, e = th.block_range(blk)
                 bb = None if b is None else b[s:e]
                 slot: list[_Coded] = []
                 jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
                              self._force_codec))
+                sizes.append(e - s)
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
-                if len(jobs) >= batch:
+                held[0] += (e - s) * th.dtype.itemsize * (1 if bb is None else 2)
+                # mapped inputs: a few blocks at a time bound the pages held; others: enough bytes
+                if sum(1 for p in pending if p[0] == "B") >= batch and (held[1] or held[0] >= BATCH_BYTES):
                     flush()
         flush()
 

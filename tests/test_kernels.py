@@ -124,6 +124,62 @@ def test_select_matches_numpy(m, density, seed):
     assert np.array_equal(a, ix.select(j)) and np.array_equal(a, np.flatnonzero(mask)[j])
 
 
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 20000), density=st.floats(0.0005, 1.0),
+       k=st.integers(2, 8), beyond=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_class_select_variants_agree(name, m, density, k, beyond, seed):
+    """The decoder's class pass (rank within a class → position, and the base's copy in the same pass)
+    against numpy, in both its forms: the generic one (more than 4 classes) and ``_select4``; with
+    the select of a set bit this CPU uses (pdep where fast) and the portable one."""
+    dt, base, _, _ = _block(name, m, 1, seed)
+    rng = np.random.default_rng(seed)
+    top = (1 << dt.exp_bits) - 1
+    thresholds = sorted(set(rng.integers(1, top + 1, k - 1).tolist()))
+    mask = dt.uint.type((1 << (8 * dt.itemsize - 1)) - 1)
+    edges = np.asarray([t << dt.mant_bits for t in thresholds], dt.uint)
+    cls = np.searchsorted(edges, base & mask, side="right")
+    ranks, want = [], []
+    for c in range(len(thresholds) + 1):
+        members = np.flatnonzero(cls == c)
+        pick = np.flatnonzero(rng.random(members.size) < density)
+        ranks.append(pick)
+        want.append(members[pick])
+    counts = np.array([r.size for r in ranks], np.int64)
+    if not counts.sum():
+        return
+    if beyond:   # a rank past its class's members: the pass must say so
+        c = int(rng.integers(0, counts.size))
+        ranks[c] = np.append(ranks[c], (np.flatnonzero(cls == c).size + int(rng.integers(0, 3))))
+        counts[c] += 1
+    flat = np.concatenate(ranks).astype(np.int64)
+    n = len(thresholds) + 1
+    forms = [("dispatch", lambda r, o, cp: kernels._class_select(base, mask, edges, counts, r, o, cp))]
+    if n <= 4:
+        pad = int(mask) + 1
+        e = [int(x) for x in edges] + [pad] * (3 - len(edges))
+        c4 = [int(x) for x in counts] + [0] * (4 - n)
+        forms.append(("_select4", lambda r, o, cp: kernels._select4(base, mask, *(dt.uint.type(x) for x in e), *c4,
+                                                                    r, o, cp)))
+    words = rng.integers(0, 2**64, 64, dtype=np.uint64)   # the select of a set bit, both ways
+    for x in words[words != 0]:
+        rank = int(rng.integers(0, bin(int(x)).count("1")))
+        want_bit = [i for i in range(64) if int(x) >> i & 1][rank]
+        assert kernels._word_select(x, rank) == want_bit
+        if kernels.FAST_PDEP:
+            assert kernels._pdep_select(x, rank) == want_bit
+    for what, run in forms:
+        for copy in (False, True):
+            r = np.empty(flat.size + 1, np.int64)
+            r[:-1] = flat
+            out = np.zeros_like(base)
+            ok = run(r, out, copy)
+            assert ok is not beyond, what
+            if copy:
+                assert np.array_equal(out, base), what
+            if not beyond:
+                assert np.array_equal(r[:-1], np.concatenate(want)), what
+
+
 @pytest.mark.parametrize("name", CTX_NAMES)
 def test_class_index_kernel_matches_numpy(name):
     dt, base, _, _ = _block(name, 4099, 1, 7)

@@ -182,7 +182,9 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
 
 def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray,
            positions: np.ndarray | None = None) -> None:
-    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element is written.
+    """Rebuild the block into ``out`` (may be ``base``); every check runs before any element of ``base``
+    is written (in place), and before any changed value reaches a separate ``out`` (which, being the
+    decoder's private buffer, may already hold part of the base's copy when a check fails).
     ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes."""
     status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions)
     if status != backend.OK:
