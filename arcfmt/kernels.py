@@ -239,21 +239,7 @@ def _select(words, cum, pop, ranks, out):
         j = ranks[idx]
         while cum[w] <= j:
             w += 1
-        r = np.uint64(j - (cum[w] - pop[w]))
-        x = words[w]
-        at = 0
-        half = 32
-        while half:
-            low = x & np.uint64((np.uint64(1) << np.uint64(half)) - np.uint64(1))
-            p = _popcount(low)
-            if r >= p:
-                r -= p
-                x >>= np.uint64(half)
-                at += half
-            else:
-                x = low
-            half >>= 1
-        out[idx] = w * 64 + at
+        out[idx] = w * 64 + _select_bit(words[w], np.int64(j - (cum[w] - pop[w])))
 
 
 @_jit
