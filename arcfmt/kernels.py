@@ -472,6 +472,7 @@ def _pdep_select(x, r):
 _select_bit = _pdep_select if FAST_PDEP else _word_select
 
 
+
 _SELECT_CHUNK = 64  # words per copied chunk: 4096 elements, copied while the chunk's compares read it
 
 
@@ -511,6 +512,7 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
         off += counts[k]
         end[k] = off
     all_ones = ~np.uint64(0)
+    big = np.int64(1) << 62     # _place's "next rank" of a class with none left
     w = 0
     while w < full_words:
         we = min(full_words, w + _SELECT_CHUNK)
@@ -523,12 +525,9 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
                 hi = _ge_mask64(base, s, mask, edges[k]) if k < nt else np.uint64(0)
                 t = nxt[k]
                 word = lo & ~hi
-                sk = seen[k]
-                top = sk + np.int64(_popcount(word))
-                while t < end[k] and ranks[t] < top:
-                    ranks[t] = s + _select_bit(word, ranks[t] - sk)
-                    t += 1
-                nxt[k] = t
+                top = seen[k] + np.int64(_popcount(word))
+                if t < end[k] and ranks[t] < top:
+                    nxt[k] = _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big)[1]
                 seen[k] = top
                 lo = hi
         w = we
@@ -546,12 +545,8 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
             a = base[s + b] & mask
             if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
                 word |= np.uint64(1) << np.uint64(b)
-        sk = seen[k]
-        top = sk + np.int64(_popcount(word))
-        while t < end[k] and ranks[t] < top:
-            ranks[t] = s + _select_bit(word, ranks[t] - sk)
-            t += 1
-        if t != end[k]:
+        top = seen[k] + np.int64(_popcount(word))
+        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big)[1] != end[k]:
             return False
     return True
 

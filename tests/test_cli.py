@@ -9,13 +9,11 @@ import sys
 import pytest
 
 from arcfmt.demo import make_model_pair, save_sharded
+from support.cli import run as cli_run
 
 
 def run(*args, check_rc=None):
-    p = subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True)
-    if check_rc is not None:
-        assert p.returncode == check_rc, (p.returncode, p.stdout, p.stderr)
-    return p
+    return cli_run(*args, rc=check_rc)
 
 
 @pytest.fixture(scope="module")

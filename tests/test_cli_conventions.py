@@ -28,18 +28,7 @@ from arcfmt import cli, encodings
 from arcfmt.demo import make_model_pair, save_sharded
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import STREAM_VERSION, retry
-
-QUIET_ENV = {"ARCFMT_QUIET": "", "ARCFMT_NO_PROGRESS": ""}
-
-
-def run(*args, env=None, rc=None, **kw):
-    """``python -m arcfmt ARGS`` (bytes in and out when ``input`` is bytes); checks the exit code."""
-    text = not isinstance(kw.get("input"), bytes) and "stdout" not in kw
-    p = subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output="stdout" not in kw,
-                       text=text, env={**os.environ, **QUIET_ENV, **(env or {})}, timeout=300, **kw)
-    if rc is not None:
-        assert p.returncode == rc, (p.returncode, p.stdout, p.stderr)
-    return p
+from support.cli import QUIET_ENV, run
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import hashlib
 import os
 import stat
 import subprocess
-import sys
 
 import pytest
 
@@ -17,12 +16,9 @@ from arcfmt import cli
 from arcfmt.checkpoint import encode_checkpoints
 from arcfmt.demo import make_model_pair, save_sharded
 from arcfmt.safetensors_io import write_file
+from support.cli import run
 
 TMP_MARK = ".arcfmt-"
-
-
-def run(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True, **kw)
 
 
 def refused(p, category="input"):

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from html.parser import HTMLParser
 
 import ml_dtypes
@@ -21,6 +20,7 @@ import pytest
 import arcfmt
 from arcfmt.report import render_html, render_report, report_figures
 from arcfmt.safetensors_io import write_file
+from support.cli import run
 
 EVIL = "<script>alert(1)</script>"
 QUOTES = "layer.\"x\"&'y'"
@@ -491,10 +491,6 @@ def test_in_chromium_nothing_is_clipped_and_the_table_sorts(delta, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ command line
-
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True)
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, pair):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import uuid
 
 from support import servers
@@ -26,6 +24,7 @@ import pytest  # noqa: E402
 
 from arcfmt.demo import make_model_pair  # noqa: E402
 from arcfmt.safetensors_io import open_checkpoint, write_file  # noqa: E402
+from support.cli import run  # noqa: E402
 
 SERVER_KINDS = ["seaweedfs", "moto", "fake-gcs"]
 S3_KINDS = ["seaweedfs", "moto"]
@@ -177,12 +176,7 @@ def assert_folder(path, want: dict, names=None) -> None:
 
 # ------------------------------------------------------------------------------------ command line
 
-def arcfmt(*args, env=None, rc=None):
-    p = subprocess.run([sys.executable, "-m", "arcfmt", *map(str, args)], capture_output=True, text=True,
-                       env=None if env is None else {**os.environ, **env}, timeout=300)
-    if rc is not None:
-        assert p.returncode == rc, (p.returncode, p.stdout, p.stderr)
-    return p
+arcfmt = run    # the stream tests' name for it (support.cli.run)
 
 
 def run_cli_trajectory(url, tmp_path, traj, env=None, steps=3, shards=2, extra=()):
