@@ -29,6 +29,7 @@ from typing import Any
 from . import FORMAT_VERSION, __version__
 from .backend import first_compile_pending
 from .errors import ArcError
+from .writer import DEFAULT_BLOCK_ELEMS
 
 EPILOG = """examples:
   arcfmt demo
@@ -884,8 +885,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec trials per stream: fast = zstd-3; default = zstd-15 (zstd-9 and xz-6 from 16 KiB); "
                         "max = strongest. Default: default for a delta, fast for a keyframe (--keyframe), "
                         "as 'publish' does: ~30x faster for a few %% more bytes")
-    e.add_argument("--block-elems", type=_block_elems, default=1 << 20,
-                   help=f"elements per block, {MIN_BLOCK_ELEMS}..16777216 (default 1048576)")
+    e.add_argument("--block-elems", type=_block_elems, default=DEFAULT_BLOCK_ELEMS,
+                   help=f"elements per block, {MIN_BLOCK_ELEMS}..16777216 (default {DEFAULT_BLOCK_ELEMS})")
     e.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(e)

@@ -24,7 +24,10 @@ _Coded = tuple[encodings.EncodedBlock, list[tuple[int, bytes]]]
 _Pending = (tuple[Literal["T"], records.TensorHeader]
             | tuple[Literal["B"], tuple[records.TensorHeader, int, list[_Coded], np.ndarray | None, np.ndarray]])
 
-DEFAULT_BLOCK_ELEMS = 1 << 20
+# 2^21 elements (4 MiB of BF16): measured against 2^20, 0.4-2.3 % smaller files (half the block
+# framing) and half the per-block Python that holds the GIL; a block is still far below a tensor of a
+# large model, so threads keep every core busy (tools/gil_share.py --block-elems, BENCHMARKS.md).
+DEFAULT_BLOCK_ELEMS = 1 << 21
 # Input bytes of in-memory (not memory-mapped) tensors encoded between two writes: every flush waits
 # for its slowest block, so small batches leave threads idle; the inputs are in memory already, and
 # what a batch holds besides them is its blocks' streams.

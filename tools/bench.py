@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark of arcfmt and its peers on RL checkpoint trajectories.
 
-    python tools/bench.py TRAJECTORY_DIR [TRAJECTORY_DIR ...] [--pairs N] [--json] [--breakdown]
+    python tools/bench.py TRAJECTORY_DIR [TRAJECTORY_DIR ...] [--pairs N] [--json] [--breakdown] [--block-elems N]
 
 A trajectory dir holds step*.safetensors (e.g. `python ../shared/corpus/corpus.py expand
 rl-minilm-lr1e-6 /tmp/t`). Every consecutive step pair is encoded and decoded by arcfmt (in memory,
@@ -38,7 +38,7 @@ import arcfmt  # noqa: E402
 from arcfmt import encodings  # noqa: E402
 from arcfmt.dtypes import from_name  # noqa: E402
 from arcfmt.safetensors_io import open_checkpoint  # noqa: E402
-from arcfmt.writer import DeltaWriter  # noqa: E402
+from arcfmt.writer import DEFAULT_BLOCK_ELEMS, DeltaWriter  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = ("arc_v3", "arc_v2", "z4ai")
@@ -81,7 +81,7 @@ def floor_seconds(base: dict, target: dict) -> float:
     return time.perf_counter() - t0
 
 
-def bench_arcfmt(files, repeat, effort, breakdown):
+def bench_arcfmt(files, repeat, effort, breakdown, block_elems=DEFAULT_BLOCK_ELEMS):
     rows = []
     roles = {}
     per_tensor = {}
@@ -96,7 +96,7 @@ def bench_arcfmt(files, repeat, effort, breakdown):
             floor_t.append(floor_seconds(prev, cur))
             buf = io.BytesIO()
             t0 = time.perf_counter()
-            w = DeltaWriter(buf, effort=effort)
+            w = DeltaWriter(buf, effort=effort, block_elems=block_elems)
             w.write_tensors((k, prev.get(k), v) for k, v in cur.items())
             w.close()
             enc_t.append(time.perf_counter() - t0)
@@ -180,6 +180,8 @@ def main(argv=None):
     ap.add_argument("--pairs", type=int, help="only the first N step pairs of each trajectory")
     ap.add_argument("--first", type=int, default=0, help="start at this step pair")
     ap.add_argument("--repeat", type=int, default=2, help="timing runs per pair (best is kept)")
+    ap.add_argument("--block-elems", type=int, default=DEFAULT_BLOCK_ELEMS,
+                    help=f"arcfmt's elements per block (default {DEFAULT_BLOCK_ELEMS}, as arcfmt encode)")
     ap.add_argument("--effort", default="default",
                     help="arcfmt effort level(s), comma-separated (fast, default, max): one row each")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers to run ('' for none)")
@@ -202,7 +204,7 @@ def main(argv=None):
         per_pair = {}
         for i, effort in enumerate(efforts):
             name = "arcfmt" if effort == "default" or len(efforts) == 1 else f"arcfmt-{effort}"
-            erows, eroles, eper = bench_arcfmt(files, args.repeat, effort, args.breakdown)
+            erows, eroles, eper = bench_arcfmt(files, args.repeat, effort, args.breakdown, args.block_elems)
             t["methods"][name] = summarize(erows)
             per_pair[name] = erows
             if i == 0 or effort == "default":

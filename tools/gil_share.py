@@ -33,7 +33,7 @@ from bench import load, steps_in
 import arcfmt
 from arcfmt import backend, codecs
 from arcfmt.encodings import ctx_delta
-from arcfmt.writer import DeltaWriter
+from arcfmt.writer import DEFAULT_BLOCK_ELEMS, DeltaWriter
 
 XXH_GIL_MIN = 2048  # xxhash releases the GIL for inputs above this many bytes (smaller ones hold it)
 
@@ -111,7 +111,7 @@ def instrument(clock: Clock) -> None:
     np.copyto = clock.wrap("numpy copies", np_copyto, lambda dst, src, *a, **k: dst.nbytes >= 1 << 16)  # type: ignore[assignment]
 
 
-def measure(files: list[str], pairs: int, repeat: int, clock: Clock) -> dict:
+def measure(files: list[str], pairs: int, repeat: int, clock: Clock, block_elems: int = DEFAULT_BLOCK_ELEMS) -> dict:
     out: dict[str, dict[str, float]] = {}
     for a, b in list(zip(files, files[1:]))[-pairs:]:
         prev, cur = load(a), load(b)
@@ -124,7 +124,7 @@ def measure(files: list[str], pairs: int, repeat: int, clock: Clock) -> dict:
                 t0 = time.perf_counter()
                 if phase == "encode":
                     buf = io.BytesIO()
-                    w = DeltaWriter(buf, workers=1)
+                    w = DeltaWriter(buf, workers=1, block_elems=block_elems)
                     w.write_tensors((k, prev.get(k), v) for k, v in cur.items())
                     w.close()
                     delta = buf.getvalue()
@@ -153,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=2, help="the last N step pairs of each trajectory")
     ap.add_argument("--repeat", type=int, default=3, help="runs per pair and phase (best is kept)")
     ap.add_argument("--cores", type=int, default=16, help="the core count of the Amdahl projection")
+    ap.add_argument("--block-elems", type=int, default=DEFAULT_BLOCK_ELEMS,
+                    help=f"elements per block of the encode (default {DEFAULT_BLOCK_ELEMS}, as arcfmt encode)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     clock = Clock()
     instrument(clock)
     report = []
     for traj in args.trajectories:
-        res = measure(steps_in(traj), args.pairs, args.repeat, clock)
+        res = measure(steps_in(traj), args.pairs, args.repeat, clock, args.block_elems)
         for phase, r in res.items():
             free = sum(v for k, v in r.items() if k not in ("total", "bytes"))
             g = max(0.0, 1 - free / r["total"])

@@ -7,8 +7,9 @@
 Writes base and target checkpoints (4 safetensors shards + index, Llama-3.2-3B shapes, RL-like sparse
 changes: about 1 % of values move by one unit in the last place, a few change sign or exponent), then
 runs, each in its own process so its peak RSS can be read: `arcfmt encode`, `arcfmt apply -o` into a
-new folder, and `arcfmt apply --in-place`. Prints size, MB/s and peak RSS per phase, compared with the
-same phases on a small model (2 layers), and checks the rebuilt checkpoints are byte-identical.
+new folder, and `arcfmt apply --in-place`. Prints size, MB/s, peak RSS and cores busy (CPU seconds
+over wall seconds) per phase, compared with the same phases on a small model (2 layers), and checks
+the rebuilt checkpoints are byte-identical.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def write_pair(folder_base, folder_target, shapes, shards=4, seed=0):
 
 RUN = ("import json, resource, sys, time; from arcfmt.cli import main; t=time.perf_counter(); "
        "rc=main(sys.argv[1:]); dt=time.perf_counter()-t; "
-       "print(json.dumps(dict(rc=rc, seconds=dt, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024)), "
+       "u=resource.getrusage(resource.RUSAGE_SELF); "
+       "print(json.dumps(dict(rc=rc, seconds=dt, peak_rss=u.ru_maxrss*1024, cpu_s=u.ru_utime+u.ru_stime)), "
        "file=sys.stderr)")
 
 
@@ -160,7 +162,7 @@ def main(argv=None):
         for k in ("encode", "apply_new", "apply_in_place"):
             p = r[k]
             rows.append((r["label"], k, r["model_bytes"], p["seconds"], p["mb_per_s"], p["peak_rss"],
-                         p.get("bit_exact", True)))
+                         p["cpu_s"] / p["seconds"], p.get("bit_exact", True)))
             ok &= p.get("bit_exact", True)
     for k in ("encode", "apply_new", "apply_in_place"):
         ok &= big[k]["peak_rss"] <= args.max_rss_gib * (1 << 30)
@@ -168,10 +170,10 @@ def main(argv=None):
     if args.json:
         print(json.dumps(dict(small=small, big=big, ok=ok), indent=1))
     else:
-        print("| model | phase | GB | seconds | MB/s | peak RSS MiB | bit-exact |")
-        print("|---|---|---|---|---|---|---|")
-        for label, k, nb, s, mbs, rss, ex in rows:
-            print(f"| {label} | {k} | {nb / 1e9:.2f} | {s:.1f} | {mbs:.0f} | {rss / 2**20:.0f} "
+        print("| model | phase | GB | seconds | MB/s | peak RSS MiB | cores busy | bit-exact |")
+        print("|---|---|---|---|---|---|---|---|")
+        for label, k, nb, s, mbs, rss, busy, ex in rows:
+            print(f"| {label} | {k} | {nb / 1e9:.2f} | {s:.1f} | {mbs:.0f} | {rss / 2**20:.0f} | {busy:.2f} "
                   f"| {'yes' if ex else 'NO'} |")
         print(f"delta: {big['delta_bytes'] / 1e6:.1f} MB for {big['model_bytes'] / 1e9:.2f} GB "
               f"({100 * big['delta_bytes'] / big['model_bytes']:.3f} %); big/small speed: "
