@@ -3,6 +3,7 @@
 
     python tools/scale.py --dir /tmp/scale              # a 3B-shaped model, ~6.4 GB per checkpoint
     python tools/scale.py --dir /tmp/scale --layers 2   # a quick small run
+    python tools/scale.py --dir /tmp/scale --write-only # only the checkpoints, for other tools
 
 Writes base and target checkpoints (4 safetensors shards + index, Llama-3.2-3B shapes, RL-like sparse
 changes: about 1 % of values move by one unit in the last place, a few change sign or exponent), then
@@ -31,6 +32,7 @@ from arcfmt.dtypes import BF16  # noqa: E402
 from arcfmt.safetensors_io import INDEX_NAME, build_header, layout_specs  # noqa: E402
 
 CHUNK = 1 << 24  # elements generated at a time
+ENCODE_ARGS: list[str] = []   # --block-elems, when given
 
 
 def shapes_3b(layers: int, hidden=3072, inter=8192, kv=1024, vocab=128256):
@@ -132,7 +134,7 @@ def run(folder, layers, label):
     gen = time.perf_counter() - t0
     delta = os.path.join(folder, "step0001.arc")
     res = {"label": label, "model_bytes": total, "generate_s": gen}
-    res["encode"] = phase(["encode", b, t, "-o", delta])
+    res["encode"] = phase(["encode", b, t, "-o", delta, *ENCODE_ARGS])
     res["delta_bytes"] = os.path.getsize(delta)
     out = os.path.join(folder, "rebuilt")
     res["apply_new"] = phase(["apply", b, delta, "-o", out])
@@ -152,8 +154,19 @@ def main(argv=None):
     ap.add_argument("--dir", default="/tmp/arcfmt-scale")
     ap.add_argument("--layers", type=int, default=28, help="28 = Llama-3.2-3B shapes (~6.4 GB of BF16)")
     ap.add_argument("--max-rss-gib", type=float, default=2.0)
+    ap.add_argument("--block-elems", type=int, help="passed to arcfmt encode (default: its own)")
+    ap.add_argument("--write-only", action="store_true",
+                    help="only write the big pair (DIR/big/step0000, step0001) and exit: data for other tools, "
+                         "e.g. tools/gil_share.py on a dir of links to one shard of each")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.write_only:
+        folder = os.path.join(args.dir, "big")
+        shutil.rmtree(folder, ignore_errors=True)
+        total = write_pair(os.path.join(folder, "step0000"), os.path.join(folder, "step0001"), shapes_3b(args.layers))
+        print(f"wrote {folder}/step0000 and step0001: {total / 1e9:.2f} GB each")
+        return 0
+    ENCODE_ARGS[:] = [] if args.block_elems is None else ["--block-elems", str(args.block_elems)]
     small = run(os.path.join(args.dir, "small"), 2, "small (2 layers)")
     big = run(os.path.join(args.dir, "big"), args.layers, f"big ({args.layers} layers)")
     ok = True
