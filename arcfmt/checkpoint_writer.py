@@ -311,6 +311,10 @@ class CheckpointSink:
     order; each file is opened (space reserved) at its first tensor and finished (mode, fsync) after
     its last; files with no tensor are written at :meth:`finish`."""
 
+    # Blocks in flight (pipeline.run): at most what the write windows hold beside the two a block
+    # may straddle, so reserving the next block never has to wait for every block in flight.
+    in_flight_bytes = (WINDOWS - 2) * WINDOW_BYTES
+
     def __init__(self, stage: Stage, layouts: list, progress=None):
         self.stage = stage
         self.layouts = layouts

@@ -294,11 +294,16 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     pool = _Workers(workers)
     threads = bool(pool.threads)
     window = window or max(2, 2 * workers)
+    # A sink whose buffers are a bounded resource (a file's write windows) says how many bytes of
+    # blocks may be in flight at once: past that, the oldest are completed before the next is taken.
+    cap = getattr(sink, "in_flight_bytes", None)
+    in_flight = [0]
     pending: deque[tuple[_Tensor, int, _Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
     ready: list[_T] = []
 
     def complete_one() -> None:
         t, b, job, arr, base_block, hashed = pending.popleft()
+        in_flight[0] -= arr.nbytes
         pool.wait(job)
         if job.error is not None:
             raise job.error
@@ -345,6 +350,8 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
                 enc = None if item.encodings is None else item.encodings[b]
+                while pending and cap is not None and in_flight[0] + (e - s) * th.dtype.itemsize > cap:
+                    complete_one()
                 arr = t.out.buffer(b, enc, base_block, drain)
                 hashed: list[int] | None = [] if t.single else None
                 shared = e - s >= SHARED_MIN_ELEMS and threads
@@ -354,6 +361,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 else:
                     job = _Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
                     pending.append((t, b, job, arr, base_block, hashed))
+                    in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)
                     while pending and (len(pending) >= window or pending[0][2].state == 2):
                         complete_one()

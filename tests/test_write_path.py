@@ -523,3 +523,50 @@ def test_blocks_in_flight_across_files_of_a_folder(tmp_path, monkeypatch, in_pla
     (u,) = arcfmt.Follower(url, into=tmp_path / "f", workers=2).sync()
     got = open_checkpoint(tmp_path / "f").tensors()
     assert all(got[n].tobytes() == np.asarray(tensors[n]).tobytes() for n in names)
+
+
+def test_blocks_in_flight_stay_within_what_the_sink_holds(monkeypatch):
+    """A sink with bounded buffers (a file's write windows: ``in_flight_bytes``) never has more
+    bytes of blocks handed out and not yet done than it says, however many threads decode: a
+    window of 2 × workers blocks of 2^21 F32 elements is 128 MiB, more than six 16 MiB windows."""
+    monkeypatch.setattr(pipeline, "SHARED_MIN_ELEMS", 1)
+    rng = np.random.default_rng(3)
+    base = {f"w{i}": rng.normal(0, 1, 5000).astype(np.float32) for i in range(6)}
+    target = {k: v + np.float32(1e-3) for k, v in base.items()}
+    reader = arcfmt.DeltaReader(arcfmt.encode(base, target, block_elems=1000), workers=8)
+    _, bases, _ = reader.selection(base)
+    block_bytes = 1000 * 4
+
+    class Bounded(pipeline.ArraySink):
+        in_flight_bytes = 3 * block_bytes
+
+        def __init__(self):
+            super().__init__(1 << 30)
+            self.out, self.most = 0, 0
+
+        def open(self, th):
+            inner, sink = super().open(th), self
+
+            class Out:
+                def buffer(self, b, encoding, base_block, drain):
+                    arr = inner.buffer(b, encoding, base_block, drain)
+                    sink.out += arr.nbytes
+                    sink.most = max(sink.most, sink.out)
+                    return arr
+
+                def done(self, b, arr):
+                    sink.out -= arr.nbytes
+                    inner.done(b, arr)
+
+                def commit(self):
+                    return inner.commit()
+            return Out()
+
+    sink = Bounded()
+    got = dict(pipeline.run([reader.item(n, bases[n]) for n in reader.names], sink, workers=8))
+    assert all(got[k].tobytes() == target[k].tobytes() for k in target)
+    assert sink.out == 0 and block_bytes < sink.most <= Bounded.in_flight_bytes
+    sink = Bounded()
+    Bounded.in_flight_bytes = None  # without a bound, the window of 16 blocks is what holds them
+    dict(pipeline.run([reader.item(n, bases[n]) for n in reader.names], sink, workers=8))
+    assert sink.most > 3 * block_bytes

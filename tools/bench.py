@@ -195,7 +195,7 @@ def main(argv=None):
     efforts = [e for e in args.effort.split(",") if e]
     if not efforts or any(e not in ("fast", "default", "max") for e in efforts):
         ap.error("--effort takes fast, default and/or max")
-    report = dict(trajectories=[])
+    report = dict(block_elems=args.block_elems, trajectories=[])
     for traj in args.trajectories:
         files = steps_in(traj)[args.first:]
         if args.pairs:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The share of single-thread encode and decode time that holds the GIL, and what it allows on N cores.
 
-    python tools/gil_share.py TRAJ_DIR [TRAJ_DIR ...] [--pairs 2] [--repeat 3] [--cores 16] [--json]
+    python tools/gil_share.py TRAJ_DIR [TRAJ_DIR ...] [--pairs 2] [--repeat 3] [--cores 16] [--block-elems N] [--json]
 
 Runs arcfmt's in-memory encode (``DeltaWriter``) and decode (``arcfmt.decode``, as tools/bench.py
 times them) with one worker thread on the last ``--pairs`` step pairs of each trajectory, with every
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                        nogil={k: v / r["total"] for k, v in r.items() if k not in ("total", "bytes")})
             report.append(row)
     if args.json:
-        print(json.dumps(dict(cores=args.cores, rows=report), indent=1))
+        print(json.dumps(dict(cores=args.cores, block_elems=args.block_elems, rows=report), indent=1))
         return 0
     print(f"| trajectory | phase | 1-thread MB/s | GIL held | outside the GIL (share of time) "
           f"| {args.cores} cores (Amdahl) |")

@@ -28,6 +28,7 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from arcfmt.cli import _block_elems  # noqa: E402  (the range arcfmt encode --block-elems takes)
 from arcfmt.dtypes import BF16  # noqa: E402
 from arcfmt.safetensors_io import INDEX_NAME, build_header, layout_specs  # noqa: E402
 
@@ -99,9 +100,11 @@ def write_pair(folder_base, folder_target, shapes, shards=4, seed=0):
 
 
 RUN = ("import json, resource, sys, time; from arcfmt.cli import main; t=time.perf_counter(); "
+       "u0=resource.getrusage(resource.RUSAGE_SELF); "
        "rc=main(sys.argv[1:]); dt=time.perf_counter()-t; "
        "u=resource.getrusage(resource.RUSAGE_SELF); "
-       "print(json.dumps(dict(rc=rc, seconds=dt, peak_rss=u.ru_maxrss*1024, cpu_s=u.ru_utime+u.ru_stime)), "
+       "cpu=u.ru_utime+u.ru_stime-u0.ru_utime-u0.ru_stime; "   # the phase's CPU, not the imports'
+       "print(json.dumps(dict(rc=rc, seconds=dt, peak_rss=u.ru_maxrss*1024, cpu_s=cpu)), "
        "file=sys.stderr)")
 
 
@@ -154,12 +157,15 @@ def main(argv=None):
     ap.add_argument("--dir", default="/tmp/arcfmt-scale")
     ap.add_argument("--layers", type=int, default=28, help="28 = Llama-3.2-3B shapes (~6.4 GB of BF16)")
     ap.add_argument("--max-rss-gib", type=float, default=2.0)
-    ap.add_argument("--block-elems", type=int, help="passed to arcfmt encode (default: its own)")
+    ap.add_argument("--block-elems", type=_block_elems, help="passed to arcfmt encode (default: its own)")
     ap.add_argument("--write-only", action="store_true",
                     help="only write the big pair (DIR/big/step0000, step0001) and exit: data for other tools, "
-                         "e.g. tools/gil_share.py on a dir of links to one shard of each")
+                         "e.g. tools/gil_share.py on a dir of links step0000.safetensors and "
+                         "step0001.safetensors to one shard of each")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.write_only and args.block_elems is not None:
+        ap.error("--write-only writes checkpoints only: --block-elems is for the encode")
     if args.write_only:
         folder = os.path.join(args.dir, "big")
         shutil.rmtree(folder, ignore_errors=True)
