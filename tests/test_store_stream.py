@@ -508,3 +508,34 @@ def test_folder_off_the_chain_restarts_from_an_older_keyframe(tmp_path, traj):
     assert [(m.step, k) for m, k in fol.plan()] == [(0, "keyframe"), (1, "delta"), (2, "delta"), (3, "delta")]
     fol.sync()
     assert_folder(fol.into, traj[3])
+
+
+def test_every_reader_refuses_an_object_under_another_steps_name(tmp_path, traj):
+    """SPEC.md S2 "Own name": a manifest stored under step 1's name but describing step 7 (its head
+    and chain hashes repaired) is `corrupt` to the follower, the mirror and the pruner alike — one
+    check (``objects.check_own_name``), the one the conformance vectors exercise."""
+    from arcfmt.store.mirror import Mirror
+    from arcfmt.store.objects import canonical, digest128
+    from arcfmt.store.prune import prune
+
+    url = str(tmp_path / "s")
+    pub = Publisher(url, shard=0, num_shards=1)
+    pub.publish(0, traj[0])
+    pub.publish(1, traj[1])
+    root = tmp_path / "s"
+    mpath = root / N.manifest_name(1)
+    m = json.loads(mpath.read_bytes().replace(N.step_dir(1).encode(), N.step_dir(7).encode()))
+    m["step"] = 7   # a whole, valid manifest of step 7 (its objects' names say so too)
+    new = canonical(m)
+    mpath.write_bytes(new)
+    hpath = root / N.HEAD
+    h = json.loads(hpath.read_bytes())
+    h["manifest"] = digest128(new)
+    hpath.write_bytes(canonical(h))
+    with pytest.raises(CorruptError, match="the object describes"):
+        Follower(url, into=tmp_path / "f").sync()
+    with pytest.raises(CorruptError, match="the object describes"):
+        Mirror(url, str(tmp_path / "m")).sync()
+    with pytest.raises(CorruptError, match=r"\(nothing pruned\): the object describes"):
+        prune(url, keep_last=1)
+    assert (root / N.manifest_name(0)).exists()   # nothing pruned

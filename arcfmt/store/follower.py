@@ -58,6 +58,7 @@ from .objects import (
     ObjectRef,
     ShardEntry,
     canonical,
+    check_own_name,
     digest128,
     parse_head,
     parse_json,
@@ -334,8 +335,7 @@ class Follower:
                 raise SignatureError(f"{name} does not hash to the SHA-256 its signed successor (or signature) "
                                      f"names")
         m = parse_manifest(raw, name)
-        if m.step != step:
-            raise CorruptError(f"{name} describes step {m.step}")
+        check_own_name(m, name)
         if self._trust is not None and m.base_step is not None and m.base_manifest is not None \
                 and m.base_manifest_sha256 is not None:
             self._bound[(m.base_step, m.base_manifest)] = m.base_manifest_sha256

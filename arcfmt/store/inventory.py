@@ -18,7 +18,7 @@ from ..errors import ArcError, InputError
 from . import names as N
 from . import retry
 from .backends import Listed, Store
-from .objects import MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, Manifest, parse_head, parse_manifest
+from .objects import MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, Manifest, own_name, parse_head, parse_manifest
 from .publisher import why_blocked
 
 DEFAULT_DETAILS = 16         # newest committed manifests read besides the head's keyframe chain
@@ -165,7 +165,7 @@ def status(url: str, *, storage_options: dict | None = None, fs=None, store: Sto
                 m = parse_manifest(raw, N.manifest_name(s))
             except ArcError:
                 continue          # status reports, it does not judge: the listing's view stays
-            if m.step == s:
+            if own_name(m) == N.manifest_name(s):
                 read[s] = m
     for s, m in read.items():
         if s in infos:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import xxhash
 
-from ..errors import ArcError, ChecksumError, CorruptError, InputError, LimitError, TruncatedError
+from ..errors import ArcError, ChecksumError, InputError, LimitError, TruncatedError
 from . import names as N
 from . import retry
 from .backends import Store
@@ -38,6 +38,7 @@ from .objects import (
     Head,
     Manifest,
     ObjectRef,
+    check_own_name,
     digest128,
     parse_descriptor,
     parse_head,
@@ -187,8 +188,7 @@ class Mirror:
             raise ChecksumError(f"source {name} does not hash to {digest}, the value its successor (or the head) "
                                 f"holds")
         m = parse_manifest(raw, f"source {name}")
-        if m.step != step:
-            raise CorruptError(f"source {name} describes step {m.step}")
+        check_own_name(m, name, f"source {name}")
         return m
 
     # ------------------------------------------------------------------------------ planning
@@ -336,8 +336,7 @@ class Mirror:
                 raise ChecksumError(f"source {name} does not hash to {s.descriptor}, the descriptor hash of step "
                                     f"{m.step}'s manifest")
             d = parse_descriptor(raw, f"source {name}")
-            if (d.step, d.shard, d.num_shards) != (m.step, s.shard, m.num_shards):
-                raise CorruptError(f"source {name} describes step {d.step} shard {d.shard}/{d.num_shards}")
+            check_own_name(d, name, f"source {name}")
             written += self._create(name, raw)
         # 3. the manifest (its hash was checked against its successor or the head while planning)
         written += self._create(N.manifest_name(m.step), m.raw)

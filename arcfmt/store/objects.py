@@ -444,17 +444,23 @@ def parse_manifest(data, where: str) -> Manifest:
                     bytes(data), base_sha256, has_base_sha256)
 
 
-def check_own_name(obj, name: str) -> None:
-    """SPEC.md S2 "Check order", last: the object was read under ``name``; the step (and, for a descriptor,
-    the shard and shard count) that name carries must be the object's own (`corrupt`)."""
+def own_name(obj) -> str:
+    """The name SPEC.md S3 gives an object by what it describes: its step (and, for a descriptor, its
+    shard and shard count). An object read under another name is not the one that name promises."""
     if isinstance(obj, Head):
-        want = N.HEAD
-    elif isinstance(obj, Manifest):
-        want = N.manifest_name(obj.step)
-    elif isinstance(obj, Descriptor):
-        want = N.descriptor_name(obj.step, obj.shard, obj.num_shards)
-    else:  # a signature (S15.2): beside the manifest it signs
-        from .signing import signature_name
-        want = signature_name(obj.step)
+        return N.HEAD
+    if isinstance(obj, Manifest):
+        return N.manifest_name(obj.step)
+    if isinstance(obj, Descriptor):
+        return N.descriptor_name(obj.step, obj.shard, obj.num_shards)
+    from .signing import signature_name  # a signature (S15.2): beside the manifest it signs
+    return signature_name(obj.step)
+
+
+def check_own_name(obj, name: str, what: str | None = None) -> None:
+    """SPEC.md S2 "Check order", last: the object was read under ``name``; the step (and, for a descriptor,
+    the shard and shard count) that name carries must be the object's own (`corrupt`). Every reader of
+    a stream (follower, mirror, pruner, the conformance runner) checks it here; ``what`` names it."""
+    want = own_name(obj)
     if name != want:
-        raise CorruptError(f"{name}: the object describes {want}")
+        raise CorruptError(f"{what or name}: the object describes {want}")

@@ -16,12 +16,21 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..errors import ArcError, ChecksumError, CorruptError, InputError, LimitError
+from ..errors import ArcError, ChecksumError, InputError, LimitError
 from . import names as N
 from . import retry
 from .backends import Listed, Store
 from .errors import MissingError
-from .objects import MAX_HEAD_BYTES, MAX_MANIFEST_BYTES, Manifest, digest128, parse_head, parse_manifest
+from .objects import (
+    MAX_HEAD_BYTES,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    check_own_name,
+    digest128,
+    own_name,
+    parse_head,
+    parse_manifest,
+)
 
 MAX_WALK = 1 << 20            # manifests one prune may read along the head's chain (as a plan walk, S12)
 PHASES = ("manifest", "signature", "descriptor", "data")
@@ -69,8 +78,7 @@ def _chain(st: Store, step: int, digest: str, keep_last: int) -> list:
         if digest128(raw) != digest:
             raise ChecksumError(f"{name} does not hash to the value its successor (or the head) holds: nothing pruned")
         m = parse_manifest(raw, name)
-        if m.step != step:
-            raise CorruptError(f"{name} describes step {m.step}: nothing pruned")
+        check_own_name(m, name, f"{name} (nothing pruned)")
         chain.append(m)
         if len(chain) >= keep_last and m.keyframe:
             return chain
@@ -104,7 +112,7 @@ def _rollback(st: Store, by: dict, below: int, want: int) -> list:
             m = parse_manifest(raw, name)
         except ArcError:
             continue
-        if m.step == s and m.keyframe:
+        if own_name(m) == name and m.keyframe:
             out.append(s)
             if len(out) >= want:
                 break

@@ -52,6 +52,7 @@ from .objects import (
     Manifest,
     ObjectRef,
     ShardEntry,
+    own_name,
     parse_descriptor,
     parse_head,
     parse_manifest,
@@ -528,10 +529,10 @@ class Publisher:
         if missing:
             return CommitResult(step, False, waiting_for=missing)
         descs = []
-        for i, (r, dn) in enumerate(zip(raws, dnames)):
+        for r, dn in zip(raws, dnames):
             d = parse_descriptor(r, dn)
-            if (d.step, d.shard, d.num_shards) != (step, i, n):
-                raise ConflictError(f"{dn} describes step {d.step} shard {d.shard} of {d.num_shards}")
+            if own_name(d) != dn:
+                raise ConflictError(f"{dn} describes {own_name(d)}")
             descs.append(d)
         entries = check_shards(step, descs)
         base_b, use_kf = combinable(step, descs)
@@ -549,8 +550,8 @@ class Publisher:
                 use_delta = False
             else:
                 base_m = parse_manifest(braw, bname)
-                if base_m.step != base_b:
-                    raise ConflictError(f"{bname} describes step {base_m.step}")
+                if own_name(base_m) != bname:
+                    raise ConflictError(f"{bname} describes {own_name(base_m)}")
                 if base_m.num_shards != n:
                     if not use_kf:
                         raise ConflictError(f"step {step} cannot be committed: {n} shards of deltas from step "
