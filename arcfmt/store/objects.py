@@ -18,7 +18,7 @@ import xxhash
 
 from .. import dtypes
 from .. import layout as FL
-from ..errors import CorruptError, LimitError, UnsupportedVersionError
+from ..errors import ArcError, CorruptError, LimitError, UnsupportedVersionError
 from . import names as N
 
 MAJOR, MINOR = 1, 1
@@ -457,10 +457,11 @@ def own_name(obj) -> str:
     return signature_name(obj.step)
 
 
-def check_own_name(obj, name: str, what: str | None = None) -> None:
+def check_own_name(obj, name: str, what: str | None = None, error: type[ArcError] = CorruptError) -> None:
     """SPEC.md S2 "Check order", last: the object was read under ``name``; the step (and, for a descriptor,
     the shard and shard count) that name carries must be the object's own (`corrupt`). Every reader of
-    a stream (follower, mirror, pruner, the conformance runner) checks it here; ``what`` names it."""
+    a stream (follower, mirror, pruner, publisher, the conformance runner) checks it here; ``what``
+    names it; ``error``: a publisher's commit reports another writer's object as a conflict."""
     want = own_name(obj)
     if name != want:
-        raise CorruptError(f"{what or name}: the object describes {want}")
+        raise error(f"{what or name}: the object describes {want}")

@@ -52,7 +52,7 @@ from .objects import (
     Manifest,
     ObjectRef,
     ShardEntry,
-    own_name,
+    check_own_name,
     parse_descriptor,
     parse_head,
     parse_manifest,
@@ -531,8 +531,7 @@ class Publisher:
         descs = []
         for r, dn in zip(raws, dnames):
             d = parse_descriptor(r, dn)
-            if own_name(d) != dn:
-                raise ConflictError(f"{dn} describes {own_name(d)}")
+            check_own_name(d, dn, error=ConflictError)
             descs.append(d)
         entries = check_shards(step, descs)
         base_b, use_kf = combinable(step, descs)
@@ -550,8 +549,7 @@ class Publisher:
                 use_delta = False
             else:
                 base_m = parse_manifest(braw, bname)
-                if own_name(base_m) != bname:
-                    raise ConflictError(f"{bname} describes {own_name(base_m)}")
+                check_own_name(base_m, bname, error=ConflictError)
                 if base_m.num_shards != n:
                     if not use_kf:
                         raise ConflictError(f"step {step} cannot be committed: {n} shards of deltas from step "
