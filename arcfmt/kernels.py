@@ -371,23 +371,24 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     m = base.size
     pos = ranks  # select turns each rank into its position in place
     n_classes = counts.size
+    bv = np.empty(c, base.dtype)
+    start = np.zeros(emask + 2, np.int64)
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
         if copy:
             _copy_elems(out, base, 0, m)
-    elif not _class_select(base, mask, edges, counts, ranks, out, copy):
+        for t in range(c):
+            v = base[pos[t]]
+            bv[t] = v
+            start[((v >> shift) & emask) + 1] += 1
+    elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv, start, shift, emask):
         return BEYOND
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
-    # The changed elements are gathered once (the later passes read them in order, not all over the
-    # block) and every new value is computed and checked before anything is written.
-    bv = np.empty(c, base.dtype)
-    for t in range(c):
-        bv[t] = base[pos[t]]
-    start = np.zeros(emask + 2, np.int64)
-    for t in range(c):
-        start[((bv[t] >> shift) & emask) + 1] += 1
+    # The changed elements were gathered, and their fields counted, where each position was found
+    # (the class pass had its word in cache; a pass of its own read them all over the block); every
+    # new value is computed and checked before anything is written.
     for x in range(emask + 1):
         start[x + 1] += start[x]
     nv = np.empty(c, base.dtype)
@@ -477,10 +478,11 @@ _SELECT_CHUNK = 64  # words per copied chunk: 4096 elements, copied while the ch
 
 
 @_jit
-def _class_select(base, mask, edges, counts, ranks, out, copy):
+def _class_select(base, mask, edges, counts, ranks, out, copy, bv, hist, shift, emask):
     """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
-    → their positions in the block, in place; False when a rank is beyond its class's members. With
-    ``copy``, ``out`` gets the base's elements in the same pass (all of them, also when it fails).
+    → their positions in the block, in place, gathered and counted as :func:`_place` does; False when
+    a rank is beyond its class's members. With ``copy``, ``out`` gets the base's elements in the same
+    pass (all of them, also when it fails).
 
     One pass over the base for every class at once, a 64-element word at a time: the word's class
     bitmaps (``_ge_mask64`` against each threshold, a class's members lying between two of them),
@@ -499,7 +501,7 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
         c1 = counts[1] if n_classes > 1 else 0
         c2 = counts[2] if n_classes > 2 else 0
         c3 = counts[3] if n_classes > 3 else 0
-        return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy)
+        return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy, bv, hist, shift, emask)
     nt = edges.size
     m = base.size
     full_words = m // 64
@@ -527,7 +529,8 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
                 word = lo & ~hi
                 top = seen[k] + np.int64(_popcount(word))
                 if t < end[k] and ranks[t] < top:
-                    nxt[k] = _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big)[1]
+                    nxt[k] = _place(word, s, seen[k], top, ranks[t], t, end[k],
+                                    ranks, big, base, bv, hist, shift, emask)[1]
                 seen[k] = top
                 lo = hi
         w = we
@@ -546,13 +549,13 @@ def _class_select(base, mask, edges, counts, ranks, out, copy):
             if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
                 word |= np.uint64(1) << np.uint64(b)
         top = seen[k] + np.int64(_popcount(word))
-        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big)[1] != end[k]:
+        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big, base, bv, hist, shift, emask)[1] != end[k]:
             return False
     return True
 
 
 @_jit
-def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy):
+def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist, shift, emask):
     """:func:`_class_select` for up to 4 classes of ``n0..n3`` ranks, split by thresholds ``e0..e2``
     (a threshold above ``mask`` leaves the classes after it empty). A branch per class and word,
     taken where a rank falls in the word: changes are sparse within a class, so it is mostly
@@ -588,27 +591,33 @@ def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy):
             p2 = s2 + np.int64(_popcount(w2))
             p3 = s3 + np.int64(_popcount(h2))
             if r0 < p0:
-                r0, t0 = _place(w0, s, s0, p0, r0, t0, end0, ranks, big)
+                r0, t0 = _place(w0, s, s0, p0, r0, t0, end0, ranks, big, base, bv, hist, shift, emask)
             if r1 < p1:
-                r1, t1 = _place(w1, s, s1, p1, r1, t1, end1, ranks, big)
+                r1, t1 = _place(w1, s, s1, p1, r1, t1, end1, ranks, big, base, bv, hist, shift, emask)
             if r2 < p2:
-                r2, t2 = _place(w2, s, s2, p2, r2, t2, end2, ranks, big)
+                r2, t2 = _place(w2, s, s2, p2, r2, t2, end2, ranks, big, base, bv, hist, shift, emask)
             if r3 < p3:
-                r3, t3 = _place(h2, s, s3, p3, r3, t3, end3, ranks, big)
+                r3, t3 = _place(h2, s, s3, p3, r3, t3, end3, ranks, big, base, bv, hist, shift, emask)
             s0, s1, s2, s3 = p0, p1, p2, p3
         w = we
     if copy:
         _copy_elems(out, base, w * 64, m - w * 64)
     return _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
-                         s0, s1, s2, s3)
+                         s0, s1, s2, s3, bv, hist, shift, emask)
 
 
 @_jit
-def _place(word, s, seen, top, r, t, end, ranks, big):
+def _place(word, s, seen, top, r, t, end, ranks, big, base, bv, hist, shift, emask):
     """Every rank of a class that falls in this word (``seen`` members before it, ``top`` through it)
-    → its position; returns the class's next rank and its index."""
+    → its position, its base element into ``bv`` and that element's exponent field counted in
+    ``hist`` (at field + 1: :func:`_ctx_decode`'s counting sort); returns the class's next rank and its
+    index."""
     while r < top:
-        ranks[t] = s + _select_bit(word, r - seen)
+        q = s + _select_bit(word, r - seen)
+        ranks[t] = q
+        v = base[q]
+        bv[t] = v
+        hist[((v >> shift) & emask) + 1] += 1
         t += 1
         r = ranks[t] if t < end else big
     return r, t
@@ -616,7 +625,7 @@ def _place(word, s, seen, top, r, t, end, ranks, big):
 
 @_jit
 def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
-                  s0, s1, s2, s3):
+                  s0, s1, s2, s3, bv, hist, shift, emask):
     """The ranks of :func:`_select4` left for the last, partial word; False if any is beyond."""
     big = np.int64(1) << 62
     m = base.size
@@ -638,10 +647,10 @@ def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3,
         w0 = valid & ~h0
         w1 = h0 & ~h1
         w2 = h1 & ~h2
-        r0, t0 = _place(w0, s, s0, s0 + np.int64(_popcount(w0)), r0, t0, end0, ranks, big)
-        r1, t1 = _place(w1, s, s1, s1 + np.int64(_popcount(w1)), r1, t1, end1, ranks, big)
-        r2, t2 = _place(w2, s, s2, s2 + np.int64(_popcount(w2)), r2, t2, end2, ranks, big)
-        r3, t3 = _place(h2, s, s3, s3 + np.int64(_popcount(h2)), r3, t3, end3, ranks, big)
+        r0, t0 = _place(w0, s, s0, s0 + np.int64(_popcount(w0)), r0, t0, end0, ranks, big, base, bv, hist, shift, emask)
+        r1, t1 = _place(w1, s, s1, s1 + np.int64(_popcount(w1)), r1, t1, end1, ranks, big, base, bv, hist, shift, emask)
+        r2, t2 = _place(w2, s, s2, s2 + np.int64(_popcount(w2)), r2, t2, end2, ranks, big, base, bv, hist, shift, emask)
+        r3, t3 = _place(h2, s, s3, s3 + np.int64(_popcount(h2)), r3, t3, end3, ranks, big, base, bv, hist, shift, emask)
     return t0 == end0 and t1 == end1 and t2 == end2 and t3 == end3
 
 

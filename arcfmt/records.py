@@ -1,6 +1,7 @@
 """Records of SPEC.md §4–§11: framing, checks and the typed payloads, built and parsed through layout."""
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -235,7 +236,8 @@ class TensorHeader:
     base_hash: int | None  # None: the tensor needs no base
     target_hash: int
 
-    @property
+    # Computed once: the pipeline asks for them per block, and a header never changes once made.
+    @functools.cached_property
     def size(self) -> int:
         n = 1
         for d in self.shape:
@@ -246,7 +248,7 @@ class TensorHeader:
     def needs_base(self) -> bool:
         return self.base_hash is not None
 
-    @property
+    @functools.cached_property
     def block_count(self) -> int:
         return -(-self.size // self.block_elems)
 

@@ -304,7 +304,7 @@ class DeltaWriter:
         pending: list[_Pending] = []
         jobs: list[tuple[Any, ...]] = []  # (fn, *args) for run_jobs
         sizes: list[int] = []  # elements each job reads
-        held = [0, False]  # the batch's block input bytes, and whether any input is memory-mapped
+        held = [0, False, 0]  # the batch's block input bytes, whether any input is memory-mapped, its blocks
 
         def flush():
             run_jobs(jobs, self._workers, elems=sizes)
@@ -313,7 +313,7 @@ class DeltaWriter:
             pending.clear()
             jobs.clear()
             sizes.clear()
-            held[:] = [0, False]
+            held[:] = [0, False, 0]
 
         for name, base, target in items:
             th, b, t = self._prepare(name, base, target, keyframe)
@@ -330,8 +330,10 @@ class DeltaWriter:
                 sizes.append(e - s)
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
                 held[0] += (e - s) * th.dtype.itemsize * (1 if bb is None else 2)
+                held[2] += 1
                 # mapped inputs: a few blocks at a time bound the pages held; others: enough bytes
-                if sum(1 for p in pending if p[0] == "B") >= batch and (held[1] or held[0] >= BATCH_BYTES):
+                # (counted as they come: a scan of ``pending`` per block was quadratic in small tensors)
+                if held[2] >= batch and (held[1] or held[0] >= BATCH_BYTES):
                     flush()
         flush()
 

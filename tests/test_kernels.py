@@ -128,9 +128,10 @@ def test_select_matches_numpy(m, density, seed):
 @given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 20000), density=st.floats(0.0005, 1.0),
        k=st.integers(2, 8), beyond=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_class_select_variants_agree(name, m, density, k, beyond, seed):
-    """The decoder's class pass (rank within a class → position, and the base's copy in the same pass)
-    against numpy, in both its forms: the generic one (more than 4 classes) and ``_select4``; with
-    the select of a set bit this CPU uses (pdep where fast) and the portable one."""
+    """The decoder's class pass (rank within a class → position, the changed base elements gathered
+    and their exponent fields counted, and the base's copy in the same pass) against numpy, in both
+    its forms: the generic one (more than 4 classes) and ``_select4``; with the select of a set bit
+    this CPU uses (pdep where fast) and the portable one."""
     dt, base, _, _ = _block(name, m, 1, seed)
     rng = np.random.default_rng(seed)
     top = (1 << dt.exp_bits) - 1
@@ -153,13 +154,15 @@ def test_class_select_variants_agree(name, m, density, k, beyond, seed):
         counts[c] += 1
     flat = np.concatenate(ranks).astype(np.int64)
     n = len(thresholds) + 1
-    forms = [("dispatch", lambda r, o, cp: kernels._class_select(base, mask, edges, counts, r, o, cp))]
+    emask = (1 << dt.exp_bits) - 1
+    forms = [("dispatch", lambda r, o, cp, bv, h: kernels._class_select(base, mask, edges, counts, r, o, cp, bv, h,
+                                                                        dt.mant_bits, emask))]
     if n <= 4:
         pad = int(mask) + 1
         e = [int(x) for x in edges] + [pad] * (3 - len(edges))
         c4 = [int(x) for x in counts] + [0] * (4 - n)
-        forms.append(("_select4", lambda r, o, cp: kernels._select4(base, mask, *(dt.uint.type(x) for x in e), *c4,
-                                                                    r, o, cp)))
+        forms.append(("_select4", lambda r, o, cp, bv, h: kernels._select4(
+            base, mask, *(dt.uint.type(x) for x in e), *c4, r, o, cp, bv, h, dt.mant_bits, emask)))
     words = rng.integers(0, 2**64, 64, dtype=np.uint64)   # the select of a set bit, both ways
     for x in words[words != 0]:
         rank = int(rng.integers(0, bin(int(x)).count("1")))
@@ -172,12 +175,18 @@ def test_class_select_variants_agree(name, m, density, k, beyond, seed):
             r = np.empty(flat.size + 1, np.int64)
             r[:-1] = flat
             out = np.zeros_like(base)
-            ok = run(r, out, copy)
+            gathered = np.zeros(flat.size + 1, base.dtype)
+            hist = np.zeros(emask + 2, np.int64)
+            ok = run(r, out, copy, gathered, hist)
             assert ok is not beyond, what
             if copy:
                 assert np.array_equal(out, base), what
             if not beyond:
-                assert np.array_equal(r[:-1], np.concatenate(want)), what
+                pos = np.concatenate(want)
+                assert np.array_equal(r[:-1], pos), what
+                assert np.array_equal(gathered[:-1], base[pos]), what
+                fields = (base[pos] >> dt.mant_bits) & emask
+                assert np.array_equal(hist, np.bincount(fields.astype(np.int64) + 1, minlength=emask + 2)), what
 
 
 @pytest.mark.parametrize("name", CTX_NAMES)
