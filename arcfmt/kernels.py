@@ -756,8 +756,8 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     for t in range(c):
         a = bv[t] & mask
         k = 0
-        while k < n_classes - 1 and a >= edges[k]:
-            k += 1
+        for e in range(n_classes - 1):   # thresholds at or below a (they increase): no data-dependent exit
+            k += np.int64(a >= edges[e])
         cls[t] = k
         counts[k] += 1
     first = np.zeros(n_classes + 1, np.int64)
@@ -806,8 +806,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
     for j in range(c):
         t = corder[j]
         d = _ordered(tv[t], half) - _ordered(bv[t], half)
-        if d < 0:
-            sbuf[j >> 3] |= np.uint8(1 << (j & 7))
+        sbuf[j >> 3] |= np.uint8(np.int64(d < 0) << (j & 7))   # no branch on a coin toss
         top_mag = max(top_mag, abs(d) - 1)
         start[((bv[t] >> shift) & emask) + 1] += 1
     for x in range(emask + 1):
