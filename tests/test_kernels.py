@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_ctx_delta import CTX_NAMES, _dtype
 
@@ -127,6 +127,11 @@ def test_select_matches_numpy(m, density, seed):
 @settings(max_examples=80, deadline=None)
 @given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 20000), density=st.floats(0.0005, 1.0),
        k=st.integers(2, 8), beyond=st.booleans(), seed=st.integers(0, 2**32 - 1))
+# a whole chunk of words (4096 elements), a partial one and a partial word, changes in each; 2 to 4 classes
+@example(name="BF16", m=4096 + 64 * 5 + 17, density=0.3, k=4, beyond=False, seed=1)
+@example(name="BF16", m=4096 + 64 * 5 + 17, density=0.3, k=4, beyond=True, seed=2)
+@example(name="F32", m=2 * 4096 + 63, density=0.02, k=3, beyond=False, seed=3)
+@example(name="F8_E4M3", m=4096 * 3, density=0.9, k=2, beyond=True, seed=4)
 def test_class_select_variants_agree(name, m, density, k, beyond, seed):
     """The decoder's class pass (rank within a class → position, the changed base elements gathered
     and their exponent fields counted, and the base's copy in the same pass) against numpy, in both
