@@ -118,6 +118,23 @@ def _copy_elems_typing(typingctx, dst, src, start, n):
 _copy_elems = cast("Callable[[np.ndarray, np.ndarray, int, int], None]", intrinsic(_copy_elems_typing))
 
 
+def _load64_typing(typingctx, arr, start):
+    """``_load64(arr, start)``: the 8 bytes ``arr[start:start + 8]`` of a contiguous uint8 array as one
+    little-endian uint64 (one unaligned load; the caller keeps them inside ``arr``)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+    return types.uint64(arr, types.intp), codegen
+
+
+_load64 = cast("Callable[[np.ndarray, int], np.uint64]", intrinsic(_load64_typing))
+
+
 # ------------------------------------------------------------------------------------ the backend
 
 def changes(base, target):
@@ -262,9 +279,10 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
     """Quotient and remainder bit strings → each class's member ranks (concatenated in class order).
 
     Checks, in the order SPEC.md §8.6 gives: quotient padding, quotient codes, remainder padding.
-    Each bit string is read through a 64-bit window fed a byte at a time: a quotient is the window's
-    trailing zeros (one ``tzcnt``, where a loop per bit mispredicts its exit once per code), a
-    remainder its low bits.
+    Each bit string is read through a 64-bit window: a quotient is the window's trailing zeros (one
+    ``tzcnt``, where a loop per bit mispredicts its exit once per code), a remainder its low bits.
+    The window is fed 7 or so bytes by one load while 8 remain (a loop per byte mispredicted its
+    count), then a byte at a time; the bits it holds above its count are the next bytes' own.
     """
     for b in range(qbits, 8 * qbuf.size):
         if qbuf[b >> 3] >> (b & 7) & 1:
@@ -274,6 +292,7 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
         rbits += counts[k] * rice[k]
     c = ranks.size
     nq = qbuf.size
+    nr = rbuf.size
     qacc = np.uint64(0)   # the next qn bits of qbuf, lowest first; qi: the next byte to feed in
     qn = 0
     qi = 0
@@ -289,12 +308,18 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
         for _ in range(counts[k]):
             q = 0
             while True:   # every bit past qbits is 0 (checked above): a 1 found is a code's end
-                while qn <= 56 and qi < nq:
-                    qacc |= np.uint64(qbuf[qi]) << np.uint64(qn)
-                    qi += 1
-                    qn += 8
-                if qacc:
-                    z = int(_trailing_zeros(qacc))
+                if qi + 8 <= nq:   # whole bytes up to 56..63 bits, one load; bits above qn are the next bytes'
+                    qacc |= _load64(qbuf, qi) << np.uint64(qn)
+                    fed = int((63 - qn) >> 3)
+                    qi += fed
+                    qn += 8 * fed
+                else:
+                    while qn <= 56 and qi < nq:
+                        qacc |= np.uint64(qbuf[qi]) << np.uint64(qn)
+                        qi += 1
+                        qn += 8
+                z = int(_trailing_zeros(qacc))   # 64 when qacc is 0
+                if z < qn:
                     q += z
                     qpos += z + 1
                     qacc = (qacc >> np.uint64(z)) >> np.uint64(1)
@@ -302,17 +327,25 @@ def _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks):
                     break
                 if qn == 0:
                     return Q_CODES
-                q += qn
+                q += qn   # the qn bits held are all 0: drop them (and the look-ahead, fed again from qi)
                 qpos += qn
                 qn = 0
+                qacc = np.uint64(0)
             if qpos > qbits:
                 return Q_CODES
             g = q << r
             if r:
-                while rn < r:   # rbuf holds rbits bits: never fed past its end
-                    racc |= np.uint64(rbuf[ri]) << np.uint64(rn)
-                    ri += 1
-                    rn += 8
+                if rn < r:
+                    if ri + 8 <= nr:
+                        racc |= _load64(rbuf, ri) << np.uint64(rn)
+                        fed = int((63 - rn) >> 3)
+                        ri += fed
+                        rn += 8 * fed
+                    else:
+                        while rn < r:   # rbuf holds rbits bits: never fed past its end
+                            racc |= np.uint64(rbuf[ri]) << np.uint64(rn)
+                            ri += 1
+                            rn += 8
                 g |= np.int64(racc & low)
                 racc >>= np.uint64(r)
                 rn -= r
