@@ -1,7 +1,6 @@
 """Records of SPEC.md §4–§11: framing, checks and the typed payloads, built and parsed through layout."""
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -236,21 +235,21 @@ class TensorHeader:
     base_hash: int | None  # None: the tensor needs no base
     target_hash: int
 
-    # Computed once: the pipeline asks for them per block, and a header never changes once made.
-    @functools.cached_property
-    def size(self) -> int:
+    # Computed once, as plain attributes: the pipeline reads them per block, and a header never changes
+    # once made (functools.cached_property takes a lock per first read on Python 3.11).
+    size: int = field(init=False, repr=False, compare=False)
+    block_count: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
         n = 1
         for d in self.shape:
             n *= d
-        return n
+        self.size = n
+        self.block_count = -(-n // self.block_elems)
 
     @property
     def needs_base(self) -> bool:
         return self.base_hash is not None
-
-    @functools.cached_property
-    def block_count(self) -> int:
-        return -(-self.size // self.block_elems)
 
     def block_range(self, b: int) -> tuple[int, int]:
         start = b * self.block_elems
