@@ -510,7 +510,7 @@ _select_bit = _pdep_select if FAST_PDEP else _word_select
 
 
 
-_SELECT_CHUNK = 64  # words per copied chunk: 4096 elements, copied while the chunk's compares read it
+_SELECT_CHUNK = 64  # words per chunk: 4096 elements, copied while the chunk's compares read it, then placed
 
 
 @_jit
@@ -662,14 +662,19 @@ def _place(word, s, seen, top, r, t, end, ranks, big, base, bv, hist, shift, ema
     ``hist`` (at field + 1: :func:`_ctx_decode`'s counting sort); returns the class's next rank and its
     index."""
     while r < top:
-        q = s + _select_bit(word, r - seen)
-        ranks[t] = q
-        v = base[q]
-        bv[t] = v
-        hist[((v >> shift) & emask) + 1] += 1
+        _found(s + _select_bit(word, r - seen), t, ranks, base, bv, hist, shift, emask)
         t += 1
         r = ranks[t] if t < end else big
     return r, t
+
+
+@_jit
+def _found(q, t, ranks, base, bv, hist, shift, emask):
+    """The t-th rank is at position ``q``: store it, gather its base element, count its exponent field."""
+    ranks[t] = q
+    v = base[q]
+    bv[t] = v
+    hist[((v >> shift) & emask) + 1] += 1
 
 
 @_jit
@@ -688,11 +693,7 @@ def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, base, mask, ranks,
         seen = cum[i - 1] if i else before
         s = (w0 + i) * 64
         word = _ge_mask64(base, s, mask, lo) & ~_ge_mask64(base, s, mask, hi)
-        q = s + _select_bit(word, r - seen)
-        ranks[t] = q
-        v = base[q]
-        bv[t] = v
-        hist[((v >> shift) & emask) + 1] += 1
+        _found(s + _select_bit(word, r - seen), t, ranks, base, bv, hist, shift, emask)
         t += 1
         r = ranks[t] if t < end else big
     return r, t
