@@ -614,6 +614,7 @@ def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist,
     top = mask
     top += 1
     cum = np.empty((4, _SELECT_CHUNK), np.int64)   # members of each class through each word of the chunk
+    shared = (base, mask, ranks, big, bv, hist, shift, emask)   # what every class's placement uses
     w = 0
     while w < full_words:
         we = min(full_words, w + _SELECT_CHUNK)
@@ -637,17 +638,13 @@ def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist,
         if nw < _SELECT_CHUNK:
             cum[:, nw:] = big
         if r0 < s0:
-            r0, t0 = _place_chunk(cum[0], b0, s0, w, r0, t0, end0, zero, e0, base, mask, ranks, big,
-                                  bv, hist, shift, emask)
+            r0, t0 = _place_chunk(cum[0], b0, s0, w, r0, t0, end0, zero, e0, shared)
         if r1 < s1:
-            r1, t1 = _place_chunk(cum[1], b1, s1, w, r1, t1, end1, e0, e1, base, mask, ranks, big,
-                                  bv, hist, shift, emask)
+            r1, t1 = _place_chunk(cum[1], b1, s1, w, r1, t1, end1, e0, e1, shared)
         if r2 < s2:
-            r2, t2 = _place_chunk(cum[2], b2, s2, w, r2, t2, end2, e1, e2, base, mask, ranks, big,
-                                  bv, hist, shift, emask)
+            r2, t2 = _place_chunk(cum[2], b2, s2, w, r2, t2, end2, e1, e2, shared)
         if r3 < s3:
-            r3, t3 = _place_chunk(cum[3], b3, s3, w, r3, t3, end3, e2, top, base, mask, ranks, big,
-                                  bv, hist, shift, emask)
+            r3, t3 = _place_chunk(cum[3], b3, s3, w, r3, t3, end3, e2, top, shared)
         w = we
     if copy:
         _copy_elems(out, base, w * 64, m - w * 64)
@@ -678,12 +675,14 @@ def _found(q, t, ranks, base, bv, hist, shift, emask):
 
 
 @_jit
-def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, base, mask, ranks, big, bv, hist, shift, emask):
+def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, shared):
     """Every rank of one class that falls in a chunk of words (``cum``: the class's members through
     each word, ``before`` ahead of the chunk, ``through`` it; past its last word: ``big``) → its position, as
     :func:`_place`. The word of a rank is found by a binary search over ``cum`` without branches, and
     the class's bitmap of that word (elements in ``[lo, hi)``) compared again from cache: one search
-    per rank costs less than the branch per word it replaces, which is a coin toss on dense blocks."""
+    per rank costs less than the branch per word it replaces, which is a coin toss on dense blocks.
+    ``shared``: ``(base, mask, ranks, big, bv, hist, shift, emask)``."""
+    base, mask, ranks, big, bv, hist, shift, emask = shared
     while r < through:
         i = np.int64(0)
         step = _SELECT_CHUNK >> 1
