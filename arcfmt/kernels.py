@@ -51,7 +51,8 @@ def _popcount(typingctx, x):
 
 @_intrinsic
 def _trailing_zeros(typingctx, x):
-    """One ``tzcnt``: the index of the lowest set bit (x ≠ 0)."""
+    """One ``tzcnt``: the index of the lowest set bit; 64 for 0 (zero is not poison here, and
+    :func:`_rice_decode` relies on it)."""
     def codegen(context, builder, signature, args):
         return builder.cttz(args[0], context.get_constant(types.boolean, False))
     return types.uint64(types.uint64), codegen
@@ -121,7 +122,7 @@ _copy_elems = cast("Callable[[np.ndarray, np.ndarray, int, int], None]", intrins
 def _load64_typing(typingctx, arr, start):
     """``_load64(arr, start)``: the 8 bytes ``arr[start:start + 8]`` of a contiguous uint8 array as one
     little-endian uint64 (one unaligned load; the caller keeps them inside ``arr``)."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8):
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.uint8):
         return None
 
     def codegen(context, builder, signature, args):
@@ -511,6 +512,7 @@ _select_bit = _pdep_select if FAST_PDEP else _word_select
 
 
 _SELECT_CHUNK = 64  # words per chunk: 4096 elements, copied while the chunk's compares read it, then placed
+assert _SELECT_CHUNK & (_SELECT_CHUNK - 1) == 0, "_place_chunk's binary search needs a power of two"
 
 
 @_jit
