@@ -134,7 +134,12 @@ def test_a_closed_pipe_ends_quietly_with_141(ckpts, tmp_path):
 
 
 def test_ctrl_c_is_130(tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "arcfmt", "follow", tmp_path / "no-stream-yet", "--into",
+    # `python -m arcfmt`, with SIGINT as a terminal has it: a runner started in the background
+    # (`nohup ... &`, no job control) hands its children SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt (this test hung in such a run, the follower waiting on)
+    start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "runpy.run_module('arcfmt', run_name='__main__', alter_sys=True)")
+    p = subprocess.Popen([sys.executable, "-c", start, "follow", tmp_path / "no-stream-yet", "--into",
                           tmp_path / "m", "--wait", "--interval", "0.2"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, **QUIET_ENV})
     while "waiting for a stream" not in p.stderr.readline():  # (after the first-compile note of a fresh install)
