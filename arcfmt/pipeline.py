@@ -34,7 +34,7 @@ from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .layout import BytesLike
-from .parallel import SHARED_MIN_ELEMS
+from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -167,102 +167,6 @@ DRAIN = _Drain.DRAIN  # in an item sequence: finish every block in flight before
 
 # --------------------------------------------------------------------------------------- scheduler
 
-class _Job:
-    __slots__ = ("fn", "args", "state", "error", "event")
-
-    def __init__(self, fn: Callable[..., object], args: tuple[object, ...]) -> None:
-        self.fn, self.args, self.state = fn, args, 0  # 0 new, 1 running, 2 done
-        self.error: BaseException | None = None
-        self.event = None
-
-    def run(self) -> None:
-        try:
-            self.fn(*self.args)
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller, in order
-            self.error = exc
-
-
-class _Workers:
-    """The calling thread plus ``n − 1`` helpers over one queue. The caller runs a queued job itself
-    when it needs a result that no helper has started, so every core decodes and nobody hands small
-    jobs across threads for nothing."""
-
-    def __init__(self, n: int):
-        self.queue: deque[_Job] = deque()
-        self.cond = threading.Condition()
-        self.stopped = False
-        self.threads = [threading.Thread(target=self._loop, name="arcfmt-decode", daemon=True)
-                        for _ in range(max(0, n - 1))]
-        for t in self.threads:
-            t.start()
-
-    def _take(self, job: _Job | None = None) -> _Job | None:
-        """A new job to run now (``job`` itself if it is still queued), marked running; else None."""
-        q = self.queue
-        while q and q[0].state != 0:
-            q.popleft()
-        if job is not None:
-            if job.state == 0:
-                job.state = 1
-                return job
-        if q:
-            j = q.popleft()
-            j.state = 1
-            return j
-        return None
-
-    def _finish(self, job: _Job) -> None:
-        with self.cond:
-            job.state = 2
-            self.cond.notify_all()
-
-    def _loop(self) -> None:
-        while True:
-            with self.cond:
-                job = self._take()
-                while job is None and not self.stopped:
-                    self.cond.wait()
-                    job = self._take()
-                if job is None:
-                    return
-            job.run()
-            self._finish(job)
-
-    def submit(self, job: _Job, shared: bool) -> None:
-        if not shared or not self.threads:
-            job.state = 1
-            job.run()
-            job.state = 2
-            return
-        with self.cond:
-            self.queue.append(job)
-            self.cond.notify()
-
-    def wait(self, job: _Job) -> None:
-        while True:
-            with self.cond:
-                if job.state == 2:
-                    return
-                mine = self._take(job)
-                if mine is None:
-                    self.cond.wait()
-                    continue
-            mine.run()
-            self._finish(mine)
-
-    def close(self) -> None:
-        """Drop queued jobs and wait for running ones: no buffer is written after this returns."""
-        with self.cond:
-            self.stopped = True
-            for j in self.queue:
-                if j.state == 0:
-                    j.state = 2
-            self.queue.clear()
-            self.cond.notify_all()
-        for t in self.threads:
-            t.join()
-
-
 class _Tensor:
     __slots__ = ("item", "out", "hash", "left", "single", "mapped")
 
@@ -291,14 +195,14 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     On any failure nothing more is committed, every thread has stopped touching the sink's buffers,
     and the error is raised. The sink's own ``finish()`` (if any) runs after the last commit.
     """
-    pool = _Workers(workers)
-    threads = bool(pool.threads)
+    pool = Batch(workers)
+    threads = pool.shared
     window = window or max(2, 2 * workers)
     # A sink whose buffers are a bounded resource (a file's write windows) says how many bytes of
     # blocks may be in flight at once: past that, the oldest are completed before the next is taken.
     cap = getattr(sink, "in_flight_bytes", None)
     in_flight = [0]
-    pending: deque[tuple[_Tensor, int, _Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
+    pending: deque[tuple[_Tensor, int, Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
     ready: list[_T] = []
 
     def complete_one() -> None:
@@ -359,11 +263,11 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                     _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None))
                     completed(t, b, arr, base_block, hashed)
                 else:
-                    job = _Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
+                    job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
                     pending.append((t, b, job, arr, base_block, hashed))
                     in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)
-                    while pending and (len(pending) >= window or pending[0][2].state == 2):
+                    while pending and (len(pending) >= window or pending[0][2].state == DONE):
                         complete_one()
                 if ready:
                     yield from _flush(ready)

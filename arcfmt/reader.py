@@ -10,7 +10,6 @@ import io
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from .errors import (
     MissingTensorError,
     TruncatedError,
 )
-from .parallel import SHARED_MIN_ELEMS
+from .parallel import SHARED_MIN_ELEMS, Batch, Job
 
 # --------------------------------------------------------------------------------------- sources
 
@@ -215,24 +214,28 @@ class DeltaReader:
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
-            self.header(n)
         base = {} if base is None else base
-        args = [(self.header(n), base.get(n) if self.header(n).needs_base else None) for n in wanted]
-        shared = [i for i, (th, b) in enumerate(args) if b is not None and th.size >= SHARED_MIN_ELEMS]
-        if workers > 1 and len(shared) > 1:
-            # the large bases are hashed by the pool, the small ones meanwhile here (a job per small
-            # tensor would cost more than its hash)
-            with ThreadPoolExecutor(workers, thread_name_prefix="arcfmt-check") as pool:
-                jobs = {i: pool.submit(pipeline.check_base, *args[i]) for i in shared}
-                try:
-                    bases = {}
-                    for i, n in enumerate(wanted):
-                        bases[n] = jobs[i].result() if i in jobs else pipeline.check_base(*args[i])
-                finally:
-                    for j in jobs.values():
-                        j.cancel()
-        else:
-            bases = {n: pipeline.check_base(*a) for n, a in zip(wanted, args)}
+        # A large base is handed to the helpers as soon as its header is read, the small ones are
+        # hashed here afterwards (a job per small tensor would cost more than its hash). Every header
+        # is checked before any base's result is looked at, and the first failure in file order wins.
+        batch = Batch(workers)
+        try:
+            jobs = []
+            for n in wanted:
+                th = self.header(n)
+                b = base.get(n) if th.needs_base else None
+                job = Job(pipeline.check_base, (th, b))
+                if b is not None and th.size >= SHARED_MIN_ELEMS:
+                    batch.submit(job)
+                jobs.append(job)
+            bases = {}
+            for n, job in zip(wanted, jobs):
+                batch.wait(job)
+                if job.error is not None:
+                    raise job.error
+                bases[n] = job.result
+        finally:
+            batch.close()
         whole = set(wanted) == set(self.names)
         if whole:
             self.check_digests()

@@ -1,12 +1,15 @@
-"""arcfmt.parallel.run_jobs: every job runs once, small ones on the calling thread, errors reach the caller."""
+"""arcfmt.parallel: every job runs once, small ones on the calling thread, errors reach the caller in job
+order; the helpers outlive a call and a batch's close leaves none of its jobs running."""
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import pytest
 
 from arcfmt.errors import CorruptError
-from arcfmt.parallel import SHARED_MIN_ELEMS, run_jobs
+from arcfmt.parallel import DONE, SHARED_MIN_ELEMS, Batch, Job, run_jobs
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -33,3 +36,116 @@ def test_an_error_in_any_job_is_raised_to_the_caller(workers):
         run_jobs(jobs, workers, elems=[SHARED_MIN_ELEMS] * len(jobs))
     with pytest.raises(CorruptError, match="block 7"):
         run_jobs(jobs, workers, elems=[1] * len(jobs))
+
+
+def test_the_first_error_in_job_order_wins():
+    def bad(k):
+        raise CorruptError(f"job {k} is bad")
+
+    jobs = [(lambda: None,)] * 3 + [(bad, 3)] + [(lambda: None,)] * 3 + [(bad, 7)]
+    for _ in range(20):   # whichever thread gets there first
+        with pytest.raises(CorruptError, match="job 3"):
+            run_jobs(jobs, 3, elems=[SHARED_MIN_ELEMS] * len(jobs))
+
+
+def test_helpers_live_on_and_are_not_started_per_call():
+    run_jobs([(lambda: None,)] * 4, 3, elems=[SHARED_MIN_ELEMS] * 4)
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("arcfmt-helper")}
+    assert len(before) >= 2
+    for _ in range(50):
+        run_jobs([(lambda: None,)] * 4, 3, elems=[SHARED_MIN_ELEMS] * 4)
+    after = {t.ident for t in threading.enumerate() if t.name.startswith("arcfmt-helper")}
+    assert after == before
+
+
+def test_close_drops_queued_jobs_and_waits_for_running_ones():
+    """After close() no job of the batch runs or is running: the pipeline's buffers are free then."""
+    gate, started, ran = threading.Event(), threading.Event(), []
+
+    def slow():
+        started.set()
+        gate.wait(5)
+        ran.append("slow")
+
+    batch = Batch(2)
+    first = Job(slow, ())
+    batch.submit(first)
+    assert started.wait(5)     # a helper runs it
+    queued = [Job(ran.append, (k,)) for k in range(5)]
+    for j in queued:
+        batch.submit(j)
+    closer = threading.Thread(target=batch.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()   # waiting for the running job
+    gate.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert first.state == DONE and ran[0] == "slow"
+    time.sleep(0.05)
+    assert all(j.state == DONE for j in queued) and len(ran) <= 1 + 5
+    n = len(ran)
+    time.sleep(0.05)
+    assert len(ran) == n       # nothing of the batch runs after close
+
+
+def test_wait_runs_a_job_nobody_started_on_the_caller():
+    batch = Batch(2)
+    try:
+        # keep the helper busy, then queue a job: waiting for it runs it here
+        gate = threading.Event()
+        busy = Job(gate.wait, (5,))
+        batch.submit(busy)
+        here = Job(threading.current_thread, ())
+        batch.submit(here)
+        for _ in range(100):
+            if busy.state != 0:
+                break
+            time.sleep(0.01)
+        batch.wait(here)
+        assert here.result is threading.current_thread()
+        gate.set()
+        batch.wait(busy)
+    finally:
+        batch.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_helpers():
+    run_jobs([(lambda: None,)] * 4, 2, elems=[SHARED_MIN_ELEMS] * 4)
+    pid = os.fork()
+    if pid == 0:   # the child has none of the parent's threads: the jobs must still run
+        code = 1
+        try:
+            out = []
+            run_jobs([(out.append, k) for k in range(6)], 2, elems=[SHARED_MIN_ELEMS] * 6)
+            code = 0 if sorted(out) == list(range(6)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_batch_uses_no_more_helpers_than_it_asked_for():
+    run_jobs([(lambda: None,)] * 6, 4, elems=[SHARED_MIN_ELEMS] * 6)   # three helpers exist now
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def job():
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.01)
+        with lock:
+            now[0] -= 1
+
+    batch = Batch(2)
+    try:
+        jobs = [Job(job, ()) for _ in range(12)]
+        for j in jobs:
+            batch.submit(j)
+        time.sleep(0.05)   # the helpers alone, before the caller joins in
+        for j in jobs:
+            batch.wait(j)
+    finally:
+        batch.close()
+    assert most[0] <= 2   # one helper and the caller
