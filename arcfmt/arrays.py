@@ -56,7 +56,7 @@ def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:
 
 # ------------------------------------------------------------------------------ memory-mapped input
 
-_PAGE = _mmap.PAGESIZE
+PAGE = _mmap.PAGESIZE  # a mapped array smaller than this holds no whole page to hand back
 _MADV_DONTNEED = 4
 _libc: _ctypes.CDLL | Literal[False] | None = None  # None: not looked up yet; False: no libc
 
@@ -101,7 +101,7 @@ def release(a: object) -> None:
     if fn is None:
         return
     addr = a.ctypes.data
-    start = (addr + _PAGE - 1) // _PAGE * _PAGE
-    end = (addr + a.nbytes) // _PAGE * _PAGE
+    start = (addr + PAGE - 1) // PAGE * PAGE
+    end = (addr + a.nbytes) // PAGE * PAGE
     if end > start:
         fn(_ctypes.c_void_p(start), _ctypes.c_size_t(end - start), _ctypes.c_int(_MADV_DONTNEED))

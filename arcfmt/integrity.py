@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 import xxhash
 
-from .arrays import is_mapped, release
+from .arrays import PAGE, is_mapped, release
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -27,7 +27,7 @@ def tensor_hash(u: np.ndarray) -> int:
     checkpoint larger than RAM keeps a small resident set.
     """
     flat = np.ascontiguousarray(u).reshape(-1)
-    if not is_mapped(flat):
+    if flat.nbytes < PAGE or not is_mapped(flat):   # less than a page: none to hand back
         return xxhash.xxh3_64_intdigest(flat.data.cast("B"))
     raw = flat.view(np.uint8)
     h = xxhash.xxh3_64()

@@ -371,7 +371,8 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
                      stream_count: Callable[[int, list[int]], int]) -> BlockFields:
     """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
     prefixed with ``what``."""
-    buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
+    # read in place: a block's payload holds its stream data too (megabytes), which a copy would move
+    buf = payload if isinstance(payload, (bytes, bytearray)) else memoryview(payload).cast("B")
     n = len(buf)
     tensor, pos = _varint_at(buf, 0, what)
     block, pos = _varint_at(buf, pos, what)

@@ -29,7 +29,7 @@ import xxhash
 
 from . import backend, encodings, records
 from . import layout as L
-from .arrays import as_uint, is_mapped, release
+from .arrays import PAGE, as_uint, is_mapped, release
 from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
@@ -172,7 +172,8 @@ class _Tensor:
 
     def __init__(self, item: Item, out: TensorOutput[Any]) -> None:
         self.item, self.out = item, out
-        self.mapped = is_mapped(item.base_u)  # its blocks' base pages are handed back once decoded
+        base = item.base_u   # its blocks' base pages are handed back once decoded
+        self.mapped = base is not None and base.nbytes >= PAGE and is_mapped(base)
         self.single = item.th.block_count == 1
         self.hash: xxhash.xxh3_64 | None = None if self.single else xxhash.xxh3_64()
         self.left = item.th.block_count

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -316,19 +316,21 @@ def build_block(tensor: int, block: int, enc: encodings.EncodedBlock, coded: Seq
 def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, where: str,
                 expected_encoding: int | None = None) -> BlockInfo:
     """Parse and check a BLCK header and stream table against the tensor it belongs to."""
-    start, stop = th.block_range(block)
-    lengths: list[int] = []
-    found: list[encodings.Encoding] = []   # the block's encoding, looked up once
+    m = th.block_len(block)
+    dt = th.dtype
+    found: list[Any] = []   # the block's encoding (looked up and checked once), then its stream lengths
 
     def param_count(encoding: int, head: list[int]) -> int:
         if not head:
             enc = encodings.get(encoding)
-            enc.check_dtype(th.dtype)
-            found[:] = [enc]
-        return found[0].param_count(head)
+            enc.check_dtype(dt)
+            found.append(enc)
+        n: int = found[0].param_count(head)
+        return n
 
     def stream_count(encoding: int, params: list[int]) -> int:
-        lengths[:] = found[0].stream_lengths(th.dtype, params, stop - start)
+        lengths = found[0].stream_lengths(dt, params, m)
+        found.append(lengths)
         return len(lengths)
 
     try:
@@ -340,7 +342,7 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
                            f"expected tensor {tensor} block {block}")
     if expected_encoding is not None and head.encoding != expected_encoding:
         raise CorruptError(f"{where}: encoding {head.encoding} differs from the index ({expected_encoding})")
-    enc = encodings.get(head.encoding)
+    enc, lengths = found
     if enc.needs_base and not th.needs_base:
         raise CorruptError(f"{where}: encoding {enc.name} needs a base, "
                            f"but tensor {th.name!r} has none")
@@ -354,7 +356,7 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     if head._end + total != len(payload):
         raise CorruptError(f"{where}: BLCK streams hold {total} bytes but the payload has "
                            f"{len(payload) - head._end} after the stream table")
-    return BlockInfo(head.tensor, head.block, head.encoding, list(head.params), streams, head._end)
+    return BlockInfo(head.tensor, head.block, head.encoding, head.params, streams, head._end)
 
 
 def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> list[BytesLike]:

@@ -13,6 +13,7 @@ order-preserving integers) and the encoder's choices.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -86,16 +87,16 @@ def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
         if not prev < t <= top:
             raise CorruptError(f"ctx-delta thresholds {p.thresholds} not strictly increasing within 1..{top}")
         prev = t
-    c = p.changed
+    c = sum(p.counts)
     if not 1 <= c <= m:
         raise CorruptError(f"ctx-delta changed count {c} outside 1..{m}")
-    if any(r > MAX_RICE for r in p.rice):
+    if max(p.rice) > MAX_RICE:
         raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
     if not c <= p.qbits <= m:
         raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
     if not 1 <= p.mag_width <= dt.itemsize:
         raise CorruptError(f"ctx-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
-    rbits = sum(ck * r for ck, r in zip(p.counts, p.rice))
+    rbits = sum(map(operator.mul, p.counts, p.rice))
     return [(p.qbits + 7) // 8, (rbits + 7) // 8, (c + 7) // 8, c * p.mag_width]
 
 
