@@ -20,7 +20,6 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -34,7 +33,7 @@ from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .layout import BytesLike
-from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job
+from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job, run_jobs
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -416,13 +415,7 @@ class StagedSink:
         """Write the staged changes into the live arrays (no check can fail any more); the compiled
         scatter runs without the GIL, so ``workers`` threads write different tensors at once."""
         scatter = backend.selected().scatter
-        if workers > 1 and len(changes) > 1:
-            with ThreadPoolExecutor(workers, thread_name_prefix="arcfmt-apply") as pool:
-                for f in [pool.submit(scatter, self.live[c.name], c.index, c.values) for c in changes]:
-                    f.result()
-            return
-        for c in changes:
-            scatter(self.live[c.name], c.index, c.values)
+        run_jobs([(scatter, self.live[c.name], c.index, c.values) for c in changes], workers)
 
 
 class _StagedTensor:
