@@ -372,7 +372,11 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
     """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
     prefixed with ``what``."""
     # read in place: a block's payload holds its stream data too (megabytes), which a copy would move
-    buf = payload if isinstance(payload, (bytes, bytearray)) else memoryview(payload).cast("B")
+    if isinstance(payload, (bytes, bytearray)):
+        buf: BytesLike = payload
+    else:
+        mv = memoryview(payload)
+        buf = mv.cast("B") if mv.c_contiguous else mv.tobytes()
     n = len(buf)
     tensor, pos = _varint_at(buf, 0, what)
     block, pos = _varint_at(buf, pos, what)

@@ -2,9 +2,10 @@
 
 Why helpers that stay: starting and joining threads for every decode, base check or encoder batch
 cost about 0.3 ms a call (a third of a millisecond on a 13.7 MB model's 7 ms decode), and a
-``ThreadPoolExecutor`` per call as much again. The helpers wait on one condition; each caller's jobs
-form a :class:`Batch`, which the caller also works through itself while it waits, so every core
-decodes and nobody hands small jobs across threads for nothing.
+``ThreadPoolExecutor`` per call as much again. Each caller's jobs form a :class:`Batch`, which the
+caller also works through itself while it waits, so every core decodes and nobody hands small jobs
+across threads for nothing. One lock guards every job's state; idle helpers wait on one condition of
+it (woken one at a time, for one queued job), callers on another (woken when a job finishes).
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ NEW, RUNNING, DONE = 0, 1, 2
 class Job:
     """``fn(*args)`` run once, on whichever thread takes it; its ``result`` or ``error`` stays here."""
 
-    __slots__ = ("fn", "args", "state", "error", "result", "batch")
+    __slots__ = ("fn", "args", "state", "error", "result", "batch", "thread")
 
     def __init__(self, fn: Callable[..., object], args: tuple[object, ...]) -> None:
         self.fn, self.args, self.state = fn, args, NEW
         self.error: BaseException | None = None
         self.result: object = None
-        self.batch: Batch | None = None
+        self.batch: Batch | None = None   # set when it is queued for the helpers
+        self.thread = 0                   # the thread running it (ident), while it runs
 
     def run(self) -> None:
         try:
@@ -43,21 +45,23 @@ class _Helpers:
     """The process's helper threads and the one queue they take jobs from (any caller's)."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)   # idle helpers: a job was queued or a batch has room
+        self.done = threading.Condition(self.lock)   # callers: a job finished
         self.queue: deque[Job] = deque()
         self.threads: list[threading.Thread] = []
 
     def ensure(self, n: int) -> None:
-        """At least ``n`` helpers (they are never stopped: idle, they wait on the condition)."""
-        with self.cond:
+        """At least ``n`` helpers (they are never stopped: idle, they wait on ``work``)."""
+        with self.lock:
             while len(self.threads) < n:
                 t = threading.Thread(target=self._loop, name=f"arcfmt-helper-{len(self.threads)}", daemon=True)
-                self.threads.append(t)
                 t.start()
+                self.threads.append(t)
 
     def take(self) -> Job | None:
         """The oldest job nobody started whose batch has fewer helpers on it than it asked for,
-        marked running (the caller holds ``cond``)."""
+        marked running (the caller holds the lock)."""
         q = self.queue
         while q and q[0].state != NEW:
             q.popleft()
@@ -72,30 +76,37 @@ class _Helpers:
         return None
 
     def _loop(self) -> None:
-        cond = self.cond
         while True:
-            with cond:
+            with self.lock:
                 job = self.take()
                 while job is None:
-                    cond.wait()
+                    self.work.wait()
                     job = self.take()
-            job.run()
-            _finish(job, helped=True)
+            try:
+                job.run()
+            finally:
+                _finish(job, helped=True)
 
 
 def _start(job: Job) -> None:
     job.state = RUNNING
+    job.thread = threading.get_ident()
     if job.batch is not None:
-        job.batch.running += 1
+        job.batch.running.add(job)
 
 
 def _finish(job: Job, helped: bool = False) -> None:
-    with _helpers.cond:
+    """A queued job (of a batch) is done: its batch's counts, then whoever waits."""
+    batch = job.batch
+    assert batch is not None
+    h = batch.helpers
+    with h.lock:
         job.state = DONE
-        if job.batch is not None:
-            job.batch.running -= 1
-            job.batch.helping -= helped
-        _helpers.cond.notify_all()
+        batch.running.discard(job)
+        if helped:
+            batch.helping -= 1
+            h.work.notify()   # the batch has room for one more helper: a queued job of it may go
+        h.done.notify_all()
 
 
 _helpers = _Helpers()
@@ -115,15 +126,16 @@ class Batch:
 
     :meth:`submit` queues a job for the helpers (or runs it at once, unshared); :meth:`wait` returns
     once a job is done, running it — or another of this batch's jobs nobody started — on the calling
-    thread meanwhile; :meth:`close` drops the batch's jobs nobody started and waits for its running
-    ones, so no job of it touches anything after ``close`` returns."""
+    thread meanwhile; :meth:`close` drops the batch's jobs nobody started and waits for those running
+    on other threads, so no job of it touches anything after ``close`` returns."""
 
     def __init__(self, workers: int) -> None:
         self.shared = workers > 1
-        self.limit = workers - 1   # helpers on this batch's jobs at once: ``workers`` threads in all
+        self.limit = workers - 1        # helpers on this batch's jobs at once: ``workers`` threads in all
         self.mine: deque[Job] = deque()
-        self.running = 0           # of its jobs, on any thread
-        self.helping = 0           # of its jobs, on helpers
+        self.running: set[Job] = set()  # of its jobs, on any thread
+        self.helping = 0                # of them, on helpers
+        self.helpers = _helpers         # a batch made before a fork has no helpers in the child
         if self.shared:
             _helpers.ensure(workers - 1)
 
@@ -134,11 +146,11 @@ class Batch:
             job.state = DONE
             return
         job.batch = self
-        h = _helpers
-        with h.cond:
+        h = self.helpers
+        with h.lock:
             h.queue.append(job)
             self.mine.append(job)
-            h.cond.notify()
+            h.work.notify()
 
     def _take(self, job: Job) -> Job | None:
         """``job`` itself if nobody started it, else another of this batch's; marked running."""
@@ -160,54 +172,63 @@ class Batch:
                 job.run()
                 job.state = DONE
             return
-        cond = _helpers.cond
+        h = self.helpers
+        if h is not _helpers:
+            raise RuntimeError("a batch started before fork() is waited on in the child")
         while True:
-            with cond:
+            with h.lock:
                 if job.state == DONE:
                     return
                 mine = self._take(job)
                 if mine is None:
-                    cond.wait()
+                    h.done.wait()
                     continue
-            mine.run()
-            _finish(mine)
+            try:
+                mine.run()
+            finally:
+                _finish(mine)
 
     def close(self) -> None:
-        cond = _helpers.cond
-        with cond:
+        h = self.helpers
+        if h is not _helpers:   # in a forked child: the threads that ran its jobs are not here
+            return
+        me = threading.get_ident()
+        with h.lock:
             for j in self.mine:
                 if j.state == NEW:
-                    j.state = DONE   # dropped: the helpers skip it
+                    j.state = DONE   # dropped
             self.mine.clear()
-            while self.running:
-                cond.wait()
+            if any(j.batch is self for j in h.queue):
+                h.queue = deque(j for j in h.queue if j.batch is not self)
+            # wait for its jobs on other threads; one on this thread is the caller's own, abandoned
+            # (an interrupt between taking and running it) or below us on this stack
+            while any(j.thread != me for j in self.running):
+                h.done.wait()
 
 
 def run_jobs(jobs: Sequence[tuple[Any, ...]], workers: int, elems: Sequence[int] | None = None) -> None:
     """Run ``(fn, *args)`` jobs on the calling thread and ``workers − 1`` helpers.
 
     ``elems`` (one count per job, optional): jobs on fewer than SHARED_MIN_ELEMS elements run on the
-    calling thread alone, while the helpers start on the others. The first error (in job order) is
-    raised once every started job has finished; jobs after a failed one may not run.
+    calling thread alone (first, while the helpers start on the others). An error is raised once no
+    job is running on another thread; jobs not yet started then do not run: an error of a job run
+    here at once, one of a shared job when its turn comes (in job order).
     """
     batch = Batch(workers)
-    started: list[Job] = []
     try:
-        small: list[Job] = []
+        shared: list[Job] = []
+        small: list[tuple[Any, ...]] = []
         for k, (fn, *args) in enumerate(jobs):
-            job = Job(fn, tuple(args))
-            if elems is not None and elems[k] < SHARED_MIN_ELEMS or not batch.shared:
-                small.append(job)
-            else:
+            if batch.shared and (elems is None or elems[k] >= SHARED_MIN_ELEMS):
+                job = Job(fn, tuple(args))
                 batch.submit(job)
-            started.append(job)
-        for job in small:
+                shared.append(job)
+            else:
+                small.append((fn, *args))
+        for fn, *args in small:
+            fn(*args)
+        for job in shared:
             batch.wait(job)
-            if job.error is not None:
-                break
-        for job in started:
-            if job.state != DONE:
-                batch.wait(job)
             if job.error is not None:
                 raise job.error
     finally:

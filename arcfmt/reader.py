@@ -11,7 +11,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -210,30 +210,34 @@ class DeltaReader:
         """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
         (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
-        and a memory map's page faults run outside the GIL); the first failure in file order wins."""
+        and a memory map's page faults run outside the GIL); the first failure in the order of
+        ``names`` (file order when None) wins."""
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
+            self.header(n)
         base = {} if base is None else base
-        # A large base is handed to the helpers as soon as its header is read, the small ones are
-        # hashed here afterwards (a job per small tensor would cost more than its hash). Every header
-        # is checked before any base's result is looked at, and the first failure in file order wins.
+        args = [(self.header(n), base.get(n) if self.header(n).needs_base else None) for n in wanted]
+        # the large bases are hashed by the helpers, the small ones meanwhile here (a job per small
+        # tensor would cost more than its hash); the first failure in the order of ``wanted`` wins
         batch = Batch(workers)
         try:
-            jobs = []
-            for n in wanted:
-                th = self.header(n)
-                b = base.get(n) if th.needs_base else None
-                job = Job(pipeline.check_base, (th, b))
-                if b is not None and th.size >= SHARED_MIN_ELEMS:
-                    batch.submit(job)
-                jobs.append(job)
+            jobs: dict[int, Job] = {}
+            if batch.shared:
+                for i, (th, b) in enumerate(args):
+                    if b is not None and th.size >= SHARED_MIN_ELEMS:
+                        jobs[i] = Job(pipeline.check_base, (th, b))
+                        batch.submit(jobs[i])
             bases = {}
-            for n, job in zip(wanted, jobs):
+            for i, n in enumerate(wanted):
+                if i not in jobs:
+                    bases[n] = pipeline.check_base(*args[i])
+                    continue
+                job = jobs[i]
                 batch.wait(job)
                 if job.error is not None:
                     raise job.error
-                bases[n] = job.result
+                bases[n] = cast("np.ndarray | None", job.result)
         finally:
             batch.close()
         whole = set(wanted) == set(self.names)

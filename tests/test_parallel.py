@@ -149,3 +149,83 @@ def test_a_batch_uses_no_more_helpers_than_it_asked_for():
     finally:
         batch.close()
     assert most[0] <= 2   # one helper and the caller
+
+
+def test_a_job_queued_while_another_caller_waits_starts_on_an_idle_helper():
+    """Helpers and callers wait on separate conditions: a caller of another batch never swallows the
+    wake-up meant for an idle helper."""
+    from arcfmt import parallel
+
+    n = max(1, len(parallel._helpers.threads))
+    gate = threading.Event()
+    a = Batch(n + 1)
+    busy = [Job(gate.wait, (5,)) for _ in range(n)]
+    for j in busy:              # every helper there is now busy
+        a.submit(j)
+    for _ in range(500):
+        if all(j.state != 0 for j in busy):
+            break
+        time.sleep(0.002)
+    waiter = threading.Thread(target=a.wait, args=(busy[0],))
+    waiter.start()              # a caller waits ...
+    time.sleep(0.05)
+    b = Batch(n + 2)            # ... before a new helper starts waiting for work
+    time.sleep(0.05)
+    started = threading.Event()
+    quick = Job(started.set, ())
+    b.submit(quick)
+    try:
+        assert started.wait(1), "the idle helper never took the job"
+    finally:
+        gate.set()
+        waiter.join(5)
+        b.wait(quick)
+        a.close()
+        b.close()
+
+
+def test_close_from_inside_one_of_the_batchs_own_jobs_returns():
+    """A decode generator finalized (e.g. by the garbage collector) on a helper that runs one of its own
+    jobs closes its batch there: close() must not wait for the job it is called from."""
+    batch = Batch(2)
+    out = []
+
+    def job():
+        batch.close()
+        out.append("closed")
+
+    j = Job(job, ())
+    batch.submit(j)
+    for _ in range(200):
+        if j.state == DONE:
+            break
+        time.sleep(0.01)
+    assert j.state == DONE and out == ["closed"] and j.error is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_batch_runs_can_close_it():
+    gate = threading.Event()
+    batch = Batch(2)
+    job = Job(gate.wait, (5,))
+    batch.submit(job)
+    time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:   # the helper running the job is not in the child: close() must not wait for it
+        try:
+            batch.close()
+        finally:
+            os._exit(0)
+    try:
+        for _ in range(500):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            raise AssertionError("the child hung in close()")
+    finally:
+        gate.set()
+        batch.wait(job)
+        batch.close()

@@ -90,7 +90,7 @@ def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
     c = sum(p.counts)
     if not 1 <= c <= m:
         raise CorruptError(f"ctx-delta changed count {c} outside 1..{m}")
-    if max(p.rice) > MAX_RICE:
+    if max(p.rice, default=0) > MAX_RICE:
         raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
     if not c <= p.qbits <= m:
         raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
