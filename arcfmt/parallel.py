@@ -39,13 +39,17 @@ class Job:
             self.result = self.fn(*self.args)
         except BaseException as exc:  # noqa: BLE001 - raised by the caller, in order
             self.error = exc
+        finally:
+            self.fn = self.args = None  # type: ignore[assignment]  # a finished job holds no buffers
 
 
 class _Helpers:
     """The process's helper threads and the one queue they take jobs from (any caller's)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # an RLock only so close() can tell it was called inside the lock (a GC finalizer or a signal
+        # handler on a thread in take()/_finish()/...): it is never taken twice
+        self.lock = threading.RLock()
         self.work = threading.Condition(self.lock)   # idle helpers: a job was queued or a batch has room
         self.done = threading.Condition(self.lock)   # callers: a job finished
         self.queue: deque[Job] = deque()
@@ -104,12 +108,17 @@ def _finish(job: Job, helped: bool = False) -> None:
         job.state = DONE
         batch.running.discard(job)
         if helped:
-            batch.helping -= 1
-            h.work.notify()   # the batch has room for one more helper: a queued job of it may go
+            batch.helping -= 1   # the helper finishing this takes the freed slot itself, next
         h.done.notify_all()
 
 
 _helpers = _Helpers()
+
+
+def _interrupted(job: Job) -> None:
+    """A Ctrl-C (or exit) caught in a job run on the calling thread goes on at once, not in job order."""
+    if job.error is not None and not isinstance(job.error, Exception):
+        raise job.error
 
 
 def _after_fork() -> None:  # a forked child has none of the parent's threads
@@ -144,20 +153,29 @@ class Batch:
             job.state = RUNNING
             job.run()
             job.state = DONE
+            _interrupted(job)
             return
-        job.batch = self
         h = self.helpers
+        if h is not _helpers:
+            raise RuntimeError("a batch started before fork() is used in the child")
+        job.batch = self
         with h.lock:
-            h.queue.append(job)
+            q = h.queue
+            while q and q[0].state != NEW:   # jobs callers ran themselves
+                q.popleft()
+            q.append(job)
             self.mine.append(job)
-            h.work.notify()
+            if self.helping < self.limit:   # at its limit, its own helpers take it when done
+                h.work.notify()
 
     def _take(self, job: Job) -> Job | None:
         """``job`` itself if nobody started it, else another of this batch's; marked running."""
+        mine = self.mine
+        while mine and mine[0].state != NEW:   # started or done: only NEW ones matter here
+            mine.popleft()
         if job.state == NEW:
             _start(job)
             return job
-        mine = self.mine
         while mine:
             j = mine.popleft()
             if j.state == NEW:
@@ -187,10 +205,22 @@ class Batch:
                 mine.run()
             finally:
                 _finish(mine)
+            _interrupted(mine)
 
     def close(self) -> None:
+        if not self.shared:     # nothing of it was ever queued
+            return
         h = self.helpers
         if h is not _helpers:   # in a forked child: the threads that ran its jobs are not here
+            return
+        if h.lock._is_owned():  # type: ignore[attr-defined]
+            # a finalizer (the GC finalizing an abandoned decode generator, a signal handler) on a
+            # thread inside the lock: taking it again would deadlock, and so would waiting (jobs
+            # finishing elsewhere need the lock). Drop what nobody started -- states only, nothing the
+            # interrupted code may be iterating is restructured -- and return.
+            for j in self.mine:
+                if j.state == NEW:
+                    j.state = DONE
             return
         me = threading.get_ident()
         with h.lock:

@@ -229,3 +229,32 @@ def test_a_child_forked_while_a_batch_runs_can_close_it():
         gate.set()
         batch.wait(job)
         batch.close()
+
+
+def test_close_on_a_thread_inside_the_helpers_lock_returns():
+    """The garbage collector can finalize an abandoned decode generator on a thread that holds the
+    helpers' lock: its close() must drop what nobody started and return, not wait on that lock."""
+    from arcfmt import parallel
+
+    gate = threading.Event()
+    batch = Batch(2)
+    running = Job(gate.wait, (5,))
+    batch.submit(running)
+    for _ in range(500):
+        if running.state != 0:
+            break
+        time.sleep(0.002)
+    queued = Job(lambda: None, ())
+    batch.submit(queued)
+    done = []
+    closer = threading.Thread(target=lambda: (parallel._helpers.lock.acquire(), batch.close(),
+                                              parallel._helpers.lock.release(), done.append(1)), daemon=True)
+    closer.start()
+    closer.join(2)
+    try:
+        assert done == [1], "close() inside the lock hung"
+        assert queued.state == DONE
+    finally:
+        gate.set()
+        batch.wait(running)
+        batch.close()
