@@ -16,6 +16,7 @@ before ``commit``.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import threading
 from collections import deque
@@ -188,6 +189,47 @@ def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], ba
         post(b, arr, changed)
 
 
+# Blocks a tensor's loaders read and check ahead, back to back on the calling thread, at most (and at
+# most AHEAD_BYTES of their payloads): Python run right after a block's kernel finds the caches cold
+# (measured on a 1.41 GB shard: a block's load held the GIL 91 µs there against 21 µs back to back).
+AHEAD_BLOCKS = 8
+AHEAD_BYTES = 16 << 20
+
+
+def _given(loaded: Loaded) -> Loaded:
+    return loaded
+
+
+def _failed(exc: Exception) -> Loaded:
+    raise exc
+
+
+def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[[], Loaded]]:
+    """``loaders``, each already called: up to AHEAD_BLOCKS at a time, before any of them is decoded.
+    A loader's failure is handed to its own block's job (raised in block order, as if loaded there),
+    and the blocks after it are loaded where they are decoded, as before."""
+    it = iter(loaders)
+    while True:
+        batch: list[Callable[[], Loaded]] = []
+        held = 0
+        while len(batch) < AHEAD_BLOCKS and held < AHEAD_BYTES:
+            try:
+                load = next(it)
+                loaded = load()
+            except StopIteration:
+                break
+            except Exception as exc:  # noqa: BLE001 - raised by the block's job, in order
+                yield from batch
+                yield functools.partial(_failed, exc)
+                yield from it
+                return
+            held += len(loaded[1])
+            batch.append(functools.partial(_given, loaded))
+        if not batch:
+            return
+        yield from batch
+
+
 def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         window: int | None = None) -> Iterator[_T]:
     """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
@@ -250,7 +292,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             if th.block_count == 0:
                 verify_hash(th, tensor_hash(np.empty(0, th.dtype.uint)))
                 ready.append(t.out.commit())
-            for b, load in enumerate(item.loaders):
+            for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
                 enc = None if item.encodings is None else item.encodings[b]

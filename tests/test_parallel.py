@@ -258,3 +258,32 @@ def test_close_on_a_thread_inside_the_helpers_lock_returns():
         gate.set()
         batch.wait(running)
         batch.close()
+
+
+def test_blocks_loaded_ahead_fail_in_block_order():
+    """The pipeline loads a tensor's blocks ahead of decoding them (warm caches for the Python); a
+    loader's failure must still reach its own block's job, after the blocks before it, and the
+    blocks after it are loaded only where they are decoded."""
+    from arcfmt import pipeline
+
+    calls = []
+
+    def ok(b):
+        def load():
+            calls.append(b)
+            return (b, memoryview(b"x"))
+        return load
+
+    def bad():
+        calls.append("bad")
+        raise ValueError("block 2 is damaged")
+
+    out = list(pipeline._loaded_ahead([ok(0), ok(1), bad, ok(3), ok(4)]))
+    assert calls == [0, 1, "bad"]                       # read ahead, stopped at the failure
+    assert [f()[0] for f in out[:2]] == [0, 1]
+    with pytest.raises(ValueError, match="block 2"):
+        out[2]()
+    assert [f()[0] for f in out[3:]] == [3, 4]          # loaded now, where they are decoded
+    assert calls[-2:] == [3, 4]
+    many = list(pipeline._loaded_ahead([ok(i) for i in range(20)]))
+    assert len(many) == 20 and [f()[0] for f in many] == list(range(20))
