@@ -20,15 +20,16 @@ class DType:
     exp_bits: int = 0
     mant_bits: int = 0
     numpy: np.dtype = field(kw_only=True)  # every entry has one: a keyword, after the defaulted bit counts
+    # The unsigned integer dtype of the same width: the view every transform works on (made once:
+    # the per-block code asks for it many times).
+    uint: np.dtype[np.unsignedinteger[Any]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uint", np.dtype(f"<u{self.itemsize}"))
 
     @property
     def is_float(self) -> bool:
         return self.kind == "float"
-
-    @property
-    def uint(self) -> np.dtype[np.unsignedinteger[Any]]:
-        """The unsigned integer dtype of the same width: the view every transform works on."""
-        return np.dtype(f"<u{self.itemsize}")
 
 
 _TABLE = [

@@ -150,10 +150,11 @@ def scatter(flat, index, values) -> None:
     _scatter(flat, index, values)
 
 
-def exponent_counts(dt, sample, changed):
-    """Elements of ``sample`` and of ``changed`` per exponent field value."""
+def exponent_counts(dt, sample, base, positions):
+    """Elements of ``sample`` and of ``base[positions]`` per exponent field value (the gather runs in
+    the kernel: numpy's would hold the GIL)."""
     size = 1 << dt.exp_bits
-    return _exponent_counts(sample, changed, dt.mant_bits, size - 1, size)
+    return _exponent_counts(sample, base, positions, dt.mant_bits, size - 1, size)
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
@@ -216,22 +217,22 @@ def _bytes_array(buf) -> np.ndarray:
 # ------------------------------------------------------------------------------------ the kernels
 
 @_jit
-def _exponent_counts(base, changed, shift, emask, size):
-    """Elements of ``base`` and of ``changed`` per exponent field value (four sub-histograms: no
-    store stalls)."""
+def _exponent_counts(sample, base, positions, shift, emask, size):
+    """Elements of ``sample`` and of ``base[positions]`` per exponent field value (four
+    sub-histograms: no store stalls)."""
     sub = np.zeros((4, size), np.int64)
-    m4 = base.size - base.size % 4
+    m4 = sample.size - sample.size % 4
     for i in range(0, m4, 4):
-        sub[0, (base[i] >> shift) & emask] += 1
-        sub[1, (base[i + 1] >> shift) & emask] += 1
-        sub[2, (base[i + 2] >> shift) & emask] += 1
-        sub[3, (base[i + 3] >> shift) & emask] += 1
-    for i in range(m4, base.size):
-        sub[0, (base[i] >> shift) & emask] += 1
+        sub[0, (sample[i] >> shift) & emask] += 1
+        sub[1, (sample[i + 1] >> shift) & emask] += 1
+        sub[2, (sample[i + 2] >> shift) & emask] += 1
+        sub[3, (sample[i + 3] >> shift) & emask] += 1
+    for i in range(m4, sample.size):
+        sub[0, (sample[i] >> shift) & emask] += 1
     ne = sub[0] + sub[1] + sub[2] + sub[3]
     ce = np.zeros(size, np.int64)
-    for x in changed:
-        ce[(x >> shift) & emask] += 1
+    for p in positions:
+        ce[(base[p] >> shift) & emask] += 1
     return ne, ce
 
 

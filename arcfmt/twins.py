@@ -38,13 +38,13 @@ def scatter(flat, index, values) -> None:
     flat[index] = values
 
 
-def exponent_counts(dt, sample, changed):
-    """Elements of ``sample`` and of ``changed`` per exponent field value."""
+def exponent_counts(dt, sample, base, positions):
+    """Elements of ``sample`` and of ``base[positions]`` per exponent field value."""
     size = 1 << dt.exp_bits
     ne = np.zeros(size, np.int64)
     for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
         ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
-    ce = np.bincount(exponent_field(dt, changed), minlength=size)
+    ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
     return ne, ce
 
 

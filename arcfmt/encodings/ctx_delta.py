@@ -158,7 +158,7 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
         return []
     be = backend.selected()
     stride = _HIST_STRIDE if base.size >= _CHUNK else 1
-    ne, ce = be.exponent_counts(dt, base[::stride], base[positions])
+    ne, ce = be.exponent_counts(dt, base[::stride], base, positions)
     ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
     return be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
 
