@@ -230,16 +230,26 @@ def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[
         yield from batch
 
 
+# Blocks decoded or in flight but not yet completed (hashed in order, handed to the sink) at most: a
+# block run on this thread (under SHARED_MIN_ELEMS elements) is done at once but waits behind an older
+# shared one; this bounds what such blocks hold (staging sinks: at most 64 blocks of under 1 MiB).
+MAX_PENDING = 64
+
+
 def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         window: int | None = None) -> Iterator[_T]:
     """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
 
-    On any failure nothing more is committed, every thread has stopped touching the sink's buffers,
-    and the error is raised. The sink's own ``finish()`` (if any) runs after the last commit.
+    ``window``: shared blocks (those other threads may take) in flight at most (default twice
+    ``workers``); blocks small enough to run here go on meanwhile, so this thread decodes small
+    tensors while helpers decode large ones. On any failure nothing more is committed, every thread
+    has stopped touching the sink's buffers, and the error is raised. The sink's own ``finish()``
+    (if any) runs after the last commit.
     """
     pool = Batch(workers)
     threads = pool.shared
     window = window or max(2, 2 * workers)
+    shared_pending = [0]  # of ``pending``, the blocks submitted to be shared
     # A sink whose buffers are a bounded resource (a file's write windows) says how many bytes of
     # blocks may be in flight at once: past that, the oldest are completed before the next is taken.
     cap = getattr(sink, "in_flight_bytes", None)
@@ -250,6 +260,8 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     def complete_one() -> None:
         t, b, job, arr, base_block, hashed = pending.popleft()
         in_flight[0] -= arr.nbytes
+        if job.batch is not None:
+            shared_pending[0] -= 1
         pool.wait(job)
         if job.error is not None:
             raise job.error
@@ -309,7 +321,10 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                     pending.append((t, b, job, arr, base_block, hashed))
                     in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)
-                    while pending and (len(pending) >= window or pending[0][2].state == DONE):
+                    if job.batch is not None:
+                        shared_pending[0] += 1
+                    while pending and (pending[0][2].state == DONE or shared_pending[0] >= window
+                                       or len(pending) >= MAX_PENDING):
                         complete_one()
                 if ready:
                     yield from _flush(ready)

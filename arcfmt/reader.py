@@ -25,6 +25,8 @@ from .errors import (
 )
 from .parallel import SHARED_MIN_ELEMS, Batch, Job
 
+DECODE_WINDOW_PER_WORKER = 8  # shared blocks in flight per thread in a decode into new arrays
+
 # --------------------------------------------------------------------------------------- sources
 
 class BufferSource:
@@ -295,7 +297,11 @@ class DeltaReader:
         headers = [self.header(n) for n in wanted]
         sink = pipeline.ArraySink(self.output_budget(headers), headers)
         order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together
-        done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers))
+        # more shared blocks in flight than run's default: their buffers are the arena, allocated
+        # already, so this costs only their loaded payloads, and the helpers never wait for this
+        # thread to hand them the next block (measured: decodes of the small models 4-9 % faster)
+        done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers,
+                                 window=DECODE_WINDOW_PER_WORKER * self.workers))
         from .api import as_framework
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)

@@ -287,3 +287,57 @@ def test_blocks_loaded_ahead_fail_in_block_order():
     assert calls[-2:] == [3, 4]
     many = list(pipeline._loaded_ahead([ok(i) for i in range(20)]))
     assert len(many) == 20 and [f()[0] for f in many] == list(range(20))
+
+
+def _stalled_big_then_small(monkeypatch, smalls: int, stall_s: float):
+    """Run the pipeline on one large tensor (shared) whose decode stalls until every small tensor
+    after it has decoded (or ``stall_s`` passes), then ``smalls`` small ones; the decode order."""
+    import numpy as np
+
+    from arcfmt import pipeline, records
+    from arcfmt.dtypes import from_name
+    from arcfmt.integrity import tensor_hash
+
+    bf16 = from_name("BF16")
+    zero_hash = {n: tensor_hash(np.zeros(n, np.uint16)) for n in (SHARED_MIN_ELEMS, 64)}
+    big = records.TensorHeader("big", bf16, (SHARED_MIN_ELEMS,), SHARED_MIN_ELEMS, None, zero_hash[SHARED_MIN_ELEMS])
+    small = [records.TensorHeader(f"s{i}", bf16, (64,), 64, None, zero_hash[64]) for i in range(smalls)]
+    order: list[str] = []
+    all_small = threading.Event()
+
+    def fake_decode(th, b, loaded, base_block, out, *, changes=False):
+        if th.name == "big":
+            all_small.wait(stall_s)
+            order.append("big")
+        else:
+            order.append(th.name)
+            if len(order) == smalls:
+                all_small.set()
+        out[:] = 0
+
+    monkeypatch.setattr(pipeline, "decode_block", fake_decode)
+    headers = [big, *small]
+    items = [pipeline.Item(h, None, [lambda: (None, memoryview(b""))]) for h in headers]
+    sink = pipeline.ArraySink(1 << 30, headers)
+    t0 = time.perf_counter()
+    names = [n for n, _ in pipeline.run(items, sink, workers=2, window=2)]
+    assert names == [h.name for h in headers]   # committed in item order whatever the decode order
+    return order, time.perf_counter() - t0
+
+
+def test_small_tensors_decode_here_while_a_shared_block_is_in_flight(monkeypatch):
+    """The window counts shared blocks only: the caller goes on with small tensors (each decoded on
+    this thread at once) while a helper decodes a large one, instead of waiting for it after the
+    first few (the helper then idled at the end while the caller did the small ones alone)."""
+    order, took = _stalled_big_then_small(monkeypatch, smalls=6, stall_s=10)
+    assert order == [f"s{i}" for i in range(6)] + ["big"] and took < 5
+
+
+def test_blocks_waiting_behind_a_shared_one_are_bounded(monkeypatch):
+    """At most MAX_PENDING blocks wait to be completed behind the oldest: past that the caller
+    waits for it (what done small blocks hold stays bounded)."""
+    from arcfmt import pipeline
+
+    monkeypatch.setattr(pipeline, "MAX_PENDING", 3)
+    order, _ = _stalled_big_then_small(monkeypatch, smalls=6, stall_s=0.3)
+    assert order.index("big") == 2   # the big block and two small ones pending: the caller waited
