@@ -217,31 +217,38 @@ class DeltaReader:
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
-            self.header(n)
         base = {} if base is None else base
-        args = [(self.header(n), base.get(n) if self.header(n).needs_base else None) for n in wanted]
-        # the large bases are hashed by the helpers, the small ones meanwhile here (a job per small
-        # tensor would cost more than its hash); the first failure in the order of ``wanted`` wins
+        # Tensor by tensor, its header then its base (the order of §12.1 step 6): a large base is
+        # handed to the helpers as soon as its header is read, the small ones are hashed here
+        # meanwhile (a job per small tensor would cost more than its hash). A failure here waits for
+        # the jobs before it, so the first failure in the order of ``wanted`` wins.
         batch = Batch(workers)
         try:
             jobs: dict[int, Job] = {}
-            if batch.shared:
-                for i, (th, b) in enumerate(args):
-                    if b is not None and th.size >= SHARED_MIN_ELEMS:
+            bases: dict[str, np.ndarray | None] = {}
+            failed: Exception | None = None
+            for i, n in enumerate(wanted):
+                try:
+                    th = self.header(n)
+                    b = base.get(n) if th.needs_base else None
+                    if batch.shared and b is not None and th.size >= SHARED_MIN_ELEMS:
                         jobs[i] = Job(pipeline.check_base, (th, b))
                         batch.submit(jobs[i])
-            bases = {}
-            for i, n in enumerate(wanted):
-                if i not in jobs:
-                    bases[n] = pipeline.check_base(*args[i])
-                    continue
-                job = jobs[i]
+                    else:
+                        bases[n] = pipeline.check_base(th, b)
+                except Exception as exc:  # noqa: BLE001 - raised once the jobs before it are done
+                    failed = exc
+                    break
+            for i, job in jobs.items():   # in the order of ``wanted``, all before the failure
                 batch.wait(job)
                 if job.error is not None:
                     raise job.error
-                bases[n] = cast("np.ndarray | None", job.result)
+                bases[wanted[i]] = cast("np.ndarray | None", job.result)
+            if failed is not None:
+                raise failed
         finally:
             batch.close()
+        bases = {n: bases[n] for n in wanted}
         whole = set(wanted) == set(self.names)
         if whole:
             self.check_digests()

@@ -341,3 +341,37 @@ def test_blocks_waiting_behind_a_shared_one_are_bounded(monkeypatch):
     monkeypatch.setattr(pipeline, "MAX_PENDING", 3)
     order, _ = _stalled_big_then_small(monkeypatch, smalls=6, stall_s=0.3)
     assert order.index("big") == 2   # the big block and two small ones pending: the caller waited
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_base_is_checked_right_after_its_own_header(workers):
+    """§12.1 step 6 tensor by tensor: a wrong base of a large tensor (hashed by a helper) is reported
+    before a damaged TENS record of a later tensor, and a later wrong base before nothing earlier."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import records
+    from arcfmt.errors import ReservedBitsError, WrongBaseError
+    from support.records import assemble, split, tens_payload
+
+    rng = np.random.default_rng(7)
+    big = rng.integers(0, 1 << 14, SHARED_MIN_ELEMS, dtype=np.uint16)
+    small = rng.integers(0, 1 << 14, 64, dtype=np.uint16)
+    base = {"a": big, "b": small}
+    target = {"a": big ^ np.uint16(1), "b": small ^ np.uint16(1)}
+    p = split(arcfmt.encode(base, target))
+    j = [i for i, r in enumerate(p.recs) if r.type == b"TENS"][1]
+    th = records.parse_tensor(p.recs[j].payload, "")
+    p.recs[j].payload = tens_payload(th.name.encode(), th.dtype.code, th.shape, th.block_elems, 3, th.base_hash,
+                                     th.target_hash)
+    damaged = assemble(p)
+    wrong_a = {"a": big ^ np.uint16(2), "b": small}
+    with pytest.raises(WrongBaseError, match="'a'"):
+        arcfmt.decode(wrong_a, damaged, workers=workers)
+    with pytest.raises(ReservedBitsError):
+        arcfmt.decode(base, damaged, workers=workers)
+    good = arcfmt.encode(base, target)
+    with pytest.raises(WrongBaseError, match="'b'"):
+        arcfmt.decode({"a": big, "b": small ^ np.uint16(2)}, good, workers=workers)
+    out = arcfmt.decode(base, good, workers=workers)
+    assert all(np.array_equal(v.view(np.uint16), target[k]) for k, v in out.items())

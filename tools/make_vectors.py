@@ -1213,6 +1213,16 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
                     "hash of another tensor: the duplicate is found before the base", ["7", "12.2"],
                     {"a": b, "b": b2}, _assemble_mod(write_delta({"a": b, "b": b2}, {"a": t, "b": t}), dup_wrong_base),
                     error="corrupt", modes=["stream"]))
+
+    def second_tens_flags(p):
+        j = [i for i, r in enumerate(p.recs) if r.type == L.TENS][1]
+        p.recs[j].payload = tp(records.parse_tensor(p.recs[j].payload, ""), flags=3)
+    V.append(Vector("n_wrong_base_then_reserved_tens_flags", "tensor a's base does not match, and the TENS record of "
+                    "tensor b, after it, has a reserved flag bit set: each tensor's base is checked right after its "
+                    "own TENS record, both ways (§12.1 step 6, §12.2 step 3), so a's base fails first",
+                    ["7", "12.1", "12.2", "12.3"], {"a": b2, "b": b},
+                    _assemble_mod(write_delta({"a": b, "b": b}, {"a": t, "b": t}), second_tens_flags),
+                    error="wrong_base"))
     # -- the streaming cross-check of the index (§12.2 step 6)
     n("n_index_tens_checksum_mismatch", "the index's checksum for the TENS record differs from the record's",
       ["10", "12.2"], assemble(split(good), index_fn=lambda ix: setattr(ix.entries[0], "tens_checksum",
@@ -2046,6 +2056,7 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_reserved_meta_flags", ["R-META-FLAGS"]), ("n_reserved_tens_flags", ["R-TENS-FLAGS"]),
     ("n_record_checksum", ["R-RECORD-CHECKSUM"]), ("n_unknown_critical_record", ["R-CRITICAL"]),
     ("n_record_type_not_letters*", ["R-RECORD-TYPE"]), ("n_*_then_wrong_base", ["R-CHECK-ORDER"]),
+    ("n_wrong_base_then_*", ["R-CHECK-ORDER", "R-BASE.HASH"]),
     ("n_first_record_not_meta*", ["R-RECORD-ORDER.FIRST-META"]),
     ("n_meta_replaced_by_note", ["R-RECORD-ORDER.FIRST-META"]),
     ("n_second_meta*", ["R-RECORD-ORDER.ONE-META"]),
