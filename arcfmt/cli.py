@@ -24,6 +24,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import FORMAT_VERSION, __version__
@@ -73,14 +74,26 @@ def _step_of(path: str | None):
     return int(m.group(1)) if m else None
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(total: int | Callable[[], int], desc: str, enabled: bool):
+    """``(update, close)`` of a progress bar on stderr (``update`` None when disabled). ``total`` may be
+    a function, called at the first update: a total that needs the file's headers is then known
+    without reading them ahead of the decoder's own checks (which read each header, then its base)."""
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
-               file=sys.stderr)
-    return bar.update, bar.close
+    bar = tqdm(total=None if callable(total) else total, desc=desc, unit="B", unit_scale=True,
+               unit_divisor=1024, leave=False, file=sys.stderr)
+    if not callable(total):
+        return bar.update, bar.close
+    sized: Callable[[], int] | None = total
+
+    def update(n: int) -> None:
+        nonlocal sized
+        if sized is not None:
+            bar.total, sized = sized(), None
+        bar.update(n)
+    return update, bar.close
 
 
 def _fmt_bytes(n: float) -> str:
@@ -388,8 +401,9 @@ def cmd_apply(args) -> int:
         if output is not None and _is_folder_path(output, [args.base]) and not open_checkpoint(args.base).is_dir:
             # one file into a folder: named after the step it is at (the base's own name would be wrong)
             output = _into_folder(output, _step_file(reader.target_step, args.base, ".safetensors"))
-        total = sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names)
-        update, close = _progress(total, "apply", args.progress)
+        update, close = _progress(
+            lambda: sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names),
+            "apply", args.progress)
         try:
             res = apply_delta(args.base, reader, output, in_place=args.in_place, workers=args.workers,
                               progress=update)

@@ -152,7 +152,8 @@ def scatter(flat, index, values) -> None:
 
 def exponent_counts(dt, sample, base, positions):
     """Elements of ``sample`` and of ``base[positions]`` per exponent field value (the gather runs in
-    the kernel: numpy's would hold the GIL)."""
+    the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does not
+    check: they come from :func:`changes`)."""
     size = 1 << dt.exp_bits
     return _exponent_counts(sample, base, positions, dt.mant_bits, size - 1, size)
 

@@ -230,9 +230,10 @@ def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[
         yield from batch
 
 
-# Blocks decoded or in flight but not yet completed (hashed in order, handed to the sink) at most: a
-# block run on this thread (under SHARED_MIN_ELEMS elements) is done at once but waits behind an older
-# shared one; this bounds what such blocks hold (staging sinks: at most 64 blocks of under 1 MiB).
+# Blocks decoded or in flight but not yet completed (hashed in order, handed to the sink) at most, shared
+# ones included (so it caps ``window`` too): a block run on this thread (under SHARED_MIN_ELEMS elements)
+# is done at once but waits behind an older shared one; this bounds what such blocks hold (a staging
+# sink: 64 blocks of under 2^18 elements, 128 MiB at 8-byte elements, a few MiB for a model's norms).
 MAX_PENDING = 64
 
 

@@ -213,21 +213,22 @@ class DeltaReader:
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
         (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
         and a memory map's page faults run outside the GIL); the first failure in the order of
-        ``names`` (file order when None) wins."""
+        file order wins (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order."""
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
         base = {} if base is None else base
-        # Tensor by tensor, its header then its base (the order of §12.1 step 6): a large base is
+        # Tensor by tensor in file order, its header then its base (§12.1 step 6): a large base is
         # handed to the helpers as soon as its header is read, the small ones are hashed here
         # meanwhile (a job per small tensor would cost more than its hash). A failure here waits for
-        # the jobs before it, so the first failure in the order of ``wanted`` wins.
+        # the jobs before it, so the first failure in file order wins.
+        in_file_order = wanted if names is None else sorted(wanted, key=self._ordinal.__getitem__)
         batch = Batch(workers)
         try:
             jobs: dict[int, Job] = {}
             bases: dict[str, np.ndarray | None] = {}
             failed: Exception | None = None
-            for i, n in enumerate(wanted):
+            for i, n in enumerate(in_file_order):
                 try:
                     th = self.header(n)
                     b = base.get(n) if th.needs_base else None
@@ -239,11 +240,11 @@ class DeltaReader:
                 except Exception as exc:  # noqa: BLE001 - raised once the jobs before it are done
                     failed = exc
                     break
-            for i, job in jobs.items():   # in the order of ``wanted``, all before the failure
+            for i, job in jobs.items():   # in file order, all before the failure
                 batch.wait(job)
                 if job.error is not None:
                     raise job.error
-                bases[wanted[i]] = cast("np.ndarray | None", job.result)
+                bases[in_file_order[i]] = cast("np.ndarray | None", job.result)
             if failed is not None:
                 raise failed
         finally:

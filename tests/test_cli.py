@@ -120,3 +120,14 @@ def test_versions_have_one_source():
     data = arcfmt.encode(None, {"a": np.zeros(3, np.float32)})
     assert records.check_header(data[:16]) == arcfmt.FORMAT_VERSION
     assert arcfmt.DeltaReader(data).describe()["format_version"] == f"{major}.{minor}"
+
+
+@pytest.mark.parametrize("progress", ["--progress", "--no-progress"])
+def test_apply_checks_each_base_right_after_its_header(tmp_path, progress):
+    """The command makes §12.1 step 6 in its order too (R-CHECK-ORDER): tensor a's wrong base is the
+    error, not the damaged TENS record of tensor b after it (the progress bar's total once read every
+    header ahead of the checks)."""
+    v = os.path.join(os.path.dirname(__file__), "..", "conformance", "vectors", "n_wrong_base_then_reserved_tens_flags")
+    p = run("apply", progress, v + ".base.safetensors", v + ".arc", "-o", tmp_path / "o.safetensors", check_rc=1)
+    assert p.stderr.strip().splitlines()[-1].startswith("arcfmt: error (wrong_base): base tensor 'a'")
+    assert not (tmp_path / "o.safetensors").exists()

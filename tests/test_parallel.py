@@ -339,7 +339,7 @@ def test_blocks_waiting_behind_a_shared_one_are_bounded(monkeypatch):
     from arcfmt import pipeline
 
     monkeypatch.setattr(pipeline, "MAX_PENDING", 3)
-    order, _ = _stalled_big_then_small(monkeypatch, smalls=6, stall_s=0.3)
+    order, _ = _stalled_big_then_small(monkeypatch, smalls=6, stall_s=3)
     assert order.index("big") == 2   # the big block and two small ones pending: the caller waited
 
 
@@ -366,8 +366,9 @@ def test_each_base_is_checked_right_after_its_own_header(workers):
                                      th.target_hash)
     damaged = assemble(p)
     wrong_a = {"a": big ^ np.uint16(2), "b": small}
-    with pytest.raises(WrongBaseError, match="'a'"):
-        arcfmt.decode(wrong_a, damaged, workers=workers)
+    for names in (None, ["b", "a"]):   # file order, whatever order the caller names them in
+        with pytest.raises(WrongBaseError, match="'a'"):
+            arcfmt.decode(wrong_a, damaged, workers=workers, names=names)
     with pytest.raises(ReservedBitsError):
         arcfmt.decode(base, damaged, workers=workers)
     good = arcfmt.encode(base, target)
@@ -375,3 +376,4 @@ def test_each_base_is_checked_right_after_its_own_header(workers):
         arcfmt.decode({"a": big, "b": small ^ np.uint16(2)}, good, workers=workers)
     out = arcfmt.decode(base, good, workers=workers)
     assert all(np.array_equal(v.view(np.uint16), target[k]) for k, v in out.items())
+    assert list(arcfmt.decode(base, good, workers=workers, names=["b", "a"])) == ["b", "a"]
