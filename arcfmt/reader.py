@@ -212,8 +212,8 @@ class DeltaReader:
         """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
         (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
-        and a memory map's page faults run outside the GIL); the first failure in the order of
-        file order wins (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order."""
+        and a memory map's page faults run outside the GIL); the first failure in file order wins
+        (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order."""
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
