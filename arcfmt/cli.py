@@ -86,12 +86,10 @@ def _progress(total: int | Callable[[], int], desc: str, enabled: bool):
                unit_divisor=1024, leave=False, file=sys.stderr)
     if not callable(total):
         return bar.update, bar.close
-    sized: Callable[[], int] | None = total
 
     def update(n: int) -> None:
-        nonlocal sized
-        if sized is not None:
-            bar.total, sized = sized(), None
+        if bar.total is None:
+            bar.total = total()
         bar.update(n)
     return update, bar.close
 
