@@ -111,22 +111,24 @@ def read_varint(next_byte: Callable[[], int]) -> int:
 
 
 def _varint_at(buf: BytesLike, pos: int, what: str) -> tuple[int, int]:
-    """The varint at ``buf[pos]`` and the position after it: ``read_varint``'s checks and messages."""
-    n = len(buf)
-    if pos < n:
+    """The varint at ``buf[pos]`` and the position after it: ``read_varint``'s checks and messages.
+
+    Varints of one to three bytes (nearly all of a file's: counts, lengths, params) are read here
+    without a loop; anything else — longer, non-minimal, or cut short — goes through the checked reader.
+    """
+    try:
         b = buf[pos]
-        if b < 0x80:  # one-byte varints: most of them
+        if b < 0x80:
             return b, pos + 1
-        value, shift, p = b & 0x7F, 7, pos + 1
-        while p < n and shift < 63:  # up to 9 bytes: no overflow possible
-            b = buf[p]
-            p += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                if b:
-                    return value, p
-                break  # non-minimal: the checked reader below says so
-            shift += 7
+        c = buf[pos + 1]
+        if 0 < c < 0x80:
+            return (b & 0x7F) | c << 7, pos + 2
+        if c >= 0x80:
+            d = buf[pos + 2]
+            if 0 < d < 0x80:
+                return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
+    except IndexError:
+        pass
     at = [pos]
 
     def next_byte() -> int:

@@ -189,6 +189,7 @@ class Batch:
                 job.state = RUNNING
                 job.run()
                 job.state = DONE
+                _interrupted(job)
             return
         h = self.helpers
         if h is not _helpers:

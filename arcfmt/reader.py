@@ -218,37 +218,39 @@ class DeltaReader:
         for n in wanted:
             self._entry(n)
         base = {} if base is None else base
-        # Tensor by tensor in file order, its header then its base (§12.1 step 6): a large base is
-        # handed to the helpers as soon as its header is read, the small ones are hashed here
-        # meanwhile (a job per small tensor would cost more than its hash). A failure here waits for
-        # the jobs before it, so the first failure in file order wins.
+        # §12.1 step 6 checks tensor by tensor, its header then its base. The same first failure is
+        # found in two passes: every header in file order up to the first that fails, then the bases
+        # before it — the large ones spread over the threads, largest first, so the calling thread's
+        # first step is a long hash outside the GIL and the helpers start at once (handing them bases
+        # one by one between headers left them waiting for the GIL) — and a base failure before the
+        # failed header wins, the earliest in file order.
         in_file_order = wanted if names is None else sorted(wanted, key=self._ordinal.__getitem__)
+        headers: list[records.TensorHeader] = []
+        failed: Exception | None = None
+        for n in in_file_order:
+            try:
+                headers.append(self.header(n))
+            except Exception as exc:  # noqa: BLE001 - raised once the bases before it are checked
+                failed = exc
+                break
+        jobs = [Job(pipeline.check_base, (th, base.get(th.name) if th.needs_base else None)) for th in headers]
         batch = Batch(workers)
         try:
-            jobs: dict[int, Job] = {}
-            bases: dict[str, np.ndarray | None] = {}
-            failed: Exception | None = None
-            for i, n in enumerate(in_file_order):
-                try:
-                    th = self.header(n)
-                    b = base.get(n) if th.needs_base else None
-                    if batch.shared and b is not None and th.size >= SHARED_MIN_ELEMS:
-                        jobs[i] = Job(pipeline.check_base, (th, b))
-                        batch.submit(jobs[i])
-                    else:
-                        bases[n] = pipeline.check_base(th, b)
-                except Exception as exc:  # noqa: BLE001 - raised once the jobs before it are done
-                    failed = exc
-                    break
-            for i, job in jobs.items():   # in file order, all before the failure
+            shared = sorted((i for i, th in enumerate(headers) if batch.shared and th.needs_base
+                             and th.size >= SHARED_MIN_ELEMS), key=lambda i: -headers[i].size)
+            for i in shared:
+                batch.submit(jobs[i])
+            for job in [jobs[i] for i in shared] + jobs:  # the large ones (this thread takes any left), then the rest
                 batch.wait(job)
-                if job.error is not None:
-                    raise job.error
-                bases[in_file_order[i]] = cast("np.ndarray | None", job.result)
-            if failed is not None:
-                raise failed
         finally:
             batch.close()
+        bases: dict[str, np.ndarray | None] = {}
+        for th, job in zip(headers, jobs):
+            if job.error is not None:
+                raise job.error
+            bases[th.name] = cast("np.ndarray | None", job.result)
+        if failed is not None:
+            raise failed
         whole = set(wanted) == set(self.names)
         if whole:
             self.check_digests()

@@ -344,9 +344,10 @@ def test_blocks_waiting_behind_a_shared_one_are_bounded(monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_each_base_is_checked_right_after_its_own_header(workers):
-    """§12.1 step 6 tensor by tensor: a wrong base of a large tensor (hashed by a helper) is reported
-    before a damaged TENS record of a later tensor, and a later wrong base before nothing earlier."""
+def test_the_first_failing_check_in_file_order_wins(workers):
+    """§12.1 step 6 tensor by tensor, as the spec orders the checks (header, then base): a wrong base
+    of a large tensor (hashed by a helper) is reported before a damaged TENS record of a later tensor,
+    and a later wrong base before nothing earlier."""
     import numpy as np
 
     import arcfmt
@@ -377,3 +378,44 @@ def test_each_base_is_checked_right_after_its_own_header(workers):
     out = arcfmt.decode(base, good, workers=workers)
     assert all(np.array_equal(v.view(np.uint16), target[k]) for k, v in out.items())
     assert list(arcfmt.decode(base, good, workers=workers, names=["b", "a"])) == ["b", "a"]
+
+
+def test_large_bases_are_hashed_first_on_every_thread(monkeypatch):
+    """The bases are checked once every header is read: the large ones first, on the calling thread
+    and the helpers at once (handed over one by one between headers, they waited for the GIL while
+    the caller read the next headers), the small ones after them; and a damaged header before a
+    wrong large base is still the failure reported (the earlier check in file order)."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import pipeline, records
+    from arcfmt.errors import ReservedBitsError
+    from support.records import assemble, split, tens_payload
+
+    rng = np.random.default_rng(3)
+    base = {"a": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
+            "b": rng.integers(0, 1 << 14, SHARED_MIN_ELEMS, dtype=np.uint16),
+            "c": rng.integers(0, 1 << 14, 2 * SHARED_MIN_ELEMS, dtype=np.uint16)}
+    target = {k: v ^ np.uint16(1) for k, v in base.items()}
+    delta = arcfmt.encode(base, target)
+    started: list[tuple[str, int]] = []
+    check = pipeline.check_base
+
+    def stalled(th, b):
+        started.append((th.name, threading.get_ident()))
+        if th.size >= SHARED_MIN_ELEMS:
+            time.sleep(0.2)   # long enough for the other thread to take the other large base
+        return check(th, b)
+
+    monkeypatch.setattr(pipeline, "check_base", stalled)
+    arcfmt.decode(base, delta, workers=2)
+    assert [n for n, _ in started] in (["c", "b", "a"], ["b", "c", "a"])
+    assert started[0][1] != started[1][1]   # both large ones at once, on two threads
+
+    p = split(delta)
+    j = [i for i, r in enumerate(p.recs) if r.type == b"TENS"][0]
+    th = records.parse_tensor(p.recs[j].payload, "")
+    p.recs[j].payload = tens_payload(th.name.encode(), th.dtype.code, th.shape, th.block_elems, 3, th.base_hash,
+                                     th.target_hash)
+    with pytest.raises(ReservedBitsError):
+        arcfmt.decode({**base, "c": base["c"] ^ np.uint16(2)}, assemble(p), workers=2)
