@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import re
 import struct as _struct
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Sequence
-from typing import BinaryIO, TypeAlias
+from typing import Any, BinaryIO, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -224,6 +225,25 @@ def _packed(con: Struct, stop: str | None = None) -> _struct.Struct:
         else:
             raise TypeError(f"field {sc.name!r} has no fixed little-endian struct form")
     return _struct.Struct(fmt)
+
+
+def _fixed_parser(con: Struct, kind: str) -> Callable[[BytesLike], Any]:
+    """``con.parse`` through its ``struct`` form: the fields by name (a named tuple) from one unpack.
+    Why: construct parses a three-field struct in ~8-13 µs, and every file open parses three of them."""
+    packed = _packed(con)
+    fields = namedtuple(kind, [sc.name for sc in con.subcons])  # type: ignore[misc]  # names from the definition
+
+    def parse(data: BytesLike) -> Any:
+        if len(data) < packed.size:
+            raise CorruptError(f"{kind}: structure runs past the end of its bytes")
+        return fields._make(packed.unpack_from(data, 0))
+    parse.__doc__ = f"The fields of ``{kind}`` at the start of ``data`` (as ``{kind}.parse``, in one unpack)."
+    return parse
+
+
+parse_file_header = _fixed_parser(FileHeader, "FileHeader")
+parse_meta_payload = _fixed_parser(MetaPayload, "MetaPayload")
+parse_trailer = _fixed_parser(Trailer, "Trailer")
 
 
 # Sizes (SPEC.md §3–§12), computed from the definitions above

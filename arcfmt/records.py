@@ -43,7 +43,7 @@ def check_header(data: BytesLike) -> tuple[int, int]:
         if bytes(data[:len(L.MAGIC)]) == L.MAGIC[:len(data)]:
             raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
         raise BadMagicError("not an arcfmt file (bad magic)")
-    h = L.FileHeader.parse(bytes(data[: L.HEADER_SIZE]))
+    h = L.parse_file_header(data)
     if h.magic != L.MAGIC:
         raise BadMagicError(f"not an arcfmt file: magic {h.magic!r} at offset 0")
     if h.major != L.MAJOR:
@@ -62,7 +62,7 @@ def build_trailer(index_offset: int, index_size: int) -> bytes:
 
 
 class TrailerFields(Protocol):
-    """A parsed ``Trailer`` (§11), as :func:`check_trailer` returns it (a construct Container)."""
+    """A parsed ``Trailer`` (§11), as :func:`check_trailer` returns it."""
     index_offset: int
     index_size: int
     major: int
@@ -73,7 +73,7 @@ class TrailerFields(Protocol):
 
 
 def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
-    t: TrailerFields = L.Trailer.parse(bytes(data))
+    t: TrailerFields = L.parse_trailer(data)
     if t.magic != L.TRAILER_MAGIC:
         raise TruncatedError(f"no trailer at offset {file_size - L.TRAILER_SIZE}: the file is truncated or damaged")
     if record_checksum(bytes(data[:L.TRAILER_CHECKED_SIZE]), b"") != t.checksum:
@@ -147,7 +147,7 @@ def build_meta(meta: Meta) -> bytes:
 def parse_meta(payload: BytesLike) -> Meta:
     if len(payload) != L.META_PAYLOAD_SIZE:
         raise CorruptError(f"META payload is {len(payload)} bytes, {L.META_PAYLOAD_SIZE} expected")
-    m = L.MetaPayload.parse(bytes(payload))
+    m = L.parse_meta_payload(payload)
     if m.flags:
         raise ReservedBitsError(f"META flags 0x{m.flags:08x}: reserved bits must be zero")
     return Meta(None if m.base_step == L.NO_STEP else m.base_step,
@@ -471,10 +471,17 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
                    b.blk_encodings.tolist()))
     bounds = zip(b.name_lengths.tolist(), starts.tolist(), ends.tolist(), b.tens_offsets.tolist(),
                  b.tens_sizes.tolist(), b.tens_checksums.tolist())
+    # no control character in any name, none empty: each then needs only its UTF-8 and reserved checks
+    plain = not _CONTROL_RE.search(names) and not (b.name_lengths == 0).any()
     for t, (nl, s0, e0, to, ts, tc) in enumerate(bounds):
         raw = names[pos: pos + nl]
         pos += nl
-        name = check_name(raw, f"{where}: entry {t}")
+        try:
+            if not plain or raw in RESERVED_NAMES:
+                raise ValueError
+            name = raw.decode("utf-8")
+        except ValueError:   # UnicodeDecodeError included: check_name says what is wrong
+            name = check_name(raw, f"{where}: entry {t}")
         if raw in seen:
             raise CorruptError(f"{where}: duplicate tensor name {name!r}")
         seen.add(raw)

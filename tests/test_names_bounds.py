@@ -188,6 +188,17 @@ def test_reserved_name_in_index_only_is_corrupt(reader):
 
 
 @pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize(("name", "says"), [("a\x01b", "control character"), ("", "empty"),
+                                            ("ok\x7f", "control character")])
+def test_bad_name_in_index_only_is_refused_by_the_index(reader, name, says):
+    """The index's names are checked as the index is read (§10 check 8), not only through the TENS
+    record they must match: a control character or an empty name there is the index's fault."""
+    _, p = keyframe_file()
+    err = raises(CorruptError, reader, with_tensor(p, index_name=name))
+    assert says in str(err) and "INDX" in str(err)
+
+
+@pytest.mark.parametrize("reader", READERS)
 def test_reserved_name_in_tens_only_is_corrupt(reader):
     _, p = keyframe_file()
     err = raises(CorruptError, reader, with_tensor(p, payload_name=RESERVED.encode()))
