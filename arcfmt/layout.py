@@ -2,8 +2,9 @@
 
 - **Fixed structures** — the file header (§4), the record header (§5), META (§6), the trailer (§11) —
   and the index (§10) are construct definitions. The size constants below are computed from them.
-  The record header, met once per record, is parsed and built through its ``struct`` form, which is
-  derived from the construct definition (:func:`_packed`), not written out a second time.
+  The record header (met once per record) is parsed and built, and the file header, META and the
+  trailer (met on every file open) are parsed, through their ``struct`` forms, which are derived from
+  the construct definitions (:func:`_packed`), not written out a second time.
 - **TENS (§7) and BLCK (§8)**, met once per tensor and once per block, are defined by the hand-written
   functions of this module (:func:`parse_tensor_payload`, :func:`build_tensor_payload`,
   :func:`parse_block_head`, :func:`build_block_head`): that code is their only definition.
