@@ -1,6 +1,7 @@
 """Records of SPEC.md §4–§11: framing, checks and the typed payloads, built and parsed through layout."""
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -476,11 +477,11 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
     for t, (nl, s0, e0, to, ts, tc) in enumerate(bounds):
         raw = names[pos: pos + nl]
         pos += nl
-        try:
-            if not plain or raw in RESERVED_NAMES:
-                raise ValueError
-            name = raw.decode("utf-8")
-        except ValueError:   # UnicodeDecodeError included: check_name says what is wrong
+        name = None
+        if plain and raw not in RESERVED_NAMES:
+            with contextlib.suppress(UnicodeDecodeError):
+                name = raw.decode("utf-8")
+        if name is None:   # check_name says what is wrong
             name = check_name(raw, f"{where}: entry {t}")
         if raw in seen:
             raise CorruptError(f"{where}: duplicate tensor name {name!r}")
