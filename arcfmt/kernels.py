@@ -417,25 +417,21 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     pos = ranks  # select turns each rank into its position in place
     n_classes = counts.size
     bv = np.empty(c, base.dtype)
-    start = np.zeros(emask + 2, np.int64)
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
         if copy:
             _copy_elems(out, base, 0, m)
         for t in range(c):
-            v = base[pos[t]]
-            bv[t] = v
-            start[((v >> shift) & emask) + 1] += 1
-    elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv, start, shift, emask):
+            bv[t] = base[pos[t]]
+    elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv):
         return BEYOND
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
-    # The changed elements were gathered, and their fields counted, where each position was found
-    # (the class pass had its word in cache; a pass of its own read them all over the block); every
-    # new value is computed and checked before anything is written.
-    for x in range(emask + 1):
-        start[x + 1] += start[x]
+    # The changed elements were gathered where each position was found (the class pass had its word
+    # in cache; a pass of its own read them all over the block); their fields are counted here, in a
+    # pass of their own; every new value is computed and checked before anything is written.
+    start = _field_starts(bv, shift, emask)
     nv = np.empty(c, base.dtype)
     for t in range(c):
         b = bv[t]
@@ -456,6 +452,31 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         for t in range(c):
             pos_out[t] = pos[t]
     return OK
+
+
+@_jit
+def _field_starts(bv, shift, emask):
+    """Where each exponent field's changes start in the stable sort by field (``start[x]``: the
+    changes of lower fields), from four sub-histograms. Why a pass of its own: counted where each
+    position was found, an increment of the field just counted (fields repeat) waited on the store
+    before it — 8 ns a change, a third of the class pass on dense blocks."""
+    n = bv.size
+    n4 = n - n % 4
+    width = emask + 2
+    sub = np.zeros((4, width), np.int64)
+    for t in range(0, n4, 4):
+        sub[0, ((bv[t] >> shift) & emask) + 1] += 1
+        sub[1, ((bv[t + 1] >> shift) & emask) + 1] += 1
+        sub[2, ((bv[t + 2] >> shift) & emask) + 1] += 1
+        sub[3, ((bv[t + 3] >> shift) & emask) + 1] += 1
+    for t in range(n4, n):
+        sub[0, ((bv[t] >> shift) & emask) + 1] += 1
+    start = np.empty(width, np.int64)
+    acc = np.int64(0)
+    for x in range(width):
+        acc += sub[0, x] + sub[1, x] + sub[2, x] + sub[3, x]
+        start[x] = acc
+    return start
 
 
 @_jit
@@ -518,7 +539,7 @@ assert _SELECT_CHUNK & (_SELECT_CHUNK - 1) == 0, "_place_chunk's binary search n
 
 
 @_jit
-def _class_select(base, mask, edges, counts, ranks, out, copy, bv, hist, shift, emask):
+def _class_select(base, mask, edges, counts, ranks, out, copy, bv):
     """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
     → their positions in the block, in place, gathered and counted as :func:`_place` does; False when
     a rank is beyond its class's members. With ``copy``, ``out`` gets the base's elements in the same
@@ -541,7 +562,7 @@ def _class_select(base, mask, edges, counts, ranks, out, copy, bv, hist, shift, 
         c1 = counts[1] if n_classes > 1 else 0
         c2 = counts[2] if n_classes > 2 else 0
         c3 = counts[3] if n_classes > 3 else 0
-        return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy, bv, hist, shift, emask)
+        return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy, bv)
     nt = edges.size
     m = base.size
     full_words = m // 64
@@ -570,7 +591,7 @@ def _class_select(base, mask, edges, counts, ranks, out, copy, bv, hist, shift, 
                 top = seen[k] + np.int64(_popcount(word))
                 if t < end[k] and ranks[t] < top:
                     nxt[k] = _place(word, s, seen[k], top, ranks[t], t, end[k],
-                                    ranks, big, base, bv, hist, shift, emask)[1]
+                                    ranks, big, base, bv)[1]
                 seen[k] = top
                 lo = hi
         w = we
@@ -589,13 +610,13 @@ def _class_select(base, mask, edges, counts, ranks, out, copy, bv, hist, shift, 
             if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
                 word |= np.uint64(1) << np.uint64(b)
         top = seen[k] + np.int64(_popcount(word))
-        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big, base, bv, hist, shift, emask)[1] != end[k]:
+        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big, base, bv)[1] != end[k]:
             return False
     return True
 
 
 @_jit
-def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist, shift, emask):
+def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv):
     """:func:`_class_select` for up to 4 classes of ``n0..n3`` ranks, split by thresholds ``e0..e2``
     (a threshold above ``mask`` leaves the classes after it empty). A chunk of words at a time: each
     class's members through each word, counted without a branch, then the chunk's ranks of each
@@ -618,7 +639,7 @@ def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist,
     top = mask
     top += 1
     cum = np.empty((4, _SELECT_CHUNK), np.int64)   # members of each class through each word of the chunk
-    shared = (base, mask, ranks, big, bv, hist, shift, emask)   # what every class's placement uses
+    shared = (base, mask, ranks, big, bv)   # what every class's placement uses
     w = 0
     while w < full_words:
         we = min(full_words, w + _SELECT_CHUNK)
@@ -653,29 +674,25 @@ def _select4(base, mask, e0, e1, e2, n0, n1, n2, n3, ranks, out, copy, bv, hist,
     if copy:
         _copy_elems(out, base, w * 64, m - w * 64)
     return _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
-                         s0, s1, s2, s3, bv, hist, shift, emask)
+                         s0, s1, s2, s3, bv)
 
 
 @_jit
-def _place(word, s, seen, top, r, t, end, ranks, big, base, bv, hist, shift, emask):
+def _place(word, s, seen, top, r, t, end, ranks, big, base, bv):
     """Every rank of a class that falls in this word (``seen`` members before it, ``top`` through it)
-    → its position, its base element into ``bv`` and that element's exponent field counted in
-    ``hist`` (at field + 1: :func:`_ctx_decode`'s counting sort); returns the class's next rank and its
-    index."""
+    → its position and its base element into ``bv``; returns the class's next rank and its index."""
     while r < top:
-        _found(s + _select_bit(word, r - seen), t, ranks, base, bv, hist, shift, emask)
+        _found(s + _select_bit(word, r - seen), t, ranks, base, bv)
         t += 1
         r = ranks[t] if t < end else big
     return r, t
 
 
 @_jit
-def _found(q, t, ranks, base, bv, hist, shift, emask):
-    """The t-th rank is at position ``q``: store it, gather its base element, count its exponent field."""
+def _found(q, t, ranks, base, bv):
+    """The t-th rank is at position ``q``: store it, gather its base element."""
     ranks[t] = q
-    v = base[q]
-    bv[t] = v
-    hist[((v >> shift) & emask) + 1] += 1
+    bv[t] = base[q]
 
 
 @_jit
@@ -685,8 +702,8 @@ def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, shared):
     :func:`_place`. The word of a rank is found by a binary search over ``cum`` without branches, and
     the class's bitmap of that word (elements in ``[lo, hi)``) compared again from cache: one search
     per rank costs less than the branch per word it replaces, which is a coin toss on dense blocks.
-    ``shared``: ``(base, mask, ranks, big, bv, hist, shift, emask)``."""
-    base, mask, ranks, big, bv, hist, shift, emask = shared
+    ``shared``: ``(base, mask, ranks, big, bv)``."""
+    base, mask, ranks, big, bv = shared
     while r < through:
         i = np.int64(0)
         step = _SELECT_CHUNK >> 1
@@ -696,7 +713,7 @@ def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, shared):
         seen = cum[i - 1] if i else before
         s = (w0 + i) * 64
         word = _ge_mask64(base, s, mask, lo) & ~_ge_mask64(base, s, mask, hi)
-        _found(s + _select_bit(word, r - seen), t, ranks, base, bv, hist, shift, emask)
+        _found(s + _select_bit(word, r - seen), t, ranks, base, bv)
         t += 1
         r = ranks[t] if t < end else big
     return r, t
@@ -704,7 +721,7 @@ def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, shared):
 
 @_jit
 def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3, end0, end1, end2, end3,
-                  s0, s1, s2, s3, bv, hist, shift, emask):
+                  s0, s1, s2, s3, bv):
     """The ranks of :func:`_select4` left for the last, partial word; False if any is beyond."""
     big = np.int64(1) << 62
     m = base.size
@@ -726,10 +743,10 @@ def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3,
         w0 = valid & ~h0
         w1 = h0 & ~h1
         w2 = h1 & ~h2
-        r0, t0 = _place(w0, s, s0, s0 + np.int64(_popcount(w0)), r0, t0, end0, ranks, big, base, bv, hist, shift, emask)
-        r1, t1 = _place(w1, s, s1, s1 + np.int64(_popcount(w1)), r1, t1, end1, ranks, big, base, bv, hist, shift, emask)
-        r2, t2 = _place(w2, s, s2, s2 + np.int64(_popcount(w2)), r2, t2, end2, ranks, big, base, bv, hist, shift, emask)
-        r3, t3 = _place(h2, s, s3, s3 + np.int64(_popcount(h2)), r3, t3, end3, ranks, big, base, bv, hist, shift, emask)
+        r0, t0 = _place(w0, s, s0, s0 + np.int64(_popcount(w0)), r0, t0, end0, ranks, big, base, bv)
+        r1, t1 = _place(w1, s, s1, s1 + np.int64(_popcount(w1)), r1, t1, end1, ranks, big, base, bv)
+        r2, t2 = _place(w2, s, s2, s2 + np.int64(_popcount(w2)), r2, t2, end2, ranks, big, base, bv)
+        r3, t3 = _place(h2, s, s3, s3 + np.int64(_popcount(h2)), r3, t3, end3, ranks, big, base, bv)
     return t0 == end0 and t1 == end1 and t2 == end2 and t3 == end3
 
 
