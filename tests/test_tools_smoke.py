@@ -1,0 +1,66 @@
+"""The measuring tools of issue 19 run on a tiny trajectory and say what they measured: each in its own
+process (``gil_share.py`` replaces library functions with timed ones)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from arcfmt.safetensors_io import write_file
+from support.data import BY_NAME, perturb, random_values
+
+BF16 = BY_NAME["BF16"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools")
+
+
+@pytest.fixture(scope="module")
+def traj(tmp_path_factory):
+    """Three BF16 steps of two tensors (one of two ctx-delta blocks), 1 % of the values moving a step."""
+    d = tmp_path_factory.mktemp("traj")
+    rng = np.random.default_rng(19)
+    step = {"w": random_values(rng, BF16, (1024, 600)), "b": random_values(rng, BF16, (4096,))}
+    for k in range(3):
+        write_file(str(d / f"step{k:04d}.safetensors"), step)
+        step = {n: perturb(rng, BF16, v, 0.01) for n, v in step.items()}
+    return str(d)
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(TOOLS, args[0]), *args[1:]], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_gil_share_reports_a_share_and_its_projection(traj):
+    p = _tool("gil_share.py", traj, "--pairs", "1", "--repeat", "1", "--cores", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["phase"]: r for r in json.loads(p.stdout)["rows"]}
+    assert set(rows) == {"encode", "decode"}
+    for r in rows.values():
+        g = r["gil_share"]
+        assert 0 <= g < 1 and r["nogil"]["kernels"] > 0
+        assert r["projected_speedup"] == pytest.approx(1 / (g + (1 - g) / 8))
+
+
+def test_kernel_ab_against_this_tree_and_against_a_wrong_kernel(traj, tmp_path):
+    p = _tool("kernel_ab.py", ROOT, traj, "--pairs", "2", "--rounds", "2")
+    assert p.returncode == 0, p.stderr
+    row = [line for line in p.stdout.splitlines() if line.startswith(f"| {traj} |")]
+    assert len(row) == 1 and row[0].split("|")[2].strip() == "4", p.stdout  # 2 pairs × 2 ctx-delta blocks
+    # a tree whose kernel writes one wrong value (status OK) is caught, not timed
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(ROOT, "arcfmt"), other / "arcfmt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    src = (other / "arcfmt" / "kernels.py").read_text()
+    wrong = src.replace("    for t in range(c):\n        out[pos[t]] = nv[t]\n",
+                        "    for t in range(c):\n        out[pos[t]] = nv[t]\n    out[pos[0]] ^= 1\n", 1)
+    assert wrong != src
+    (other / "arcfmt" / "kernels.py").write_text(wrong)
+    p = _tool("kernel_ab.py", str(other), traj, "--pairs", "1", "--rounds", "1")
+    assert p.returncode != 0 and "decode different bytes" in p.stderr, (p.stdout, p.stderr)
