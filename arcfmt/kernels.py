@@ -541,7 +541,7 @@ assert _SELECT_CHUNK & (_SELECT_CHUNK - 1) == 0, "_place_chunk's binary search n
 @_jit
 def _class_select(base, mask, edges, counts, ranks, out, copy, bv):
     """Each class's member ranks (``ranks``: concatenated in class order, increasing within a class)
-    → their positions in the block, in place, gathered and counted as :func:`_place` does; False when
+    → their positions in the block, in place, gathered as :func:`_place` does; False when
     a rank is beyond its class's members. With ``copy``, ``out`` gets the base's elements in the same
     pass (all of them, also when it fails).
 
