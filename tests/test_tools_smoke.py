@@ -53,7 +53,7 @@ def test_kernel_ab_against_this_tree_and_against_a_wrong_kernel(traj, tmp_path):
     assert p.returncode == 0, p.stderr
     row = [line for line in p.stdout.splitlines() if line.startswith(f"| {traj} |")]
     assert len(row) == 1 and row[0].split("|")[2].strip() == "4", p.stdout  # 2 pairs × 2 ctx-delta blocks
-    # a tree whose kernel writes one wrong value (status OK) is caught, not timed
+    # a tree whose kernel writes one wrong value (status OK): the tool exits with an error, no figures
     other = tmp_path / "other"
     shutil.copytree(os.path.join(ROOT, "arcfmt"), other / "arcfmt",
                     ignore=shutil.ignore_patterns("__pycache__"))
