@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import os
 import statistics
+import sys
 import time
 from types import ModuleType
 
@@ -41,6 +42,7 @@ def other_kernels(tree: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise SystemExit(f"{path}: not found")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # numba's cache finds a compiled function's module by its name
     spec.loader.exec_module(mod)   # its "from .backend import ..." is this checkout's backend
     return mod
 
