@@ -55,9 +55,12 @@ class Clock:
             try:
                 return fn(*args, **kw)
             finally:
-                self.spent[category] = self.spent.get(category, 0.0) + time.perf_counter() - t0
+                self.add(category, time.perf_counter() - t0)
                 self.depth -= 1
         return timed
+
+    def add(self, category: str, seconds: float) -> None:
+        self.spent[category] = self.spent.get(category, 0.0) + seconds
 
     def reset(self) -> None:
         self.spent = {}
@@ -97,7 +100,7 @@ def instrument(clock: Clock) -> None:
             if _nbytes(data) > XXH_GIL_MIN and not clock.depth:
                 t0 = time.perf_counter()   # timed in place: a wrapper made per call held the GIL ~µs
                 self._h.update(data)
-                clock.spent["xxh3"] = clock.spent.get("xxh3", 0.0) + time.perf_counter() - t0
+                clock.add("xxh3", time.perf_counter() - t0)
             else:
                 self._h.update(data)
 

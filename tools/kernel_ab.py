@@ -31,7 +31,7 @@ import numpy as np
 from bench import load, steps_in
 
 import arcfmt
-from arcfmt import encodings, kernels, pipeline, records
+from arcfmt import backend, encodings, kernels, pipeline, records
 from arcfmt.encodings.ctx_delta import Params
 from arcfmt.reader import DeltaReader
 
@@ -70,7 +70,7 @@ def blocks(files: list[str]) -> list[tuple]:
 def run(mod: ModuleType, jobs: list[tuple], outs: list[np.ndarray]) -> float:
     t0 = time.perf_counter()
     for (dt, p, streams, m, base), out in zip(jobs, outs):
-        if mod.ctx_decode(dt, p, streams, m, base, out) != 0:
+        if mod.ctx_decode(dt, p, streams, m, base, out) != backend.OK:
             raise SystemExit(f"{mod.__name__}: a block failed to decode")
     return time.perf_counter() - t0
 
