@@ -1,7 +1,6 @@
 """Records of SPEC.md §4–§11: framing, checks and the typed payloads, built and parsed through layout."""
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -474,13 +473,19 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
                  b.tens_sizes.tolist(), b.tens_checksums.tolist())
     # no control character in any name, none empty: each then needs only its UTF-8 and reserved checks
     plain = not _CONTROL_RE.search(names) and not (b.name_lengths == 0).any()
+    text = names.decode("ascii") if plain and names.isascii() else None  # all ASCII: names are slices of it
     for t, (nl, s0, e0, to, ts, tc) in enumerate(bounds):
         raw = names[pos: pos + nl]
-        pos += nl
         name = None
         if plain and raw not in RESERVED_NAMES:
-            with contextlib.suppress(UnicodeDecodeError):
-                name = raw.decode("utf-8")
+            if text is not None:
+                name = text[pos: pos + nl]
+            else:
+                try:
+                    name = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+        pos += nl
         if name is None:   # check_name says what is wrong
             name = check_name(raw, f"{where}: entry {t}")
         if raw in seen:
