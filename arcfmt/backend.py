@@ -22,7 +22,7 @@ The interface (what both modules define):
 ``class_cuts(ne, ce, max_classes, overhead) -> list``
     the exponent-class thresholds of least estimated position bits (the DP of
     ``ctx_delta.choose_thresholds``).
-``ctx_encode(dt, base, target, positions, thresholds, max_rice) -> (counts, rice, qbits, mw, streams)``
+``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False) -> (counts, rice, qbits, mw, streams)``
     a whole changed block once its thresholds are chosen: the params it needs and its four streams.
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
@@ -64,7 +64,8 @@ class Backend(Protocol):
     def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
 
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
-                   thresholds: Sequence[int], max_rice: int) -> tuple[list[int], list[int], int, int, list[bytes]]: ...
+                   thresholds: Sequence[int], max_rice: int,
+                   dense: bool = False) -> tuple[list[int], list[int], int, int, list[bytes]]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
                    out: np.ndarray, positions: np.ndarray | None = None) -> int: ...

@@ -170,10 +170,11 @@ def _args(dt, thresholds):
             dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (bits - 1))
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams)``."""
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
+    quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
     counts, rice, qbits, q, r, s, mw, mag = _ctx_encode(np.ascontiguousarray(base), target, positions,
-                                                        *_args(dt, thresholds), max_rice)
+                                                        *_args(dt, thresholds), max_rice, dense)
     return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
 
 
@@ -196,7 +197,7 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         base if base.flags.c_contiguous else np.ascontiguousarray(base), out, _bytes_array(streams[0]), p.qbits,
         _bytes_array(streams[1]), _bytes_array(streams[2]), _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, out is not base,
-        _NO_POSITIONS if positions is None else positions)
+        _NO_POSITIONS if positions is None else positions, p.dense)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -394,9 +395,11 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out):
+                copy, pos_out, dense):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
+    ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
+    positions; the changes are the others.
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -406,14 +409,22 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     c = 0
     for k in range(counts.size):
         c += counts[k]
-    ranks = np.empty(c, np.int64)
-    status = _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks)
+    m = base.size
+    if dense:
+        kept = np.empty(m - c, np.int64)   # the unchanged elements' positions
+        status = _rice_decode(qbuf, qbits, rbuf, np.full(1, m - c, np.int64), rice, kept)
+    else:
+        ranks = np.empty(c, np.int64)
+        status = _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks)
     if status != OK:
         return status
     for b in range(c, 8 * sbuf.size):
         if sbuf[b >> 3] >> (b & 7) & 1:
             return S_PADDING
-    m = base.size
+    if dense:
+        if kept.size and kept[kept.size - 1] >= m:
+            return BEYOND
+        ranks = _complement(kept, m, c)
     pos = ranks  # select turns each rank into its position in place
     n_classes = counts.size
     bv = np.empty(c, base.dtype)
@@ -452,6 +463,23 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         for t in range(c):
             pos_out[t] = pos[t]
     return OK
+
+
+@_jit
+def _complement(kept, m, c):
+    """The ``c`` indices of ``[0, m)`` not in ``kept`` (increasing, all below ``m``), in order."""
+    out = np.empty(c, np.int64)
+    t = 0
+    nxt = 0
+    for z in kept:
+        for i in range(nxt, z):
+            out[t] = i
+            t += 1
+        nxt = z + 1
+    for i in range(nxt, m):
+        out[t] = i
+        t += 1
+    return out
 
 
 @_jit
@@ -830,12 +858,13 @@ def _best_rice(g, lo, hi, max_rice):
 
 
 @_jit
-def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
+def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
-    ``edges``: the thresholds shifted to the magnitude bits (empty array: one class). Returns
-    ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes)``.
+    ``edges``: the thresholds shifted to the magnitude bits (empty array: one class). ``dense`` (one
+    class): a ``dense-delta`` block (§8.7), whose Rice codes are the gaps of the unchanged elements.
+    Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes)``.
     """
     c = pos.size
     n_classes = edges.size + 1
@@ -879,20 +908,37 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice):
                 rank = cum[w] - pop[w] + np.int64(_popcount(below))
             g[j] = rank - prev - 1
             prev = rank
+    coded = counts
+    if dense:   # the gaps of the elements that did not change, in place of the changes' (one class)
+        u = base.size - c
+        coded = np.full(1, u, np.int64)
+        g = np.empty(u, np.int64)
+        prev = -1
+        t = 0
+        j = 0
+        for i in range(base.size):
+            if j < c and pos[j] == i:
+                j += 1
+                continue
+            g[t] = i - prev - 1
+            prev = i
+            t += 1
+        first = np.zeros(2, np.int64)
+        first[1] = u
     rice = np.zeros(n_classes, np.int64)
-    qbits = c
+    qbits = 0
     rbits = 0
     for k in range(n_classes):
-        n = counts[k]
+        n = coded[k]
         if n == 0:
             continue
         r, cost = _best_rice(g, first[k], first[k + 1], max_rice)
         rice[k] = r
-        qbits += cost - n * r
+        qbits += n + cost - n * r
         rbits += n * r
     qbuf = np.zeros((qbits + 7) // 8, np.uint8)
     rbuf = np.zeros((rbits + 7) // 8, np.uint8)
-    _rice_encode(g, counts, rice, qbuf, rbuf)
+    _rice_encode(g, coded, rice, qbuf, rbuf)
     sbuf = np.zeros((c + 7) // 8, np.uint8)
     top_mag = 0
     start = np.zeros(emask + 2, np.int64)

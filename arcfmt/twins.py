@@ -77,11 +77,16 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
     return [int(idx[i]) for i in sorted(cuts)]
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams)``."""
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
+    quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
-    if k_count == 1:
+    if dense:
+        kept = np.ones(base.size, bool)
+        kept[positions] = False
+        groups = [(positions, np.flatnonzero(kept))]
+    elif k_count == 1:
         groups = [(positions, positions)]
     else:
         a = magnitude_bits(dt, base[positions])
@@ -99,7 +104,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice):
             rice.append(0)
             continue
         g = gaps(j)
-        rice.append(_best_rice(g, max_rice))
+        rice.append(_best_rice(g, max_rice) if g.size else 0)
         gaps_all.append(g)
         pos_all.append(pos)
     pos = np.concatenate(pos_all)  # class order
@@ -107,10 +112,11 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice):
     neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
     mag = mag[magnitude_order(dt, base[pos])]
     g = np.concatenate(gaps_all)
-    r_each = np.repeat(np.asarray(rice, np.int64), counts)
+    coded = [g.size] if dense else counts
+    r_each = np.repeat(np.asarray(rice, np.int64), coded)
     qbits = int((g >> r_each).sum()) + g.size
     rbits = int(r_each.sum())
-    qstream, rstream = _rice_pack(g, np.asarray(counts, np.int64), np.asarray(rice, np.int64), qbits, rbits)
+    qstream, rstream = _rice_pack(g, np.asarray(coded, np.int64), np.asarray(rice, np.int64), qbits, rbits)
     mw = bytes_for(int(mag.max()))
     return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)]
 
@@ -120,9 +126,14 @@ def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray
     """The block into ``out``, one step at a time; a failed check raises CorruptError with its message
     (nothing written: every check runs before any element is)."""
     c = p.changed
-    ranks = _ranks(p, streams)
-    sbits = _unpack(streams[2], c, "sign")
-    pos = _positions(dt, p, ranks, m, base)
+    if p.dense:
+        kept = _ranks(p, streams, [m - c])
+        sbits = _unpack(streams[2], c, "sign")
+        pos = _complement(kept, m)
+    else:
+        ranks = _ranks(p, streams, p.counts)
+        sbits = _unpack(streams[2], c, "sign")
+        pos = _positions(dt, p, ranks, m, base)
     b = base[pos]
     order = magnitude_order(dt, b)
     vals = from_planes(streams[3], c, p.mag_width, np.uint64)
@@ -289,20 +300,21 @@ def _unpack(buf, nbits: int, what: str) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------ decode steps
 
-def _ranks(p: Params, streams) -> np.ndarray:
-    """Each class's member ranks (concatenated in class order) from the quotient and remainder bit
-    strings, with their checks in the order of SPEC.md §8.6: quotient padding, codes, remainder padding."""
-    c = p.changed
+def _ranks(p: Params, streams, coded) -> np.ndarray:
+    """Each class's coded ranks (``coded[k]`` of them; concatenated in class order) from the quotient
+    and remainder bit strings, with their checks in the order of SPEC.md §8.6 (§8.7): quotient padding,
+    codes, remainder padding."""
+    c = sum(coded)
     qb = _unpack(streams[0], p.qbits, "quotient")
     term = np.flatnonzero(qb)
-    if term.size != c or term[-1] != p.qbits - 1:
+    if term.size != c or (p.qbits and (not term.size or term[-1] != p.qbits - 1)):
         raise CorruptError(f"ctx-delta quotient stream holds {term.size} codes ending at bit "
                            f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
     quot = np.diff(term, prepend=-1) - 1
-    rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(p.counts, p.rice)), "remainder")
-    out = []
+    rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(coded, p.rice)), "remainder")
+    out = [np.empty(0, np.int64)]
     off = roff = 0
-    for ck, r in zip(p.counts, p.rice):
+    for ck, r in zip(coded, p.rice):
         if not ck:
             continue
         g = quot[off:off + ck].astype(np.int64) << r
@@ -313,6 +325,15 @@ def _ranks(p: Params, streams) -> np.ndarray:
         off += ck
         roff += ck * r
     return np.concatenate(out)
+
+
+def _complement(kept: np.ndarray, m: int) -> np.ndarray:
+    """A dense-delta block's changes: the indices of ``[0, m)`` not among the unchanged ones (§8.7)."""
+    if kept.size and kept[-1] >= m:
+        raise CorruptError(f"dense-delta position {int(kept[-1])} beyond block of {m} elements")
+    changed = np.ones(m, bool)
+    changed[kept] = False
+    return np.flatnonzero(changed)
 
 
 def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.1 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.2 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -70,6 +70,14 @@ Version 1.1 ASSUMPTIONs (ctx-delta, §8.6, and bit strings, §1):
      before, any minor is accepted (§4 text, §16) and only the header/trailer agreement is checked.
   A17 §8.6 decoding step 4 ("For each change `p`") no longer names an order; the range check is
      made change by change in class order (every failure is `corrupt` either way).
+
+Version 1.2 ASSUMPTIONs (dense-delta, §8.7):
+  A18 §8.7 params: all four (c, r, qbits, mw) are read before any is checked (§8 check 1 "after
+     the params"), then checked in §8.7's order.  All are `corrupt`, so only the message depends
+     on it.
+  A19 §8.7 decoding step 3 ("check z_{u-1} < m"): each z_t is compared with m as its gap is added
+     (§1.1), the quotient Q_t before Q_t * 2^r is formed; since the z_t increase, this refuses
+     exactly the blocks whose z_{u-1} >= m, with the same category.
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -195,12 +203,16 @@ DTYPE_BY_NAME = {v[0]: k for k, v in DTYPES.items()}
 # SPEC §8: encoding ids
 ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME = 0, 1, 2, 3, 4
 ENC_CTX_DELTA = 5  # added in version 1.1 (§8.6)
-KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA}
+ENC_DENSE_DELTA = 6  # added in version 1.2 (§8.7)
+KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
+                   ENC_DENSE_DELTA}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
 CTX_MAX_CLASSES = 16
 CTX_MAX_RICE = 24
+DENSE_DELTA_DTYPES = CTX_DELTA_DTYPES  # §8.7: the dtypes of ctx-delta
+DENSE_MAX_RICE = 24
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -806,10 +818,13 @@ def block_elems_of(ti, b):
 # --------------------------------------------------------------------------------------------
 # BLCK (SPEC §8)
 
-def stream_lengths(ti, enc, m, c=None, e=None, ctx=None):
+def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
     W = ti.W
     if enc == ENC_CTX_DELTA:  # §8.6
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
+    if enc == ENC_DENSE_DELTA:  # §8.7
+        return [ceil_div(dense.qbits, 8), ceil_div(dense.u * dense.r, 8), ceil_div(dense.c, 8),
+                dense.c * dense.mw]
     if enc == ENC_UNCHANGED:
         return []
     if enc == ENC_XOR:
@@ -868,6 +883,31 @@ def read_ctx_params(cur, ti, m, what):
     if not 1 <= p.mw <= ti.W:
         fail("corrupt", f"{what}: ctx-delta mw = {p.mw} not in [1, W = {ti.W}]")
     p.R = sum(ck * rk for ck, rk in zip(p.counts, p.rice))
+    return p
+
+
+class DenseParams:
+    pass
+
+
+def read_dense_params(cur, ti, m, what):
+    """§8.7 params, read in order (all varints): c; r; qbits; mw.  ASSUMPTION A18: all four are
+    read, then checked in the order §8.7 lists them (R-DENSE-PARAMS.C, .RICE, .QBITS, .MW); all
+    `corrupt`."""
+    p = DenseParams()
+    p.c = cur.varint("c")
+    p.r = cur.varint("r")
+    p.qbits = cur.varint("qbits")
+    p.mw = cur.varint("mw")
+    if not 1 <= p.c <= m:
+        fail("corrupt", f"{what}: dense-delta c = {p.c} not in [1, m = {m}]")
+    p.u = m - p.c  # the unchanged elements, 0 <= u < m
+    if not p.r <= DENSE_MAX_RICE:
+        fail("corrupt", f"{what}: dense-delta r = {p.r} > {DENSE_MAX_RICE}")
+    if not p.u <= p.qbits <= m:
+        fail("corrupt", f"{what}: dense-delta qbits = {p.qbits} not in [u = m - c = {p.u}, m = {m}]")
+    if not 1 <= p.mw <= ti.W:
+        fail("corrupt", f"{what}: dense-delta mw = {p.mw} not in [1, W = {ti.W}]")
     return p
 
 
@@ -977,6 +1017,87 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     return struct.pack(f"<{m}{fmt}", *target)
 
 
+def decode_dense_delta(ti, m, p, streams, base_bytes, what):
+    """§8.7 decoding steps 1-5, in order; every failed check is `corrupt`.  The padding checks are
+    written out here rather than shared with ctx-delta (check_bit_padding), so that each of §8.7's
+    checks is a check of its own (a mutation site, conformance/mutate.py)."""
+    W, E, M = ti.W, ti.E, ti.M
+    B = 8 * W
+    H = 2 ** (B - 1)
+    fmt = {1: "B", 2: "H", 4: "I"}[W]
+    base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
+    c, u, r, qbits = p.c, p.u, p.r, p.qbits
+    s0, s1, s2, s3 = streams
+    nrem = u * r  # bits of stream 1
+    assert len(s0) == ceil_div(qbits, 8) and len(s1) == ceil_div(nrem, 8) and len(s2) == ceil_div(c, 8)
+
+    # Step 1: stream 0 (quotients), in this order: padding bits, the count of 1 bits, bit qbits - 1.
+    if qbits % 8 and s0[-1] >> (qbits % 8):
+        fail("corrupt", f"{what} stream 0 (quotients): padding bits of the bit string are not zero")
+    z0 = int.from_bytes(s0, "little") & ((1 << qbits) - 1)  # the first qbits bits only
+    ones = bin(z0).count("1")
+    if ones != u:
+        fail("corrupt", f"{what}: quotient bits hold {ones} one bits, expected u = m - c = {u}")
+    if qbits > 0 and not (s0[(qbits - 1) >> 3] >> ((qbits - 1) & 7)) & 1:
+        fail("corrupt", f"{what}: bit qbits - 1 = {qbits - 1} of the quotient bits is not 1")
+    if u:
+        # bit i of the string is character i of this text (least significant bit first)
+        bits = bin(z0)[2:].zfill(qbits)[::-1]
+        runs = bits.split("1")  # u + 1 pieces; the last is empty since bit qbits - 1 is 1
+        assert len(runs) == u + 1 and runs[-1] == ""
+        quotients = [len(run) for run in runs[:u]]
+    else:
+        quotients = []  # u = 0: no codes, and qbits = 0 (no 1 bit, none at qbits - 1)
+
+    # Step 2: streams 1 and 2 (remainders, signs): padding bits.
+    if nrem % 8 and s1[-1] >> (nrem % 8):
+        fail("corrupt", f"{what} stream 1 (remainders): padding bits of the bit string are not zero")
+    if c % 8 and s2[-1] >> (c % 8):
+        fail("corrupt", f"{what} stream 2 (signs): padding bits of the bit string are not zero")
+
+    # Step 3: the unchanged positions z_t.  ASSUMPTION A19: each is checked against m as its gap is
+    # added (§1.1), Q_t before Q_t * 2^r is formed; the z_t increase, so this is z_{u-1} < m.
+    fmask = (1 << r) - 1
+    unchanged = bytearray(m)
+    z = -1  # z_{t-1}; -1 before the first
+    for t in range(u):
+        Q = quotients[t]
+        if r:
+            o = (t * r) >> 3
+            field = (int.from_bytes(s1[o:o + 4], "little") >> ((t * r) & 7)) & fmask
+        else:
+            field = 0
+        if Q >= m or (Q << r) + field >= m - z - 1:
+            fail("corrupt", f"{what}: unchanged element {t} (Q = {Q}, field = {field}, after "
+                            f"position {z}) lies at or beyond m = {m}")
+        z = z + (Q << r) + field + 1  # §1 gap decoding
+        unchanged[z] = 1
+
+    # Step 4: the changes are the other indices, in increasing order; order-preserving steps.
+    # Signs (stream 2) are in index order; magnitudes (stream 3) in magnitude order: the index order
+    # stably sorted by the exponent field x(p) of each change's base.
+    positions = [i for i in range(m) if not unchanged[i]]
+    assert len(positions) == c  # u distinct unchanged positions in [0, m)
+    emask = 2 ** E - 1
+    xs = [(base[i] >> M) & emask for i in positions]
+    mag_order = sorted(range(c), key=xs.__getitem__)  # list.sort is stable
+    stored = plane_major_decode(s3, c, p.mw)
+    mags = [0] * c  # magnitude of each change, in index order
+    for j, t in enumerate(mag_order):
+        mags[t] = stored[j]
+    target = base[:]  # step 5: every unchanged element keeps its base value
+    for t, i in enumerate(positions):
+        sign = (s2[t >> 3] >> (t & 7)) & 1
+        d = -(mags[t] + 1) if sign else mags[t] + 1
+        bu = base[i]
+        v = (bu if bu < H else H - 1 - bu) + d
+        if not -H <= v < H:
+            fail("corrupt", f"{what}: step {d} at element {i} takes the order-preserving integer "
+                            f"{v} outside [-2^{B - 1}, 2^{B - 1})")
+        target[i] = v if v >= 0 else H - 1 - v
+    return struct.pack(f"<{m}{fmt}", *target)
+
+
 def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
 
@@ -998,7 +1119,9 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
         fail("unsupported", f"{what}: float-delta used on {ti.dtype_name}")
     if enc == ENC_CTX_DELTA and ti.dtype not in CTX_DELTA_DTYPES:
         fail("unsupported", f"{what}: ctx-delta used on {ti.dtype_name}")
-    c = e = ctx = None
+    if enc == ENC_DENSE_DELTA and ti.dtype not in DENSE_DELTA_DTYPES:
+        fail("unsupported", f"{what}: dense-delta used on {ti.dtype_name}")
+    c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
         e = cur.varint("e")
@@ -1008,7 +1131,9 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
             fail("corrupt", f"{what}: e = {e} not in [0, c = {c}]")
     if enc == ENC_CTX_DELTA:  # ASSUMPTION A13: §8 check 1's "§8.1–8.5" includes §8.6
         ctx = read_ctx_params(cur, ti, m, what)
-    lengths = stream_lengths(ti, enc, m, c, e, ctx)
+    if enc == ENC_DENSE_DELTA:  # §8.7
+        dense = read_dense_params(cur, ti, m, what)
+    lengths = stream_lengths(ti, enc, m, c, e, ctx, dense)
     table = []
     for k in range(len(lengths)):
         codec = cur.u8(f"stream {k} codec")
@@ -1064,6 +1189,8 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
         return enc, base_bytes
     if enc == ENC_CTX_DELTA:  # §8.6
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
+    if enc == ENC_DENSE_DELTA:  # §8.7
+        return enc, decode_dense_delta(ti, m, dense, streams, base_bytes, what)
     base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
     if enc == ENC_XOR:  # §8.2
         x = plane_major_decode(b"".join(streams), m, W)

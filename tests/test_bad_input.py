@@ -925,7 +925,7 @@ def test_block_crafting_helper_is_sound(small_file, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_unsupported_encodings(small_file, reader):
-    for enc in (6, 9, 255):
+    for enc in (7, 9, 255):
         f, base = _w_block_file(small_file, blck_payload(0, 0, enc, [], []))
         expect(UnsupportedError, reader, f, base)
     # float-delta (3) is not defined for BF16.
@@ -941,6 +941,10 @@ def test_unsupported_encodings(small_file, reader):
     # ctx-delta (5) on an integer tensor: rejected at the encoding byte, before its params.
     f = assemble(p, replace(p, lambda r: r is kb,
                             blck_payload(ti, 0, 5, [1, 1, 0, 1, 1], _raw(b"\x01", b"", b"\x00", b"\x00"))))
+    expect(UnsupportedError, reader, f, small_file[0])
+    # dense-delta (6) on an integer tensor: likewise.
+    f = assemble(p, replace(p, lambda r: r is kb,
+                            blck_payload(ti, 0, 6, [1, 0, 0, 1], _raw(b"", b"", b"\x00", b"\x00"))))
     expect(UnsupportedError, reader, f, small_file[0])
     ui = [r.name for r in p.recs if r.type == L.TENS].index("u")
     ub = blocks_of(p, "u")[0]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import arcfmt
 from arcfmt.demo import make_model_pair, save_sharded
 from support.cli import run as cli_run
 
@@ -38,7 +39,7 @@ def test_encode_inspect_apply(ckpts, tmp_path):
     assert res["bytes"] == os.path.getsize(delta) and (res["base_step"], res["target_step"]) == (7, 8)
     p = run("inspect", delta, "--json", check_rc=0)
     info = json.loads(p.stdout)
-    assert info["format_version"] == "1.1" and info["target_step"] == 8
+    assert info["format_version"] == "{}.{}".format(*arcfmt.FORMAT_VERSION) and info["target_step"] == 8
     assert {t["dtype"] for t in info["tensors"]} == {"BF16", "F32"}
     assert all("streams" in t for t in info["tensors"])
     p = run("inspect", delta, "--blocks", check_rc=0)

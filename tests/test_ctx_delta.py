@@ -286,3 +286,97 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
     assert enc.encoding == encodings.CTX_DELTA and np.array_equal(out, target)
     assert enc_peak <= 4 * base.nbytes, enc_peak / base.nbytes
     assert dec_peak <= 4 * base.nbytes, dec_peak / base.nbytes
+
+
+# ------------------------------------------------------------------------------ dense-delta (§8.7)
+
+def _dense_block(name, m, unchanged, seed):
+    """A block where all but ``unchanged`` elements (at random places) change by a few units."""
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    base = bits_of(random_values(rng, BY_NAME[name], (m,))).astype(dt.uint)
+    v = ctx.ordered(dt, base) + rng.integers(1, 4, m) * rng.choice([-1, 1], m)
+    half = 1 << (8 * dt.itemsize - 1)
+    target = ctx.unordered(dt, np.clip(v, -half, half - 1))
+    keep = rng.choice(m, min(unchanged, m), replace=False)
+    target[keep] = base[keep]
+    return dt, base, target, np.flatnonzero(base != target)
+
+
+@given(st.sampled_from(CTX_NAMES), st.integers(1, 3000), st.integers(0, 3000), st.integers(0, 2**32 - 1))
+@settings(max_examples=120, deadline=None)
+def test_dense_roundtrip_any_block(name, m, unchanged, seed):
+    """dense-delta rebuilds any block with a change, from every element changed (u = 0) to one change;
+    its stream lengths follow from its four params alone; in place and out of place alike, and the
+    positions it reports are exactly the changed ones."""
+    dt, base, target, pos = _dense_block(name, m, unchanged, seed)
+    if not pos.size:
+        return
+    enc = ctx.encode(dt, base, target, pos, dense=True)
+    assert len(enc.params) == 4 and enc.params[0] == pos.size
+    p = ctx.dense_unpack(enc.params)
+    assert [len(s) for s in enc.streams] == ctx.dense_stream_lengths(dt, p, m)
+    out = np.empty_like(base)
+    ctx.decode(dt, p, enc.streams, m, base, out)
+    assert np.array_equal(out, target)
+    inplace = base.copy()
+    changed = np.empty(p.changed, np.int64)
+    ctx.decode(dt, p, enc.streams, m, inplace, inplace, changed)
+    assert np.array_equal(inplace, target) and np.array_equal(np.sort(changed), pos)
+
+
+@pytest.mark.parametrize("name", CTX_NAMES)
+def test_dense_file_roundtrip_every_reader(name):
+    base, target = make_pair(7, name, [(3000,), (40, 50)], 0.9)
+    buf = io.BytesIO()
+    with arcfmt.DeltaWriter(buf, force_encoding="dense-delta", block_elems=1000) as w:
+        w.write_tensors((n, base[n], t) for n, t in target.items())
+    check_file(base, target, buf.getvalue())
+
+
+def test_writer_picks_dense_delta_where_most_elements_change():
+    """A bias that moves every step: the few unchanged positions are the cheap ones to list; where few
+    elements change, dense-delta is not even tried."""
+    dt, b, t, _ = _dense_block("BF16", 30_000, 600, 3)
+    base, target = {"bias": from_bits(b, BY_NAME["BF16"])}, {"bias": from_bits(t, BY_NAME["BF16"])}
+    d = arcfmt.encode(base, target)
+    blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+    assert {x["encoding"] for x in blocks} == {"dense-delta"}
+    buf = io.BytesIO()
+    with arcfmt.DeltaWriter(buf, force_encoding="ctx-delta") as w:
+        w.write_tensors((n, base[n], v) for n, v in target.items())
+    assert len(d) < len(buf.getvalue())
+    assert_bit_exact(arcfmt.decode(base, d), target)
+    sparse_b, sparse_t = make_pair(4, "BF16", [(30_000,)], 0.02)
+    blocks = arcfmt.DeltaReader(arcfmt.encode(sparse_b, sparse_t)).describe()["tensors"][0]["blocks"]
+    assert {x["encoding"] for x in blocks} == {"ctx-delta"}
+
+
+def test_dense_params_are_checked_in_spec_order():
+    """SPEC.md §8.7: 1 ≤ c ≤ m, then r ≤ 24, then u ≤ qbits ≤ m, then 1 ≤ mw ≤ W; each corrupt."""
+    m = 100
+    good = [90, 2, 20, 1]
+    assert ctx.dense_stream_lengths(BF16, ctx.dense_unpack(good), m) == [3, 3, 12, 90]
+    for bad, words in (([0, 2, 20, 1], "changed count"), ([101, 2, 20, 1], "changed count"),
+                       ([90, 25, 20, 1], "Rice"), ([90, 2, 9, 1], "quotient bit count"),
+                       ([90, 2, 101, 1], "quotient bit count"), ([90, 2, 20, 0], "magnitude width"),
+                       ([90, 2, 20, 3], "magnitude width"), ([0, 25, 101, 0], "changed count")):
+        with pytest.raises(CorruptError, match=words):
+            ctx.dense_stream_lengths(BF16, ctx.dense_unpack(bad), m)
+
+
+def test_a_decoder_without_dense_delta_refuses_it_as_unsupported():
+    """SPEC.md §16: a 1.1 decoder meets a dense-delta block as an unknown encoding, never misreads it."""
+    from arcfmt import encodings
+    from arcfmt.errors import UnsupportedError
+    dt, b, t, _ = _dense_block("BF16", 1000, 10, 5)
+    base, target = {"x": from_bits(b, BY_NAME["BF16"])}, {"x": from_bits(t, BY_NAME["BF16"])}
+    d = arcfmt.encode(base, target)
+    dense = encodings.by_name("dense-delta")
+    encodings.unregister(dense)
+    try:
+        with pytest.raises(UnsupportedError, match="unknown encoding id 6"):
+            arcfmt.decode(base, d)
+    finally:
+        encodings.register(dense)
+    assert_bit_exact(arcfmt.decode(base, d), target)

@@ -306,3 +306,39 @@ def test_class_thresholds_match_numpy(name, m, scale, density, k, seed):
     pos = np.flatnonzero(rng.random(m) < p)
     (_, a), (_, b) = _both(lambda: ctx.choose_thresholds(dt, base, pos, max_classes=k))
     assert a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"]), m=st.integers(1, 3000),
+       unchanged=st.integers(0, 3000), seed=st.integers(0, 2**32 - 1), flip=st.integers(-1, 3))
+def test_dense_delta_matches_the_numpy_twins(name, m, unchanged, seed, flip):
+    """dense-delta (§8.7): the same bytes from both encoders; the same target, or the same error, from
+    both decoders, also after a flipped bit in stream ``flip`` (-1: none)."""
+    dt, base, target, pos = _block(name, m, 0, seed)
+    rng = np.random.default_rng(seed)
+    target = base + dt.uint.type(1)
+    keep = rng.choice(m, min(unchanged, m), replace=False)
+    target[keep] = base[keep]
+    pos = np.flatnonzero(base != target)
+    if not pos.size:
+        return
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, dense=True))
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    p = ctx.dense_unpack(a.params)
+    streams = [bytearray(s) for s in a.streams]
+    if flip >= 0 and streams[flip]:
+        bit = int(rng.integers(0, 8 * len(streams[flip])))
+        streams[flip][bit >> 3] ^= 1 << (bit & 7)
+
+    def dec():
+        out = base.copy()
+        try:
+            ctx.decode(dt, p, [bytes(s) for s in streams], m, out, out)
+        except CorruptError:
+            assert np.array_equal(out, base)
+            raise
+        return out
+    (sa, da), (sb, db) = _both(dec)
+    assert sa == sb and (np.array_equal(da, db) if sa == "ok" else da == db)
+    if flip < 0:
+        assert np.array_equal(da, target)

@@ -29,7 +29,8 @@ ROLES = {"bf16-delta": ["positions", "steps", "exceptions", "values"],
          "float-delta": ["positions", "steps", "exceptions", "values"],
          "xor": [f"xor plane {k}" for k in range(8)],
          "keyframe": ["exponent", "sign+mantissa"], "unchanged": [],
-         "ctx-delta": ["quotients", "remainders", "signs", "magnitudes"]}
+         "ctx-delta": ["quotients", "remainders", "signs", "magnitudes"],
+         "dense-delta": ["quotients", "remainders", "signs", "magnitudes"]}
 
 
 def model(seed: int = 0):

@@ -36,7 +36,7 @@ from support.data import (
 )
 
 EFFORTS = ["fast", "default"]
-ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta"}
+ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta", "dense-delta"}
 CTX_DTYPES = [d for d in FLOAT_DTYPES if d.name != "F64"]
 
 
@@ -446,10 +446,15 @@ def _encoding_case(enc):
     if enc == "ctx-delta":
         base, target = make_pair(9, "BF16", [(20000,)], 0.02)
         return base, target
+    if enc == "dense-delta":   # a bias that moves every step, by one or two units, but for a few elements
+        b = random_values(rng, BY_NAME["BF16"], (20000,))
+        t = bits_of(b) + np.uint16(1) + (np.arange(20000) % 7 == 0).astype(np.uint16)
+        t[::97] = bits_of(b)[::97]
+        return {"x": b}, {"x": t.view(ml_dtypes.bfloat16)}
     raise AssertionError(enc)
 
 
-_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta"}  # chosen unforced on their cases
+_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta"}  # chosen unforced on their cases
 
 
 @pytest.mark.parametrize("enc", sorted(ALL_ENCODINGS))
@@ -539,7 +544,7 @@ def test_steps_and_digests_recorded():
     d = arcfmt.encode(base, target, base_step=3, target_step=1 << 40)
     r = arcfmt.DeltaReader(d)
     assert (r.base_step, r.target_step) == (3, 1 << 40)
-    assert r.version == (1, 1)
+    assert r.version == arcfmt.FORMAT_VERSION == (1, 2)
     d2 = arcfmt.encode(base, target)
     r2 = arcfmt.DeltaReader(d2)
     assert (r2.base_step, r2.target_step) == (None, None)

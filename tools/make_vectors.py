@@ -180,6 +180,7 @@ def valid_vectors():
     V.append(Vector("y_unknown_ancillary", "an unknown ancillary record type is skipped", ["5", "10", "16"],
                     {"w": b}, assemble(p), expect_tensors={"w": t}))
     V += ctx_valid_vectors()
+    V += dense_valid_vectors()
     return V
 
 
@@ -1724,6 +1725,197 @@ def ctx_reject_vectors():
     return V
 
 
+# ------------------------------------------------------------------------------------ dense-delta (§8.7)
+
+def dense_case(seed, dt, m=4096, unchanged=0.1, specials=True):
+    """``ctx_case``'s data where most elements change (a bias moving every step): all but about
+    ``unchanged`` of the elements step by one to five units, across zero and binades too."""
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings.ctx_delta import ordered, unordered
+    b, t = ctx_case(seed, dt, m, specials)
+    r = rng(seed + 1000)
+    adt = from_numpy(np.dtype(dt))
+    u = b.view(adt.uint)
+    half = 1 << (8 * np.dtype(dt).itemsize - 1)
+    tv = t.view(adt.uint).copy()
+    move = (r.random(m) >= unchanged) & (tv == u)
+    v = np.clip(ordered(adt, u) + r.integers(1, 6, m) * r.choice([-1, 1], m), -half, half - 1)
+    tv[move] = unordered(adt, v)[move]
+    return b, tv.view(dt)
+
+
+def dense_valid_vectors():
+    V = []
+
+    def y(name, desc, base, target, **kw):
+        V.append(Vector(name, desc, ["8.7"], {"x": base}, write_delta({"x": base}, {"x": target},
+                                                                      force_encoding="dense-delta", **kw),
+                        expect_tensors={"x": target}))
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = dense_case(70 + i, dt)
+        y(f"y_dense_{nm}", f"dense-delta on {nm.upper()}: most elements change, multi-step, specials",
+          b, t, effort="max")
+    b, t = dense_case(80, BF16, m=3000)
+    y("y_dense_bf16_blocks_zstd", "dense-delta in blocks of 700 elements, streams zstd-coded", b, t,
+      force_codec="zstd", block_elems=700)
+    b, t = dense_case(81, BF16, m=64, unchanged=0, specials=False)
+    assert (b.view(np.uint16) != t.view(np.uint16)).all()
+    y("y_dense_all_changed", "every element changes: no unchanged positions, qbits = 0, streams 0 and 1 empty",
+      b, t, force_codec="raw")
+    r = rng(82)
+    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
+    su = sb.view(np.uint16) + np.uint16(1)
+    keep = np.sort(r.choice(60000, 12, replace=False))
+    keep[-1] = 59999  # the last element unchanged: a gap that ends the block
+    su[keep] = sb.view(np.uint16)[keep]
+    y("y_dense_sparse_unchanged", "12 unchanged in 60000 elements, the last one among them: a large Rice "
+      "parameter", sb, su.view(BF16), force_codec="raw")
+    b, t = dense_case(83, BF16, m=3001, unchanged=0.45, specials=False)
+    y("y_dense_half_changed", "about half the elements change: r = 0 or 1, gaps of every size", b, t,
+      force_codec="raw")
+    return V
+
+
+def dense_reject_vectors():
+    V = []
+    from arcfmt.encodings import ctx_delta as ctx
+    b, t = dense_case(90, BF16, m=2000, specials=False)
+    base = {"x": b}
+    dfile = write_delta(base, {"x": t}, force_encoding="dense-delta", force_codec="raw")
+    m = b.size
+
+    def n(name, desc, fn, error="corrupt", src=None):
+        V.append(Vector(name, desc, ["8.7"], base, restream(fn, src or dfile), error=error))
+
+    def restream(fn, src):
+        p = split(src)
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        th = records.parse_tensor(p.recs[i - 1].payload, "")
+        info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
+        streams, pos = [], info.data_offset
+        for st in info.streams:
+            streams.append([st.codec, p.recs[i].payload[pos:pos + st.stored]])
+            pos += st.stored
+        params = list(info.params)
+        fn(streams, params)
+        payload = L.BlockPayload.build(
+            dict(tensor=0, block=0, encoding=info.encoding, params=params,
+                 streams=[(c, len(d)) for c, d in streams]),
+            param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
+        p.recs[i].payload = payload + b"".join(d for _, d in streams)
+        return assemble(p)
+
+    C, R, Q, MW = range(4)  # dense-delta's params: c, r, qbits, mw
+
+    def setp(i, v):
+        def edit(streams, params):
+            params[i] = v(params) if callable(v) else v
+        return edit
+
+    info = ctx.dense_unpack(records.parse_block(next(r for r in split(dfile).recs if r.type == L.BLCK).payload,
+                                                records.parse_tensor(split(dfile).recs[1].payload, ""), 0, 0,
+                                                "").params)
+    u = m - info.changed
+    assert info.qbits % 8 and info.changed % 8 and (u * info.rice[0]) % 8 and info.rice[0] >= 1
+    n("n_dense_changed_zero", "c = 0", setp(C, 0))
+
+    def all_unchanged(streams, params):  # c = 0 and streams that would say "nothing changed", all consistent
+        params[:] = [0, 0, m, 1]
+        streams[:] = [[0, b"\xff" * (m // 8)], [0, b""], [0, b""], [0, b""]]
+    assert m % 8 == 0
+    n("n_dense_changed_zero_all_unchanged", "c = 0 with every other param and stream consistent: m codes of "
+      "gap 0 list every element as unchanged (only the c check refuses it)", all_unchanged)
+    n("n_dense_changed_beyond_block", "c = m + 1", setp(C, m + 1))
+    n("n_dense_rice_too_big", "a Rice parameter of 25", setp(R, 25))
+    n("n_dense_qbits_below_unchanged", "qbits = u - 1 (u = m - c)", setp(Q, u - 1))
+    n("n_dense_qbits_beyond_block", "qbits = m + 1", setp(Q, m + 1))
+    n("n_dense_mag_width_zero", "magnitude width 0", setp(MW, 0))
+    n("n_dense_mag_width_too_big", "magnitude width 3 on BF16", setp(MW, 3))
+
+    def set_pad(i):
+        def edit(streams, params):
+            d = bytearray(streams[i][1])
+            d[-1] |= 0x80
+            streams[i][1] = bytes(d)
+        return edit
+    n("n_dense_quotient_padding", "a padding bit set after the quotient codes", set_pad(0))
+    n("n_dense_remainder_padding", "a padding bit set after the remainder fields", set_pad(1))
+    n("n_dense_sign_padding", "a padding bit set after the sign bits", set_pad(2))
+
+    def extra_code(streams, params):
+        d = bytearray(streams[0][1])
+        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(len(d) * 8)]
+        i = bits.index(0)
+        d[i // 8] |= 1 << (i % 8)
+        streams[0][1] = bytes(d)
+    n("n_dense_quotient_extra_code", "one more 1 bit than u among the quotient bits", extra_code)
+    n("n_dense_quotient_unterminated", "bit qbits - 1 is not a terminating 1", setp(Q, lambda p: p[Q] + 1))
+    every = dense_case(91, BF16, m=64, unchanged=0, specials=False)
+    afile = write_delta({"x": every[0]}, {"x": every[1]}, force_encoding="dense-delta", force_codec="raw")
+
+    def zero_bit(streams, params):
+        params[Q] = 1
+        streams[0][1] = b"\x00"
+    V.append(Vector("n_dense_quotient_unterminated_all_changed", "u = 0 but qbits = 1: stream 0 holds one 0 "
+                    "bit, no code (the count of 1 bits is right; the last bit is not a terminating 1)", ["8.7"],
+                    {"x": every[0]}, restream(zero_bit, afile), error="corrupt"))
+
+    def beyond(streams, params):
+        extra = (m >> params[R]) + 1  # zeros before the last code's 1: its gap runs past the block
+        d = bytearray(streams[0][1])
+        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(params[Q])]
+        bits = bits[:-1] + [0] * extra + [1]
+        params[Q] = len(bits)
+        out = bytearray((len(bits) + 7) // 8)
+        for i, v in enumerate(bits):
+            out[i // 8] |= v << (i % 8)
+        streams[0][1] = bytes(out)
+    n("n_dense_position_beyond_block", "the last unchanged position is past the end of the block (qbits "
+      "still within m)", beyond)
+    assert info.qbits + (m >> info.rice[0]) + 1 <= m
+
+    def step_out(streams, params):
+        cnt = params[C]
+        params[MW] = 2
+        mags = list(streams[3][1][:cnt])
+        mags[0] = 0xFFFF
+        streams[3][1] = bytes([v & 0xFF for v in mags]) + bytes([v >> 8 for v in mags])
+    n("n_dense_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
+
+    def wrong_sign(streams, params):
+        d = bytearray(streams[2][1])
+        d[0] ^= 1
+        streams[2][1] = bytes(d)
+    n("n_dense_verification", "a well-formed dense-delta block that rebuilds a different tensor (one sign bit)",
+      wrong_sign, error="verification")
+
+    def then_codec(i, v):
+        def edit(streams, params):
+            setp(i, v)(streams, params)
+            for st in streams:
+                st[0] = 9
+        return edit
+    def all_unchanged_then_codec(streams, params):
+        all_unchanged(streams, params)
+        streams[0][0] = 9
+    n("n_dense_changed_zero_all_unchanged_then_codec", "c = 0 with every other param consistent, and stream 0 "
+      "of codec 9: the params (check 1) come before the codec ids (check 5)", all_unchanged_then_codec)
+    for vname, i, v, desc in (("n_dense_changed_then_codec", C, 0, "c = 0"),
+                              ("n_dense_rice_then_codec", R, 25, "r = 25"),
+                              ("n_dense_qbits_then_codec", Q, m + 1, "qbits > m"),
+                              ("n_dense_mag_width_then_codec", MW, 3, "mw = 3 on BF16")):
+        n(vname, desc + ", and every stream of codec 9: the params (check 1) come before the codec ids (check 5)",
+          then_codec(i, v))
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64 + 1
+    pf = split(write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, 6)
+    V.append(Vector("n_dense_on_f64", "dense-delta is not defined for F64", ["8", "8.7"], {"x": f64}, assemble(pf),
+                    error="unsupported"))
+    return V
+
+
 def object_vectors():
     o = stream_objects()
     V = [ObjectVector("y_stream_head", "a head pointer", ["S7"], "head", o["head"]),
@@ -2017,6 +2209,14 @@ def object_vectors():
 # ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
 
 RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Appendix A and A.1)
+    # -- dense-delta (§8.7)
+    ("y_dense_*", ["R-DENSE"]), ("n_dense_changed_*", ["R-DENSE-PARAMS.C"]),
+    ("n_dense_rice_*", ["R-DENSE-PARAMS.RICE"]), ("n_dense_qbits_*", ["R-DENSE-PARAMS.QBITS"]),
+    ("n_dense_mag_width_*", ["R-DENSE-PARAMS.MW"]), ("n_dense_*_then_codec", ["R-CHECK-ORDER"]),
+    ("n_dense_*_padding", ["R-BIT-PADDING"]), ("n_dense_quotient_extra_code", ["R-DENSE-QUOTIENTS.COUNT"]),
+    ("n_dense_quotient_unterminated*", ["R-DENSE-QUOTIENTS.TERMINATED"]),
+    ("n_dense_position_beyond_block", ["R-DENSE-RANK"]), ("n_dense_step_out_of_range", ["R-DENSE-STEP"]),
+    ("n_dense_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_dense_on_f64", ["R-ENCODING.DTYPE"]),
     # -- ctx-delta (§8.6)
     ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]),
     ("n_ctx_threshold_zero*", ["R-CTX-PARAMS.T-MIN"]), ("n_ctx_thresholds_*", ["R-CTX-PARAMS.T-INCREASING"]),
@@ -2229,9 +2429,9 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.1",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.2",
                 "contract": "see conformance/README.md", "vectors": []}
-    for v in valid_vectors() + reject_vectors() + ctx_reject_vectors():
+    for v in valid_vectors() + reject_vectors() + ctx_reject_vectors() + dense_reject_vectors():
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc"
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

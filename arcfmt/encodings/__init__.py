@@ -36,9 +36,11 @@ BF16_DELTA = float_delta.Bf16Delta.id
 FLOAT_DELTA = float_delta.FloatDelta.id
 KEYFRAME = keyframe.Keyframe.id
 CTX_DELTA = ctx_delta.CtxDelta.id
+DENSE_DELTA = ctx_delta.DenseDelta.id
 
 __all__ = [
     "Block", "EncodedBlock", "Encoding", "StreamRole", "BY_NAME", "NAMES", "NEEDS_BASE", "by_name",
     "candidates", "decode_block", "encode_forced", "find", "for_dtype", "get", "keeps_base", "register",
     "registered", "unregister", "UNCHANGED", "XOR", "BF16_DELTA", "FLOAT_DELTA", "KEYFRAME", "CTX_DELTA",
+    "DENSE_DELTA",
 ]

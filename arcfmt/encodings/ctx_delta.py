@@ -51,6 +51,7 @@ class Params:
     rice: list[int]        # K Rice parameters
     qbits: int         # bits in the quotient stream
     mag_width: int     # bytes per magnitude
+    dense: bool = False  # a dense-delta block (§8.7): one class, its codes the unchanged elements'
 
     @property
     def classes(self) -> int:
@@ -170,13 +171,41 @@ class Encoded:
 
 
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
-           thresholds: Sequence[int] | None = None, max_classes: int = 4) -> Encoded:
-    """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing)."""
-    if thresholds is None:
+           thresholds: Sequence[int] | None = None, max_classes: int = 4, dense: bool = False) -> Encoded:
+    """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
+    ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded)."""
+    if dense:
+        thresholds = []
+    elif thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
     counts, rice, qbits, mw, streams = backend.selected().ctx_encode(dt, base, target, positions, thresholds,
-                                                                     MAX_RICE)
-    return Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
+                                                                     MAX_RICE, dense)
+    p = Params(list(thresholds), counts, rice, qbits, mw, dense)
+    return Encoded(dense_pack(p) if dense else p.pack(), streams)
+
+
+def dense_pack(p: Params) -> list[int]:
+    """``dense-delta``'s four params (§8.7): ``c, r, qbits, mw``."""
+    return [p.changed, p.rice[0], p.qbits, p.mag_width]
+
+
+def dense_unpack(params: Sequence[int]) -> Params:
+    return Params([], [params[0]], [params[1]], params[2], params[3], True)
+
+
+def dense_stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
+    """Check ``dense-delta``'s params (SPEC.md §8.7, in its order) and return its streams' decoded lengths."""
+    c, r = p.changed, p.rice[0]
+    if not 1 <= c <= m:
+        raise CorruptError(f"dense-delta changed count {c} outside 1..{m}")
+    if r > MAX_RICE:
+        raise CorruptError(f"dense-delta Rice parameter {r} above {MAX_RICE}")
+    u = m - c
+    if not u <= p.qbits <= m:
+        raise CorruptError(f"dense-delta quotient bit count {p.qbits} outside {u}..{m}")
+    if not 1 <= p.mag_width <= dt.itemsize:
+        raise CorruptError(f"dense-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
+    return [(p.qbits + 7) // 8, (u * r + 7) // 8, (c + 7) // 8, c * p.mag_width]
 
 
 # ----------------------------------------------------------------------------------------- decode
@@ -239,6 +268,9 @@ class CtxDelta(Encoding):
     dtypes = DTYPES
     trial_rank = 10  # nearly always the smallest where it is defined
 
+    def unpack(self, params: Sequence[int]) -> Params:
+        return Params.unpack(params)
+
     def param_count(self, head: Sequence[int]) -> int:
         return param_count(head)
 
@@ -248,7 +280,7 @@ class CtxDelta(Encoding):
     def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
                out: np.ndarray) -> None:
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
-        decode(dt, Params.unpack(params), streams, m, base, out)
+        decode(dt, self.unpack(params), streams, m, base, out)
 
     def decode_changes(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int,
                        base: np.ndarray | None, out: np.ndarray) -> np.ndarray:
@@ -256,13 +288,13 @@ class CtxDelta(Encoding):
         as a step's magnitude is at least 1): a live model's sparse update needs them, and the decoder
         has them already."""
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
-        p = Params.unpack(params)
+        p = self.unpack(params)
         positions = np.empty(p.changed, np.int64)
         decode(dt, p, streams, m, base, out, positions)
         return positions
 
     def changed(self, params: Sequence[int]) -> int:
-        return Params.unpack(params).changed
+        return self.unpack(params).changed
 
     def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         return _ROLES
@@ -279,3 +311,38 @@ class CtxDelta(Encoding):
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         effort = block.effort
         return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4)
+
+
+@register
+class DenseDelta(CtxDelta):
+    """``dense-delta`` (SPEC.md §8.7): ``ctx-delta`` with one class whose Rice codes are the positions
+    of the elements that did not change. Why: a prefix code spends a bit or more on every coded
+    position, so where nearly every element changes (a bias that moves each step) the few unchanged
+    ones are the cheap ones to list."""
+
+    id = 6
+    name = "dense-delta"
+    param_names = ("c", "r", "qbits", "mw")
+    trial_rank = 11  # right after ctx-delta, on the same blocks
+
+    def unpack(self, params: Sequence[int]) -> Params:
+        return dense_unpack(params)
+
+    def param_count(self, head: Sequence[int]) -> int:
+        return len(self.param_names)
+
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
+        return dense_stream_lengths(dt, dense_unpack(params), m)
+
+    def encode(self, block: Block, max_classes: int = 1) -> EncodedBlock | None:
+        """None when nothing changed."""
+        positions = block.positions
+        if positions.size == 0:
+            return None
+        assert block.base is not None, "dense-delta needs a base: the registry never offers it a block without"
+        enc = encode(block.dt, block.base, block.target, positions, dense=True)
+        return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
+
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        """Only where most elements changed: elsewhere listing the changes is the smaller."""
+        return self.encode(block) if 2 * block.positions.size > block.m else None
