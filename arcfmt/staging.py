@@ -97,7 +97,6 @@ class Stage:
         like = like or self.dest
         self.owner = self._owner(Owner.of(like, folder))
         self._like_dir = like if folder and _is_real_dir(like) else None
-        self._move_after: list[str] = []
         if folder:
             try:
                 os.mkdir(self.path, 0o700)  # private until it is complete
@@ -133,33 +132,24 @@ class Stage:
 
     def carry(self, source: str, exclude, *, link: bool) -> list:
         """Bring every entry of folder ``source`` not in ``exclude`` (a model's own files) into the
-        stage — hard links when ``link`` (in place), copies otherwise — so that a config, a tokenizer
-        or any file a user keeps beside the weights survives the swap. Sub-folders are moved over
-        after the swap (:meth:`commit`) when linking, copied otherwise. Returns the names carried."""
+        stage, sub-folders as a tree of their own, so that a config, a tokenizer or anything a user
+        keeps beside the weights is in the new folder *before* the swap: a crash at any instant
+        leaves it in whichever folder is the destination. ``link`` (in place): every non-folder entry
+        is hard-linked (FIFOs and sockets too: they are the user's), copied only where a link cannot
+        be made; otherwise copied (FIFOs, sockets and devices are not copied into a new folder).
+        A sub-folder on another file system (a mount point) is refused: it cannot move atomically.
+        Errors name the user's path. Returns the top-level names carried."""
         carried = []
-        with os.scandir(source) as it:
-            entries = [e for e in it if e.name not in exclude and not e.name.startswith((TMP_TAG, OLD_TAG))]
-        for e in entries:
-            src, dst = os.path.join(source, e.name), os.path.join(self.path, e.name)
-            if e.is_symlink():
-                os.symlink(os.readlink(src), dst)
-            elif e.is_dir(follow_symlinks=False):
-                if link:
-                    self._move_after.append(e.name)
-                    continue
-                shutil.copytree(src, dst, symlinks=True)
-            elif e.is_file(follow_symlinks=False):
-                if link:
-                    try:
-                        os.link(src, dst, follow_symlinks=False)
-                        carried.append(e.name)
-                        continue
-                    except OSError:
-                        pass
-                shutil.copy2(src, dst, follow_symlinks=False)
-            else:
-                continue  # a FIFO, socket or device is nothing a checkpoint carries
-            carried.append(e.name)
+        try:
+            dev = os.lstat(source).st_dev
+            with os.scandir(source) as it:
+                names = sorted(e.name for e in it
+                               if e.name not in exclude and not e.name.startswith((TMP_TAG, OLD_TAG)))
+        except OSError as exc:
+            raise os_error(exc, "read", source) from None
+        for name in names:
+            if _carry_entry(os.path.join(source, name), os.path.join(self.path, name), link, dev):
+                carried.append(name)
         return carried
 
     def commit(self) -> None:
@@ -170,12 +160,7 @@ class Stage:
                 fsync_dir(self.path)
                 if _is_real_dir(self.dest):
                     exchange_dirs(self.path, self.dest)
-                    for name in self._move_after:
-                        try:
-                            os.rename(os.path.join(self.path, name), os.path.join(self.dest, name))
-                        except OSError:
-                            pass  # left with the old folder only if the new one gained that name
-                    shutil.rmtree(self.path, ignore_errors=True)  # the old folder, now at our name
+                    remove_entry(self.path)  # the old folder, now at our name: nothing in it is only there
                 else:
                     os.rename(self.path, self.dest)
             else:
@@ -186,6 +171,55 @@ class Stage:
 
     def abort(self) -> None:
         remove_entry(self.path)
+
+
+def _carry_entry(src: str, dst: str, link: bool, dev: int) -> bool:
+    """:meth:`Stage.carry` for one entry (recursively for a folder); False when it is not carried."""
+    try:
+        st = os.lstat(src)
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISDIR(mode):
+            if st.st_dev != dev:
+                raise InputError(f"{src} is a mount point (another file system): it cannot be carried "
+                                 "into the new folder atomically; unmount it or write the result elsewhere")
+            os.mkdir(dst, 0o700)   # private while it fills; its own mode once complete
+            for name in sorted(os.listdir(src)):
+                _carry_entry(os.path.join(src, name), os.path.join(dst, name), link, dev)
+            shutil.copystat(src, dst, follow_symlinks=False)
+            _keep_owner(dst, st)
+        elif link and _try_link(src, dst):
+            pass
+        elif stat.S_ISREG(mode):
+            shutil.copy2(src, dst, follow_symlinks=False)
+            _keep_owner(dst, st)
+        elif not link:
+            return False   # a FIFO, socket or device: nothing a new checkpoint folder is given
+        elif stat.S_ISFIFO(mode):
+            os.mkfifo(dst, stat.S_IMODE(mode))
+            _keep_owner(dst, st)
+        else:
+            raise InputError(f"{src} (a socket or device) cannot be linked into the new folder; move it "
+                             "away or write the result elsewhere")
+    except OSError as exc:
+        raise os_error(exc, "carry", src) from None
+    return True
+
+
+def _try_link(src: str, dst: str) -> bool:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return True
+    except OSError:
+        return False   # another file system, a file system without links, a protected link
+
+
+def _keep_owner(path: str, st: os.stat_result) -> None:
+    try:
+        os.lchown(path, st.st_uid, st.st_gid)
+    except OSError:
+        pass   # not root: the copy stays ours, as any copy would
 
 
 def _is_real_dir(path: str) -> bool:
@@ -203,12 +237,45 @@ def remove_entry(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_tree(path, st.st_dev)
     else:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def _remove_tree(path: str, dev: int) -> None:
+    """``rm -r`` of a folder this module made, never crossing into another file system (a mount a
+    user placed inside is left, with the folders above it) and never following a link: every step
+    is taken relative to a folder already opened without following links. Best effort."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    _empty_at(fd, dev)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _empty_at(fd: int, dev: int) -> None:
+    """Remove what folder ``fd`` holds (then close it), as :func:`_remove_tree` says."""
+    try:
+        if os.fstat(fd).st_dev != dev:
+            return
+        for name in os.listdir(fd):
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    _empty_at(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), dev)
+                    os.rmdir(name, dir_fd=fd)
+                else:
+                    os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
 
 
 def recover(dest: str) -> None:
@@ -220,7 +287,7 @@ def recover(dest: str) -> None:
         if not os.path.lexists(dest):
             os.rename(old, dest)  # the swap was cut between its two renames: put the old one back
         else:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_entry(old)
     try:
         names = os.listdir(parent)
     except OSError:

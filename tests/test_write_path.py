@@ -169,6 +169,73 @@ def test_files_beside_the_weights_survive_apply(tmp_path):
         assert weights == digest_tree(t)
 
 
+def _user_extras(folder):
+    """What a user keeps beside the weights that no checkpoint writer makes: a read-only sub-folder,
+    a FIFO and a socket."""
+    import socket
+    (folder / "tok").mkdir()
+    (folder / "tok" / "vocab.txt").write_text("x y")
+    (folder / "tok" / "deep").mkdir()
+    (folder / "tok" / "deep" / "merges.txt").write_text("a b")
+    os.chmod(folder / "tok", 0o555)
+    os.mkfifo(folder / "pipe")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(folder / "sock"))
+    s.close()
+
+
+def _has_user_extras(folder) -> bool:
+    return ((folder / "tok" / "vocab.txt").read_text() == "x y"
+            and (folder / "tok" / "deep" / "merges.txt").read_text() == "a b"
+            and stat.S_IMODE(os.stat(folder / "tok").st_mode) == 0o555
+            and stat.S_ISFIFO(os.lstat(folder / "pipe").st_mode) and stat.S_ISSOCK(os.lstat(folder / "sock").st_mode))
+
+
+def _clear(folder):
+    if os.path.isdir(folder / "tok"):
+        os.chmod(folder / "tok", 0o755)
+    shutil.rmtree(folder)
+
+
+def test_in_place_carries_read_only_folders_fifos_and_sockets(tmp_path):
+    """In place, everything beside the weights is in the new folder before the swap (a read-only
+    sub-folder, a FIFO, a socket: hard links, never moved afterwards); a new folder gets copies of
+    the files and folders, and the FIFO and socket are not copied (at any depth), without an error."""
+    b, t, d = _folder_pair(tmp_path)
+    _user_extras(b)
+    os.chmod(b / "tok", 0o755)
+    os.mkfifo(b / "tok" / "deep" / "pipe2")
+    os.chmod(b / "tok", 0o555)
+    apply_delta(b, d, tmp_path / "o")
+    o = tmp_path / "o"
+    assert (o / "tok" / "deep" / "merges.txt").read_text() == "a b"
+    assert not os.path.lexists(o / "pipe") and not os.path.lexists(o / "sock")
+    assert not os.path.lexists(o / "tok" / "deep" / "pipe2")
+    apply_delta(b, d, in_place=True)
+    assert _has_user_extras(b)
+    assert {k: v for k, v in digest_tree(b).items() if k.endswith((".safetensors", ".json"))} == digest_tree(t)
+    assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+    _clear(b)
+
+
+def test_in_place_refuses_a_mount_point_inside_the_folder(tmp_path):
+    """A sub-folder on another file system cannot move atomically: refused before anything changes,
+    and what the mount holds is untouched (the clean-up never crosses into it)."""
+    b, t, d = _folder_pair(tmp_path)
+    (b / "cache").mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "none", str(b / "cache")], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (b / "cache" / "data.bin").write_text("precious")
+        before = digest_tree(b)
+        with pytest.raises(arcfmt.errors.InputError, match="mount point"):
+            apply_delta(b, d, in_place=True)
+        assert digest_tree(b) == before and (b / "cache" / "data.bin").read_text() == "precious"
+        assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+    finally:
+        subprocess.run(["umount", str(b / "cache")], capture_output=True)
+
+
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_in_place_keeps_modes_and_owner(tmp_path, kind):
     """Private weights stay private: the file (or folder and every file in it) keeps mode and owner."""
@@ -373,21 +440,24 @@ def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, k
         b, t, d = _folder_pair(tmp_path)
         (b / "config.json").write_text("{}")
     pristine = tmp_path / "pristine"
+    extras = _user_extras if kind == "folder" else (lambda _: None)
     (shutil.copytree if kind == "folder" else shutil.copy2)(
         b, pristine, **({"symlinks": True} if kind == "folder" else {}))
     old, new = digest_tree(b), None
+    extras(b)
     status, names = _apply_killed(b, d, None)
     assert status == 0 and names
     new = digest_tree(b)
     assert {k: v for k, v in new.items() if k != "config.json"} == digest_tree(t)
     seen = set()
     for k in range(1, len(names) + 1):
-        shutil.rmtree(b) if kind == "folder" else os.unlink(b)
+        _clear(b) if kind == "folder" else os.unlink(b)
         (shutil.copytree if kind == "folder" else shutil.copy2)(pristine, b)
         os.chmod(b, 0o700 if kind == "folder" else 0o600)
         if kind == "folder":
             for n in os.listdir(b):
                 os.chmod(b / n, 0o600)
+        extras(b)
         status, _ = _apply_killed(b, d, k)
         assert os.WIFSIGNALED(status), (k, names[k - 1], status)
         state = digest_tree(b)   # what an engine reading the base right now would see
@@ -395,10 +465,13 @@ def test_in_place_killed_at_every_point_is_old_or_new_with_its_modes(tmp_path, k
         seen.add("old" if state == old else "new")
         assert stat.S_IMODE(os.stat(b).st_mode) == (0o700 if kind == "folder" else 0o600), (k, names[k - 1])
         if kind == "folder":
-            assert {stat.S_IMODE(os.stat(b / n).st_mode) for n in os.listdir(b)} == {0o600}, (k, names[k - 1])
+            weights = [n for n in os.listdir(b) if os.path.isfile(b / n)]
+            assert {stat.S_IMODE(os.stat(b / n).st_mode) for n in weights} == {0o600}, (k, names[k - 1])
             assert (b / "config.json").read_text() == "{}"
         staging.recover(str(b))
         assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n], (k, names[k - 1])
+        if kind == "folder":   # the user's folder, FIFO and socket: in the folder, old or new, after recovery
+            assert _has_user_extras(b), (k, names[k - 1])
     assert seen == {"old", "new"}
 
 
