@@ -80,6 +80,8 @@ def _atomic_file(path: str, fill, *, overwrite: bool = False):
     tmp = os.path.join(parent, f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
     from .outputs import write_atomic
 
+    recover(path)   # what a killed run left beside it (this module's names only, of dead processes)
+
     return write_atomic(path, tmp, fill, overwrite=overwrite)
 
 
@@ -120,6 +122,10 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
         raise WrongBaseError(f"base: {exc}") from None
     if not base.is_dir and os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(base_path))
+    if in_place and base.is_dir and os.path.islink(base_path):
+        raise InputError(f"{base_path} is a symbolic link to the folder {os.path.realpath(base_path)}: in place "
+                         "replaces the folder itself, never through a link; give that folder, or write a new "
+                         "one with -o and point the link at it")
     recover(dest)
     if not in_place:
         dest = outputs.check_output(dest, [base_path, delta if isinstance(delta, (str, os.PathLike)) else None],

@@ -24,6 +24,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,26 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in _TRUE
 
 
+_TERMINAL_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
+_TERMINAL_CONTROLS.update({c: f"\\u{c:04x}" for c in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                                                      *range(0x2066, 0x206A)]})
+
+
+def _shown(name: str) -> str:
+    """A tensor name as a terminal may print it (SPEC.md §17): control characters (C0, DEL, C1) and
+    bidirectional overrides escaped as ``\\xNN`` / ``\\uNNNN``, so a name can neither drive the terminal
+    nor reorder the line; a backslash is doubled so that the escapes are unambiguous."""
+    return name.replace("\\", "\\\\").translate(_TERMINAL_CONTROLS)
+
+
+def _warning_line(args):
+    """``warnings.showwarning`` for the command line: one ``arcfmt: warning:`` line (none with -q),
+    never the source line Python's default format adds."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        _note(args, f"warning: {message}")
+    return show
+
+
 def _note(args, text: str) -> None:
     """A line for the user on stderr (a warning, a retry, a hint); none with -q / ARCFMT_QUIET."""
     if not getattr(args, "quiet", False):
@@ -201,18 +222,26 @@ def _binary_stdout():
 
 @contextlib.contextmanager
 def _open_delta(path: str):
-    """The delta file ``path`` opened for reading; ``-``: standard input. A pipe is copied to a private,
-    already-unlinked temporary file first (the reader needs random access), checking the free space of
-    its folder (TMPDIR) before every MiB, so the copy is bounded by the disk as the file itself is."""
-    from .errors import LimitError, os_error
+    """The delta file ``path`` opened for reading; ``-``: standard input. A pipe (standard input, a
+    FIFO, ``<(...)``) is copied to a private, already-unlinked temporary file first (the reader needs
+    random access), checking the free space of its folder (TMPDIR) before every MiB, so the copy is
+    bounded by the disk as the file itself is; opening a FIFO never waits for a writer."""
+    from .errors import os_error
+    from .safetensors_io import open_input
 
     if path != "-":
         try:
-            f = open(path, "rb")
+            f, st = open_input(path)
         except OSError as exc:
             raise os_error(exc, "read", path) from None
         with f:
-            yield f
+            if stat.S_ISDIR(st.st_mode):
+                raise os_error(IsADirectoryError(21, "Is a directory"), "read", path)
+            if stat.S_ISREG(st.st_mode):
+                yield f
+            else:
+                with _spooled(f.fileno(), path) as spool:
+                    yield spool
         return
     if sys.stdin is None:
         raise UsageError("DELTA is '-' but there is no standard input")
@@ -223,6 +252,15 @@ def _open_delta(path: str):
         with os.fdopen(os.dup(fd), "rb") as f:
             yield f
         return
+    with _spooled(fd, "standard input") as spool:
+        yield spool
+
+
+@contextlib.contextmanager
+def _spooled(fd: int, what: str):
+    """What ``fd`` (a pipe) delivers, in a private temporary file (:func:`_open_delta`)."""
+    from .errors import LimitError, os_error
+
     folder = tempfile.gettempdir()
     try:
         spool = tempfile.TemporaryFile(prefix=".arcfmt-stdin-", dir=folder)
@@ -234,13 +272,13 @@ def _open_delta(path: str):
             try:
                 chunk = os.read(fd, _SPOOL_CHUNK)
             except OSError as exc:
-                raise os_error(exc, "read", "standard input") from None
+                raise os_error(exc, "read", what) from None
             if not chunk:
                 break
             try:
                 free = shutil.disk_usage(folder).free
                 if len(chunk) > free:
-                    raise LimitError(f"standard input: more than {total} bytes, and {folder} has {free} bytes free "
+                    raise LimitError(f"{what}: more than {total} bytes, and {folder} has {free} bytes free "
                                      f"to hold them (set TMPDIR to a folder with more room, or give a file)")
                 spool.write(chunk)
             except OSError as exc:
@@ -269,6 +307,8 @@ def _file_kind(path: str) -> str | None:
     try:
         if os.path.isdir(path):
             return "folder" if any(n.endswith(".safetensors") for n in os.listdir(path)) else None
+        if not os.path.isfile(path):
+            return None   # a FIFO or a device: opening or reading it could wait, or consume it
         with open(path, "rb") as f:
             head = f.read(9)
     except OSError:
@@ -399,6 +439,10 @@ def cmd_apply(args) -> int:
         if output is not None and _is_folder_path(output, [args.base]) and not open_checkpoint(args.base).is_dir:
             # one file into a folder: named after the step it is at (the base's own name would be wrong)
             output = _into_folder(output, _step_file(reader.target_step, args.base, ".safetensors"))
+        if output is not None and args.delta != "-":   # the delta is an input too: say so, not "exists"
+            from .outputs import check_output
+            check_output(output, [args.base, args.delta], folder=os.path.isdir(args.base),
+                         hint="use --in-place to update the base itself")
         update, close = _progress(
             lambda: sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names),
             "apply", args.progress)
@@ -493,6 +537,8 @@ def cmd_inspect(args) -> int:
           f"{d['target_step'] if d['target_step'] is not None else dash} · {len(d['tensors'])} tensors · "
           f"index {_fmt_bytes(d['index_bytes'])}")
     print(f"base digest {dash if keyframe else d['base_digest']}  target digest {d['target_digest']}")
+    for t in d["tensors"]:
+        t["name"] = _shown(t["name"])
     width = max([len("tensor"), len("total"), *(len(t["name"]) for t in d["tensors"])])
     if args.blocks:
         width = max(width, len("  block 0000000"))
@@ -1158,6 +1204,8 @@ def main(argv=None) -> int:
     from .store import retry
 
     previous = retry.set_notifier(None if args.quiet else _retry_line)
+    shown_before = warnings.showwarning
+    warnings.showwarning = _warning_line(args)
     try:
         if args.cmd in _DECODING and not getattr(args, "quiet", False) and first_compile_pending():
             print("arcfmt: compiling the ctx-delta kernels, once per install (15-25 s on 2 cores; cached for every "
@@ -1196,6 +1244,7 @@ def main(argv=None) -> int:
         return 3
     finally:
         retry.set_notifier(previous)
+        warnings.showwarning = shown_before
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import dtypes
-from .errors import InputError, SafetensorsError, UnsupportedError
+from .errors import InputError, SafetensorsError, UnsupportedError, os_error
 from .layout import MAX_DIMS, MAX_TENSOR_ELEMS
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference limit
@@ -84,13 +85,31 @@ def read_header(f, size: int, path: str) -> bytes:
 
 # ------------------------------------------------------------------------------------ files
 
+def open_input(path: str):
+    """``(file, stat)`` of ``path`` opened for reading without ever blocking in ``open``: a FIFO
+    without a writer would wait forever there. The caller decides what a file that is not regular (a
+    FIFO, a pipe, a device) means; OSError as ``open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_file(path: str) -> SafetensorsFile:
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        f, st = open_input(path)
+        with f:
+            if not stat.S_ISREG(st.st_mode):
+                raise SafetensorsError(f"{path}: not a regular file (a FIFO, device or folder): a checkpoint "
+                                       "file is read where it is")
+            size = st.st_size
             header_bytes = read_header(f, size, path)
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise os_error(exc, "read", path) from None
     try:   # UTF-8 only (json.loads of bytes would also take UTF-16/32 or a BOM); a nesting too deep for
         # the parser or an integer of thousands of digits is as malformed as a syntax error
         header = json.loads(header_bytes.decode("utf-8"))
@@ -169,12 +188,22 @@ def open_checkpoint(path: str) -> Checkpoint:
         index_json = None
         if os.path.exists(index_path):
             try:
-                with open(index_path, "rb") as f:
-                    index_json = json.load(f)
-                weight_map = index_json["weight_map"]
+                f, st = open_input(index_path)
+                with f:
+                    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HEADER_BYTES:
+                        raise SafetensorsError(f"{index_path}: not a regular file of at most {MAX_HEADER_BYTES} "
+                                               "bytes")
+                    raw = f.read(MAX_HEADER_BYTES + 1)
+            except OSError as exc:
+                raise os_error(exc, "read", index_path) from None
+            try:
+                index_json = json.loads(raw.decode("utf-8"))
+                weight_map = index_json["weight_map"] if isinstance(index_json, dict) else None
+                if not isinstance(weight_map, dict) or not isinstance(index_json.get("metadata", {}), dict):
+                    raise TypeError("weight_map must be an object, and metadata too where present")
                 names = list(dict.fromkeys(weight_map.values()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise SafetensorsError(f"{index_path}: not a valid safetensors index ({exc})") from None
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise SafetensorsError(f"{index_path}: not a valid safetensors index ({str(exc)[:200]})") from None
             for n in names:
                 if not isinstance(n, str) or os.path.basename(n) != n or n in ("", ".", ".."):
                     raise SafetensorsError(f"{index_path}: shard name {n!r} is not a plain file name")

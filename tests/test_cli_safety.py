@@ -377,3 +377,125 @@ def test_an_os_error_escaping_a_command_is_an_io_error_not_a_bug(monkeypatch, ca
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert err == f"arcfmt: error (io): {text}\n", err
+
+
+# ----------------------------------------------------------------------------- hostile inputs on disk
+
+@pytest.mark.parametrize("index", ['{"weight_map": ["a"]}', '{"weight_map": "abc"}', '[1, 2]',
+                                   "[" * 100_000 + "]" * 100_000, '{"weight_map": {"x": 5}}',
+                                   '{"weight_map": {"x": "model-00001-of-00002.safetensors"}, "metadata": "abc"}'],
+                         ids=["list-map", "string-map", "not-an-object", "deep", "non-string-shard", "string-metadata"])
+def test_a_malformed_index_json_is_refused_in_one_line(models, tmp_path, index):
+    """model.safetensors.index.json of any shape: one line, exit 1 (`wrong_base` for a base, SPEC §1),
+    for every command that opens the folder; nothing written."""
+    import shutil
+    b = tmp_path / "b"
+    shutil.copytree(models / "bd", b)
+    (b / "model.safetensors.index.json").write_text(index)
+    refused(run("apply", b, models / "d.arc", "-o", tmp_path / "o"), "wrong_base")   # a base file: SPEC §1
+    refused(run("encode", b, models / "td", "-o", tmp_path / "e.arc"), "safetensors")
+    refused(run("apply", b, models / "d.arc", "--in-place"), "wrong_base")
+    assert sorted(os.listdir(tmp_path)) == ["b"] and not leftovers(b)
+
+
+def test_fifos_never_hang_a_command(models, tmp_path):
+    """A FIFO where a checkpoint file or a delta should be: a base file is refused at once, a delta
+    FIFO without a writer reads as empty; neither waits for a writer."""
+    import shutil
+    os.mkfifo(tmp_path / "fifo")
+    b = tmp_path / "b"
+    shutil.copytree(models / "bd", b)
+    os.unlink(b / "model.safetensors.index.json")
+    os.mkfifo(b / "zz.safetensors")   # in a folder without an index, every *.safetensors is a shard
+    assert "not a regular file" in refused(run("apply", b, models / "d.arc", "-o", tmp_path / "o"), "wrong_base")
+    assert "not a regular file" in refused(run("encode", "--keyframe", tmp_path / "fifo", "-o", tmp_path / "k.arc"),
+                                           "safetensors")
+    refused(run("apply", models / "b.safetensors", tmp_path / "fifo", "-o", tmp_path / "o"), "truncated")
+    assert sorted(os.listdir(tmp_path)) == ["b", "fifo"]
+
+
+def test_a_delta_from_a_pipe_path_is_read_like_standard_input(models, tmp_path):
+    """`arcfmt apply BASE <(curl ...)`: a pipe given by path is spooled, as `-` is."""
+    r, w = os.pipe()
+    data = (models / "d.arc").read_bytes()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the writer
+        os.close(r)
+        os.write(w, data)
+        os._exit(0)
+    os.close(w)
+    try:
+        p = subprocess.run([__import__("sys").executable, "-m", "arcfmt", "apply", str(models / "b.safetensors"),
+                            f"/dev/fd/{r}", "-o", str(tmp_path / "o.safetensors")], pass_fds=(r,),
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert p.returncode == 0, p.stderr
+    assert digest(tmp_path / "o.safetensors") == digest(models / "t.safetensors")
+
+
+def test_a_shard_the_index_names_but_cannot_be_read_is_an_io_error(models, tmp_path):
+    import shutil
+    b = tmp_path / "b"
+    shutil.copytree(models / "bd", b)
+    os.unlink(b / "model-00002-of-00002.safetensors")
+    msg = refused(run("apply", b, models / "d.arc", "-o", tmp_path / "o"), "io")
+    assert msg.endswith("model-00002-of-00002.safetensors: No such file or directory\n")
+
+
+def test_inspect_escapes_what_a_terminal_would_interpret(tmp_path):
+    """SPEC.md §17: C1 controls (an 8-bit CSI) and bidirectional overrides in names are printed escaped."""
+    import warnings
+
+    import numpy as np
+    names = ["c1\u009b31mRED", "bidi\u202eevil", "back\\slash"]   # C0 controls are refused in names (§7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (tmp_path / "n.arc").write_bytes(arcfmt.encode({n: np.zeros(4, np.float32) for n in names},
+                                                       {n: np.ones(4, np.float32) for n in names}))
+    out = run("inspect", tmp_path / "n.arc", rc=0).stdout
+    assert "c1\\x9b31mRED" in out and "bidi\\u202eevil" in out and "back\\\\slash" in out
+    assert not any(0x80 <= ord(ch) < 0xA0 or 0x202A <= ord(ch) <= 0x202E for ch in out)
+
+
+def test_warnings_are_one_line_and_quiet_silences_them(tmp_path):
+    import numpy as np
+    write_file(tmp_path / "a.safetensors", {"w": np.zeros(64, np.float32)})
+    write_file(tmp_path / "u.safetensors", {"w": np.zeros(64, np.uint8)})
+    p = run("encode", tmp_path / "a.safetensors", tmp_path / "u.safetensors", "-o", tmp_path / "e.arc", rc=0)
+    lines = [x for x in p.stderr.splitlines() if "compiling" not in x]
+    assert lines and all(x.startswith("arcfmt: warning: ") for x in lines), p.stderr
+    assert any("stored whole (keyframe)" in x for x in lines)
+    p = run("-q", "encode", tmp_path / "a.safetensors", tmp_path / "u.safetensors", "-o", tmp_path / "e.arc",
+            "--force", rc=0)
+    assert p.stderr == ""
+
+
+def test_in_place_through_a_symlinked_folder_is_refused_up_front(models, tmp_path):
+    import shutil
+    shutil.copytree(models / "bd", tmp_path / "real")
+    os.symlink("real", tmp_path / "current")
+    before = digest(tmp_path / "real")
+    msg = refused(run("apply", tmp_path / "current", models / "d.arc", "--in-place"))
+    assert "symbolic link" in msg and "-o" in msg
+    assert digest(tmp_path / "real") == before and os.readlink(tmp_path / "current") == "real"
+    assert not leftovers(tmp_path)
+
+
+def test_apply_onto_its_own_delta_names_the_input(models, tmp_path):
+    import shutil
+    shutil.copy(models / "d.arc", tmp_path / "d.arc")
+    msg = refused(run("apply", models / "b.safetensors", tmp_path / "d.arc", "-o", tmp_path / "d.arc"))
+    assert "is one of the inputs" in msg
+
+
+def test_encode_removes_what_a_killed_encode_left(models, tmp_path):
+    """A SIGKILLed encode leaves its temporary file; the next encode to that output removes it (only
+    names of this tool, of processes that are gone)."""
+    dead = tmp_path / ".arcfmt-tmp-999999-0123abcd-x.arc"
+    dead.write_bytes(b"")
+    other = tmp_path / ".arcfmt-tmp-999999-0123abcd-y.arc"
+    other.write_bytes(b"")
+    run("encode", models / "b.safetensors", models / "t.safetensors", "-o", tmp_path / "x.arc", rc=0)
+    assert not dead.exists() and other.exists()
