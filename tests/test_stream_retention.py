@@ -327,6 +327,33 @@ def test_symlinks_in_a_local_stream_are_never_followed(local, traj, tmp_path):
     assert_folder(f.into, traj[STEPS - 1])
 
 
+def test_steps_folder_swapped_for_a_link_after_the_listing_is_never_followed(local, traj, tmp_path, monkeypatch):
+    """A bucket writer replaces ``steps/`` with a link to another folder between prune's walk and its
+    deletions: every folder below the stream's is opened without following links, so nothing outside
+    is removed (the deletions that can no longer be made are simply not made)."""
+    publish(local, traj, n=1)
+    root = local.local
+    outside = tmp_path / "outside"
+    for step in range(STEPS):
+        (outside / f"{step:020d}").mkdir(parents=True)
+        for name in ("manifest.json", "shard-00000-of-00001.json"):
+            (outside / f"{step:020d}" / name).write_bytes(b"precious")
+    real_delete = Store.delete
+    swapped = []
+
+    def swap_then_delete(self, names):
+        if not swapped:
+            swapped.append(1)
+            os.rename(os.path.join(root, "steps"), os.path.join(root, "steps.real"))
+            os.symlink(outside, os.path.join(root, "steps"), target_is_directory=True)
+        return real_delete(self, names)
+    monkeypatch.setattr(Store, "delete", swap_then_delete)
+    prune(local.url, keep_last=2)
+    assert swapped
+    assert all((outside / f"{step:020d}" / n).read_bytes() == b"precious" for step in range(STEPS)
+               for n in ("manifest.json", "shard-00000-of-00001.json"))
+
+
 def test_cli_prune(local, traj, tmp_path):
     publish(local, traj, n=1)
     before = names(local)

@@ -215,8 +215,9 @@ class Backend(abc.ABC):
         stores have no folders: nothing)."""
         return
 
-    def delete(self, paths: builtins.list) -> None:
-        """Remove each object; one that is already gone is fine. In any order (call again for an order)."""
+    def delete(self, paths: builtins.list, root: str | None = None) -> None:
+        """Remove each object; one that is already gone is fine. In any order (call again for an order).
+        ``root``: the stream's folder, below which nothing is followed (local stores)."""
         for p in paths:
             try:
                 self.fs.rm_file(p)
@@ -384,9 +385,9 @@ class LocalBackend(Backend):
         _local_walk(fd, path, out, limit, 0)
         return out
 
-    def delete(self, paths: builtins.list) -> None:
+    def delete(self, paths: builtins.list, root: str | None = None) -> None:
         for p in paths:
-            _local_delete(p)
+            _local_delete(p, root)
 
     def remove_empty_folders(self, path: str, doomed) -> None:
         """``rmdir`` through ``path`` opened ``O_NOFOLLOW``: only an empty real folder goes (a link, a
@@ -443,18 +444,28 @@ def _local_walk(fd: int, path: str, out: list, limit: int, depth: int) -> None:
         os.close(fd)
 
 
-def _local_delete(p: str) -> None:
-    """Unlink ``p`` if it is a regular file reached without following a link (its folder is opened
-    ``O_NOFOLLOW``, the entry checked with ``lstat`` through it); then remove the folder if that left
-    it empty. Anything else — a link, a folder, a FIFO, a folder replaced by a link — is left alone."""
-    parent, name = os.path.split(p)
+def _local_delete(p: str, root: str | None = None) -> None:
+    """Unlink ``p`` if it is a regular file reached without following a link — below ``root`` (the
+    stream's folder, given by the user) every folder on the way is opened ``O_NOFOLLOW`` relative to
+    the one before, so a folder swapped for a link at any depth is never entered; then remove ``p``'s
+    folder if that left it empty. Anything else — a link, a folder, a FIFO — is left alone."""
+    if root and p.startswith(root.rstrip("/") + "/"):
+        top, parts = root, p[len(root.rstrip("/")) + 1:].split("/")
+    else:
+        top, parts = os.path.dirname(os.path.dirname(p)) or ".", p.split("/")[-2:]
+    if len(parts) < 2 or any(x in ("", ".", "..") for x in parts):
+        return
+    fds: list[int] = []
     try:
-        fd = os.open(parent, _DIR_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-            return
-        raise
-    try:
+        try:
+            fds.append(os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in parts[:-1]:
+                fds.append(os.open(part, _DIR_NOFOLLOW, dir_fd=fds[-1]))
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                return
+            raise
+        fd, name = fds[-1], parts[-1]
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -466,19 +477,13 @@ def _local_delete(p: str) -> None:
         except FileNotFoundError:
             return
         fsync_dir_fd(fd)
+        try:
+            os.rmdir(parts[-2], dir_fd=fds[-2])     # only an empty folder: ENOTEMPTY otherwise
+        except OSError:
+            pass
     finally:
-        os.close(fd)
-    gp, pname = os.path.split(parent)
-    try:
-        gfd = os.open(gp, _DIR_NOFOLLOW)
-    except OSError:
-        return
-    try:
-        os.rmdir(pname, dir_fd=gfd)     # only an empty folder: ENOTEMPTY otherwise
-    except OSError:
-        pass
-    finally:
-        os.close(gfd)
+        for fd in reversed(fds):
+            os.close(fd)
 
 
 def _local_unlink_at(name: str, dir_fd: int) -> None:
@@ -627,8 +632,9 @@ class _HttpBackend(Backend):
     def read_one(self, path, start, end, *, exact: bool, timeout: float, what: str):
         return self._read(path, start, end, exact=exact, timeout=timeout, what=what)
 
-    def delete(self, paths: builtins.list) -> None:
-        """Concurrent DELETEs on the filesystem's loop; an object already gone is fine."""
+    def delete(self, paths: builtins.list, root: str | None = None) -> None:
+        """Concurrent DELETEs on the filesystem's loop; an object already gone is fine (``root``: unused,
+        object stores have no links)."""
         async def run():
             sem = asyncio.Semaphore(WIRE_CONCURRENCY)
 
@@ -1084,7 +1090,7 @@ class Store(retry.Deadlines):
         paths = [self.path(n) for n in names]
         for b in range(0, len(paths), 256):
             batch = paths[b: b + 256]
-            self._call(lambda batch=batch: self.adapter.delete(batch), f"deleting {names[b]}")
+            self._call(lambda batch=batch: self.adapter.delete(batch, root=self.root), f"deleting {names[b]}")
 
 
 __all__ = ["Backend", "GcsBackend", "GenericBackend", "Listed", "LocalBackend", "MemoryBackend", "MissingError",
