@@ -539,3 +539,19 @@ def test_every_reader_refuses_an_object_under_another_steps_name(tmp_path, traj)
     with pytest.raises(CorruptError, match=r"\(nothing pruned\): the object describes"):
         prune(url, keep_last=1)
     assert (root / N.manifest_name(0)).exists()   # nothing pruned
+
+
+def test_a_step_never_replaces_a_file_the_follower_did_not_write(url, tmp_path, traj):
+    """The manifest names each shard's file: a step whose file name is one the user keeps in the folder
+    (and no step this follower applied wrote) is refused, and the user's file and the folder stay."""
+    (pub,) = publishers(url, 1, keyframe_every=100)
+    pub.publish(0, traj[0])
+    fol = Follower(url, tmp_path / "f")
+    fol.sync()
+    mine = tmp_path / "f" / "adapter.safetensors"
+    mine.write_bytes(b"MY OWN ADAPTER WEIGHTS")
+    pub.publish(1, traj[1], keyframe=True, file_name="adapter.safetensors")
+    with pytest.raises(InputError, match="adapter.safetensors"):
+        fol.sync()
+    assert mine.read_bytes() == b"MY OWN ADAPTER WEIGHTS" and fol.step == 0
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".arcfmt-tmp-")]

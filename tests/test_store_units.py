@@ -160,6 +160,25 @@ def test_json_strictness():
     assert parsed.step == 5 and parsed.raw != SL.canonical(m)
 
 
+def test_json_objects_with_too_many_arrays_and_objects_are_refused_before_decoding():
+    """S12: a small object of ``{}`` entries would cost some fifty times its bytes to decode; the count
+    (outside strings) is bounded first. Brackets inside strings do not count."""
+    import time
+    m = _manifest(future_field=[{}] * (SL.MANIFEST_CONTAINERS + 1))
+    t0 = time.perf_counter()
+    with pytest.raises(LimitError, match="arrays and objects"):
+        SL.parse_manifest(SL.canonical(m), "m")
+    assert time.perf_counter() - t0 < 5
+    ok = _manifest(future_field="[{" * SL.MANIFEST_CONTAINERS)   # all inside one string: nothing to build
+    assert SL.parse_manifest(SL.canonical(ok), "m").step == 5
+    body = b'{"a":[' + b"{}," * 2000 + b'{}],"s":"\\\"[[[["}'
+    with pytest.raises(LimitError):
+        SL.parse_json(body, "x", 1 << 20, containers=1024)
+    assert len(SL.parse_json(body, "x", 1 << 20, containers=4096)["a"]) == 2001
+    escaped = b'{"s":"' + b'\\\"{' * 3000 + b'"}'   # escaped quotes never end the string early
+    assert SL.parse_json(escaped, "x", 1 << 20, containers=16)["s"].count("{") == 3000
+
+
 def test_descriptor_checks():
     d = dict(format=SL.DESCRIPTOR_FORMAT, version=[1, 0], step=5, shard=0, num_shards=1, file="a.safetensors",
              target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=object_ref(), keyframe=None,

@@ -796,7 +796,12 @@ class Follower:
         assert self.into is not None
         if os.path.isdir(self.into):
             prev = self._folder_state() if old_state is None else old_state
-            own = {INDEX_NAME, STATE_NAME, *files, *((prev or {}).get("files") or [])}
+            written = set((prev or {}).get("files") or [])
+            for name in files:   # the manifest names the files: one of the user's is never replaced
+                if name not in written and os.path.lexists(os.path.join(self.into, name)):
+                    raise InputError(f"step {m.step} names the shard file {name}, which {self.into} holds but no "
+                                     f"step this follower applied wrote: it is not replaced; move it away")
+            own = {INDEX_NAME, STATE_NAME, *files, *written}
             stage.carry(self.into, own, link=True)
         check_written(stage, layouts)
         stage.commit()

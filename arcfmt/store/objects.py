@@ -64,10 +64,16 @@ def _no_float(s):
     raise CorruptError(f"non-integer number {s!r}")
 
 
-def parse_json(data, what: str, limit: int) -> dict:
-    """Decode one untrusted JSON object of at most ``limit`` bytes (`limit`, `corrupt`)."""
+def parse_json(data, what: str, limit: int, containers: int = 1024) -> dict:
+    """Decode one untrusted JSON object of at most ``limit`` bytes and at most ``containers`` arrays
+    and objects (SPEC.md S12; `limit`, `corrupt`)."""
     if len(data) > limit:
         raise LimitError(f"{what} is {len(data)} bytes, more than the {limit}-byte limit")
+    if len(data) > 2 * containers:   # each array or object takes two bytes at least: else within the bound
+        outside = _JSON_STRING.sub(b"", bytes(data))
+        n = outside.count(b"{") + outside.count(b"[")
+        if n > containers:
+            raise LimitError(f"{what} holds {n} JSON arrays and objects, more than the {containers} it may (S12)")
     try:
         text = bytes(data).decode("utf-8")
         obj = json.loads(text, object_pairs_hook=_no_dupes, parse_float=_no_float, parse_constant=_no_float)
@@ -83,6 +89,11 @@ def parse_json(data, what: str, limit: int) -> dict:
 
 
 MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')   # a JSON string, escapes included (what the count skips)
+# Arrays and objects one object may hold (S12): four times what the largest valid one holds
+HEAD_CONTAINERS = SIGNATURE_CONTAINERS = 1024
+MANIFEST_CONTAINERS = 16 * N.MAX_SHARDS + 1024
+DESCRIPTOR_CONTAINERS = 4 * MAX_TENSORS + 1024
 
 
 def _depth(obj) -> int:
@@ -228,7 +239,7 @@ class Head:
 
 
 def parse_head(data, where: str = N.HEAD) -> Head:
-    f = _check_kind(parse_json(data, where, MAX_HEAD_BYTES), HEAD_FORMAT, where)
+    f = _check_kind(parse_json(data, where, MAX_HEAD_BYTES, HEAD_CONTAINERS), HEAD_FORMAT, where)
     step = f.int("step", 0, N.MAX_STEP)
     kf = f.int("keyframe_step", 0, step)
     return Head(step, f.hex32("manifest"), kf, f.int("time_ms", 0, MAX_OBJECT_BYTES))
@@ -273,7 +284,7 @@ class Descriptor:
 
 
 def parse_descriptor(data, where: str) -> Descriptor:
-    f = _check_kind(parse_json(data, where, MAX_DESCRIPTOR_BYTES), DESCRIPTOR_FORMAT, where)
+    f = _check_kind(parse_json(data, where, MAX_DESCRIPTOR_BYTES, DESCRIPTOR_CONTAINERS), DESCRIPTOR_FORMAT, where)
     step = f.int("step", 0, N.MAX_STEP)
     num_shards = f.int("num_shards", 1, N.MAX_SHARDS)
     shard = f.int("shard", 0, num_shards - 1)
@@ -386,7 +397,7 @@ class Manifest:
 
 
 def parse_manifest(data, where: str) -> Manifest:
-    f = _check_kind(parse_json(data, where, MAX_MANIFEST_BYTES), MANIFEST_FORMAT, where)
+    f = _check_kind(parse_json(data, where, MAX_MANIFEST_BYTES, MANIFEST_CONTAINERS), MANIFEST_FORMAT, where)
     step = f.int("step", 0, N.MAX_STEP)
     base_step = f.int("base_step", 0, N.MAX_STEP, nullable=True)
     if base_step is not None and base_step >= step:
