@@ -923,8 +923,6 @@ def check_bit_padding(data, nbits, what):
 def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`."""
     W, E, M = ti.W, ti.E, ti.M
-    B = 8 * W
-    H = 2 ** (B - 1)
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
     c, K, qbits = p.c, p.K, p.qbits
@@ -997,19 +995,30 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     # Step 4: order-preserving steps.  Signs (stream 2) are in class order; magnitudes (stream 3)
     # in magnitude order: the class order stably sorted by the exponent field x(p) of each
     # change's base.
+    return apply_steps(base, positions, s2, s3, p.mw, ti, fmt, what)
+
+
+def apply_steps(base, positions, s2, s3, mw, ti, fmt, what):
+    """§8.6 step 4-5 and §8.7 step 4-5: the t-th change (``positions``, in the order its signs are, stream
+    2) takes the t-th sign and the magnitude that the magnitude order (the changes stably sorted by
+    the exponent field of their base) gives it (stream 3); the step must keep the order-preserving
+    integer in [-H, H). ASSUMPTION A17: checked change by change, in that order."""
+    E, M, B = ti.E, ti.M, 8 * ti.W
+    H = 2 ** (B - 1)
+    c, m = len(positions), len(base)
     emask = 2 ** E - 1
     xs = [(base[i] >> M) & emask for i in positions]
     mag_order = sorted(range(c), key=xs.__getitem__)  # list.sort is stable
-    stored = plane_major_decode(s3, c, p.mw)
-    mags = [0] * c  # magnitude of each change, in class order
+    stored = plane_major_decode(s3, c, mw)
+    mags = [0] * c  # magnitude of each change, in the order of ``positions``
     for j, t in enumerate(mag_order):
         mags[t] = stored[j]
     target = base[:]  # step 5: every other element keeps its base value
-    for t, i in enumerate(positions):  # ASSUMPTION A17: checked in class order
+    for t, i in enumerate(positions):
         sign = (s2[t >> 3] >> (t & 7)) & 1
         d = -(mags[t] + 1) if sign else mags[t] + 1
-        u = base[i]
-        v = (u if u < H else H - 1 - u) + d
+        bu = base[i]
+        v = (bu if bu < H else H - 1 - bu) + d
         if not -H <= v < H:
             fail("corrupt", f"{what}: step {d} at element {i} takes the order-preserving integer "
                             f"{v} outside [-2^{B - 1}, 2^{B - 1})")
@@ -1021,9 +1030,7 @@ def decode_dense_delta(ti, m, p, streams, base_bytes, what):
     """§8.7 decoding steps 1-5, in order; every failed check is `corrupt`.  The padding checks are
     written out here rather than shared with ctx-delta (check_bit_padding), so that each of §8.7's
     checks is a check of its own (a mutation site, conformance/mutate.py)."""
-    W, E, M = ti.W, ti.E, ti.M
-    B = 8 * W
-    H = 2 ** (B - 1)
+    W = ti.W
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
     c, u, r, qbits = p.c, p.u, p.r, p.qbits
@@ -1078,24 +1085,7 @@ def decode_dense_delta(ti, m, p, streams, base_bytes, what):
     # stably sorted by the exponent field x(p) of each change's base.
     positions = [i for i in range(m) if not unchanged[i]]
     assert len(positions) == c  # u distinct unchanged positions in [0, m)
-    emask = 2 ** E - 1
-    xs = [(base[i] >> M) & emask for i in positions]
-    mag_order = sorted(range(c), key=xs.__getitem__)  # list.sort is stable
-    stored = plane_major_decode(s3, c, p.mw)
-    mags = [0] * c  # magnitude of each change, in index order
-    for j, t in enumerate(mag_order):
-        mags[t] = stored[j]
-    target = base[:]  # step 5: every unchanged element keeps its base value
-    for t, i in enumerate(positions):
-        sign = (s2[t >> 3] >> (t & 7)) & 1
-        d = -(mags[t] + 1) if sign else mags[t] + 1
-        bu = base[i]
-        v = (bu if bu < H else H - 1 - bu) + d
-        if not -H <= v < H:
-            fail("corrupt", f"{what}: step {d} at element {i} takes the order-preserving integer "
-                            f"{v} outside [-2^{B - 1}, 2^{B - 1})")
-        target[i] = v if v >= 0 else H - 1 - v
-    return struct.pack(f"<{m}{fmt}", *target)
+    return apply_steps(base, positions, s2, s3, p.mw, ti, fmt, what)
 
 
 def decode_block(ti, t, b, payload, get_base, expected_encoding=None):

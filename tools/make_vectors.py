@@ -1565,6 +1565,74 @@ def stream_objects():
     return objs
 
 
+# ------------------------------------------------------------------------------------ block surgery (§8.6, §8.7)
+
+def _restream(fn, src):
+    """``src`` with its first BLCK's streams and params passed through ``fn(streams, params)`` (edited in
+    place: ``streams`` as ``[codec, stored bytes]`` pairs), the record rebuilt around them."""
+    p = split(src)
+    i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+    th = records.parse_tensor(p.recs[i - 1].payload, "")
+    info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
+    streams, pos = [], info.data_offset
+    for st in info.streams:
+        streams.append([st.codec, p.recs[i].payload[pos:pos + st.stored]])
+        pos += st.stored
+    params = list(info.params)
+    fn(streams, params)
+    payload = L.BlockPayload.build(
+        dict(tensor=0, block=0, encoding=info.encoding, params=params,
+             streams=[(c, len(d)) for c, d in streams]),
+        param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
+    p.recs[i].payload = payload + b"".join(d for _, d in streams)
+    return assemble(p)
+
+
+def _set_pad(i):
+    """An edit that sets the last padding bit of stream ``i``."""
+    def edit(streams, params):
+        d = bytearray(streams[i][1])
+        d[-1] |= 0x80
+        streams[i][1] = bytes(d)
+    return edit
+
+
+def _extra_code(streams, params):
+    """One more 1 bit among the quotient bits (the first 0 bit set)."""
+    d = bytearray(streams[0][1])
+    bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(len(d) * 8)]
+    i = bits.index(0)
+    d[i // 8] |= 1 << (i % 8)
+    streams[0][1] = bytes(d)
+
+
+def _code_beyond(streams, params, q, r, m):
+    """The last quotient code lengthened past what ``m`` elements hold (``params[q]``, qbits, grows)."""
+    extra = (m >> r) + 1  # zeros before the last code's 1: its gap runs past the class or the block
+    d = bytearray(streams[0][1])
+    bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(params[q])]
+    bits = bits[:-1] + [0] * extra + [1]
+    params[q] = len(bits)
+    out = bytearray((len(bits) + 7) // 8)
+    for i, v in enumerate(bits):
+        out[i // 8] |= v << (i % 8)
+    streams[0][1] = bytes(out)
+
+
+def _magnitude_out(streams, params, mw, count):
+    """Magnitudes widened to two bytes (``params[mw]``), the first 65535: a step out of the BF16 range."""
+    params[mw] = 2
+    mags = list(streams[3][1][:count])
+    mags[0] = 0xFFFF
+    streams[3][1] = bytes([v & 0xFF for v in mags]) + bytes([v >> 8 for v in mags])
+
+
+def _wrong_sign(streams, params):
+    d = bytearray(streams[2][1])
+    d[0] ^= 1
+    streams[2][1] = bytes(d)
+
+
 def ctx_reject_vectors():
     V = []
     from arcfmt.encodings import ctx_delta as ctx
@@ -1574,25 +1642,7 @@ def ctx_reject_vectors():
     m = b.size
 
     def n(name, desc, fn, error="corrupt", src=None, base_=None):
-        V.append(Vector(name, desc, ["8.6"], base_ or base, restream(fn, src or cfile), error=error))
-
-    def restream(fn, src):
-        p = split(src)
-        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-        th = records.parse_tensor(p.recs[i - 1].payload, "")
-        info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
-        streams, pos = [], info.data_offset
-        for st in info.streams:
-            streams.append([st.codec, p.recs[i].payload[pos:pos + st.stored]])
-            pos += st.stored
-        params = list(info.params)
-        fn(streams, params)
-        payload = L.BlockPayload.build(
-            dict(tensor=0, block=0, encoding=info.encoding, params=params,
-                 streams=[(c, len(d)) for c, d in streams]),
-            param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
-        p.recs[i].payload = payload + b"".join(d for _, d in streams)
-        return assemble(p)
+        V.append(Vector(name, desc, ["8.6"], base_ or base, _restream(fn, src or cfile), error=error))
 
     P = ctx.Params.unpack
 
@@ -1630,23 +1680,11 @@ def ctx_reject_vectors():
                                  records.parse_tensor(split(cfile).recs[1].payload, ""), 0, 0, "").params)
     assert info.qbits % 8 and info.changed % 8 and sum(a * b for a, b in zip(info.counts, info.rice)) % 8
 
-    def set_pad(i):
-        def edit(streams, params):
-            d = bytearray(streams[i][1])
-            d[-1] |= 0x80
-            streams[i][1] = bytes(d)
-        return edit
-    n("n_ctx_quotient_padding", "a padding bit set after the quotient codes", set_pad(0))
-    n("n_ctx_remainder_padding", "a padding bit set after the remainder fields", set_pad(1))
-    n("n_ctx_sign_padding", "a padding bit set after the sign bits", set_pad(2))
+    n("n_ctx_quotient_padding", "a padding bit set after the quotient codes", _set_pad(0))
+    n("n_ctx_remainder_padding", "a padding bit set after the remainder fields", _set_pad(1))
+    n("n_ctx_sign_padding", "a padding bit set after the sign bits", _set_pad(2))
 
-    def extra_code(streams, params):
-        d = bytearray(streams[0][1])
-        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(len(d) * 8)]
-        i = bits.index(0)
-        d[i // 8] |= 1 << (i % 8)
-        streams[0][1] = bytes(d)
-    n("n_ctx_quotient_extra_code", "one more 1 bit than c among the quotient bits", extra_code)
+    n("n_ctx_quotient_extra_code", "one more 1 bit than c among the quotient bits", _extra_code)
 
     def unterminated(streams, params):
         _, _, _, q, _ = at(params)
@@ -1657,15 +1695,7 @@ def ctx_reject_vectors():
         t, c, r, q, mw = at(params)
         k = params[0]
         last = max(i for i in range(k) if params[c + i])
-        extra = (m >> params[r + last]) + 1  # zeros before the last code's 1: its gap exceeds the class
-        d = bytearray(streams[0][1])
-        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(params[q])]
-        bits = bits[:-1] + [0] * extra + [1]
-        params[q] = len(bits)
-        out = bytearray((len(bits) + 7) // 8)
-        for i, v in enumerate(bits):
-            out[i // 8] |= v << (i % 8)
-        streams[0][1] = bytes(out)
+        _code_beyond(streams, params, q, params[r + last], m)
     n("n_ctx_rank_beyond_class", "the last class's last rank is not below its member count", rank_beyond)
     one = ctx_custom(b, t, [])
 
@@ -1673,20 +1703,11 @@ def ctx_reject_vectors():
 
     def step_out(streams, params):
         t_, c, r, q, mw = at(params)
-        cnt = sum(params[c:r])
-        old = streams[3][1]
-        params[mw] = 2
-        mags = list(old[:cnt])
-        mags[0] = 0xFFFF
-        streams[3][1] = bytes([v & 0xFF for v in mags]) + bytes([v >> 8 for v in mags])
+        _magnitude_out(streams, params, mw, sum(params[c:r]))
     n("n_ctx_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
 
-    def wrong_sign(streams, params):
-        d = bytearray(streams[2][1])
-        d[0] ^= 1
-        streams[2][1] = bytes(d)
     n("n_ctx_verification", "a well-formed ctx-delta block that rebuilds a different tensor (one sign bit)",
-      wrong_sign, error="verification")
+      _wrong_sign, error="verification")
 
     # Each param check followed by streams of codec 9 (§8 check 5, unsupported): the params come first.
     def then_codec(fn):
@@ -1786,25 +1807,7 @@ def dense_reject_vectors():
     m = b.size
 
     def n(name, desc, fn, error="corrupt", src=None):
-        V.append(Vector(name, desc, ["8.7"], base, restream(fn, src or dfile), error=error))
-
-    def restream(fn, src):
-        p = split(src)
-        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-        th = records.parse_tensor(p.recs[i - 1].payload, "")
-        info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
-        streams, pos = [], info.data_offset
-        for st in info.streams:
-            streams.append([st.codec, p.recs[i].payload[pos:pos + st.stored]])
-            pos += st.stored
-        params = list(info.params)
-        fn(streams, params)
-        payload = L.BlockPayload.build(
-            dict(tensor=0, block=0, encoding=info.encoding, params=params,
-                 streams=[(c, len(d)) for c, d in streams]),
-            param_count=lambda e, h: len(params), stream_count=lambda e, q: len(streams))
-        p.recs[i].payload = payload + b"".join(d for _, d in streams)
-        return assemble(p)
+        V.append(Vector(name, desc, ["8.7"], base, _restream(fn, src or dfile), error=error))
 
     C, R, Q, MW = range(4)  # dense-delta's params: c, r, qbits, mw
 
@@ -1833,23 +1836,11 @@ def dense_reject_vectors():
     n("n_dense_mag_width_zero", "magnitude width 0", setp(MW, 0))
     n("n_dense_mag_width_too_big", "magnitude width 3 on BF16", setp(MW, 3))
 
-    def set_pad(i):
-        def edit(streams, params):
-            d = bytearray(streams[i][1])
-            d[-1] |= 0x80
-            streams[i][1] = bytes(d)
-        return edit
-    n("n_dense_quotient_padding", "a padding bit set after the quotient codes", set_pad(0))
-    n("n_dense_remainder_padding", "a padding bit set after the remainder fields", set_pad(1))
-    n("n_dense_sign_padding", "a padding bit set after the sign bits", set_pad(2))
+    n("n_dense_quotient_padding", "a padding bit set after the quotient codes", _set_pad(0))
+    n("n_dense_remainder_padding", "a padding bit set after the remainder fields", _set_pad(1))
+    n("n_dense_sign_padding", "a padding bit set after the sign bits", _set_pad(2))
 
-    def extra_code(streams, params):
-        d = bytearray(streams[0][1])
-        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(len(d) * 8)]
-        i = bits.index(0)
-        d[i // 8] |= 1 << (i % 8)
-        streams[0][1] = bytes(d)
-    n("n_dense_quotient_extra_code", "one more 1 bit than u among the quotient bits", extra_code)
+    n("n_dense_quotient_extra_code", "one more 1 bit than u among the quotient bits", _extra_code)
     n("n_dense_quotient_unterminated", "bit qbits - 1 is not a terminating 1", setp(Q, lambda p: p[Q] + 1))
     every = dense_case(91, BF16, m=64, unchanged=0, specials=False)
     afile = write_delta({"x": every[0]}, {"x": every[1]}, force_encoding="dense-delta", force_codec="raw")
@@ -1859,36 +1850,20 @@ def dense_reject_vectors():
         streams[0][1] = b"\x00"
     V.append(Vector("n_dense_quotient_unterminated_all_changed", "u = 0 but qbits = 1: stream 0 holds one 0 "
                     "bit, no code (the count of 1 bits is right; the last bit is not a terminating 1)", ["8.7"],
-                    {"x": every[0]}, restream(zero_bit, afile), error="corrupt"))
+                    {"x": every[0]}, _restream(zero_bit, afile), error="corrupt"))
 
     def beyond(streams, params):
-        extra = (m >> params[R]) + 1  # zeros before the last code's 1: its gap runs past the block
-        d = bytearray(streams[0][1])
-        bits = [(d[i // 8] >> (i % 8)) & 1 for i in range(params[Q])]
-        bits = bits[:-1] + [0] * extra + [1]
-        params[Q] = len(bits)
-        out = bytearray((len(bits) + 7) // 8)
-        for i, v in enumerate(bits):
-            out[i // 8] |= v << (i % 8)
-        streams[0][1] = bytes(out)
+        _code_beyond(streams, params, Q, params[R], m)
     n("n_dense_position_beyond_block", "the last unchanged position is past the end of the block (qbits "
       "still within m)", beyond)
     assert info.qbits + (m >> info.rice[0]) + 1 <= m
 
     def step_out(streams, params):
-        cnt = params[C]
-        params[MW] = 2
-        mags = list(streams[3][1][:cnt])
-        mags[0] = 0xFFFF
-        streams[3][1] = bytes([v & 0xFF for v in mags]) + bytes([v >> 8 for v in mags])
+        _magnitude_out(streams, params, MW, params[C])
     n("n_dense_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
 
-    def wrong_sign(streams, params):
-        d = bytearray(streams[2][1])
-        d[0] ^= 1
-        streams[2][1] = bytes(d)
     n("n_dense_verification", "a well-formed dense-delta block that rebuilds a different tensor (one sign bit)",
-      wrong_sign, error="verification")
+      _wrong_sign, error="verification")
 
     def then_codec(i, v):
         def edit(streams, params):

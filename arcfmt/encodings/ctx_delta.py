@@ -266,6 +266,7 @@ class CtxDelta(Encoding):
     id = 5
     name = "ctx-delta"
     dtypes = DTYPES
+    codes_unchanged = False   # the Rice codes list the changes (dense-delta: the unchanged elements)
     trial_rank = 10  # nearly always the smallest where it is defined
 
     def unpack(self, params: Sequence[int]) -> Params:
@@ -304,8 +305,8 @@ class CtxDelta(Encoding):
         positions = block.positions
         if positions.size == 0:
             return None
-        assert block.base is not None, "ctx-delta needs a base: the registry never offers it a block without"
-        enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes)
+        assert block.base is not None, f"{self.name} needs a base: the registry never offers it a block without"
+        enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged)
         return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -324,6 +325,7 @@ class DenseDelta(CtxDelta):
     name = "dense-delta"
     param_names = ("c", "r", "qbits", "mw")
     trial_rank = 11  # right after ctx-delta, on the same blocks
+    codes_unchanged = True
 
     def unpack(self, params: Sequence[int]) -> Params:
         return dense_unpack(params)
@@ -333,15 +335,6 @@ class DenseDelta(CtxDelta):
 
     def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
         return dense_stream_lengths(dt, dense_unpack(params), m)
-
-    def encode(self, block: Block, max_classes: int = 1) -> EncodedBlock | None:
-        """None when nothing changed."""
-        positions = block.positions
-        if positions.size == 0:
-            return None
-        assert block.base is not None, "dense-delta needs a base: the registry never offers it a block without"
-        enc = encode(block.dt, block.base, block.target, positions, dense=True)
-        return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """Only where most elements changed: elsewhere listing the changes is the smaller."""
