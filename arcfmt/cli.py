@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import re
@@ -1140,6 +1141,9 @@ def _os_error_text(exc: OSError, args) -> str:
     reason = exc.strerror or str(exc) or type(exc).__name__
     path = exc.filename
     if path is None:
+        if getattr(args, "output", None) == "-" and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EIO,
+                                                                  getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return f"cannot write standard output: {reason}"
         return reason
     path = os.fsdecode(path) if isinstance(path, bytes) else str(path)
     verb = "access"

@@ -22,6 +22,7 @@ from .errors import (
     InputError,
     MissingTensorError,
     TruncatedError,
+    os_error,
 )
 from .parallel import SHARED_MIN_ELEMS, Batch, Job
 
@@ -50,9 +51,14 @@ class FileSource:
     def __init__(self, fileobj, size: int | None = None):
         self._f = fileobj
         self._lock = threading.Lock()
+        name = getattr(fileobj, "name", None)
+        self._name = name if isinstance(name, str) else "the input"   # an OS error names the user's file
         if size is None:
             with self._lock:
-                size = fileobj.seek(0, os.SEEK_END)
+                try:
+                    size = fileobj.seek(0, os.SEEK_END)
+                except OSError as exc:
+                    raise os_error(exc, "read", self._name) from None
         self.size = size
 
     def read(self, offset: int, length: int):
@@ -61,8 +67,11 @@ class FileSource:
             raise TruncatedError(f"read of {length} bytes at offset {offset} runs past the end of the "
                                  f"{self.size}-byte input")
         with self._lock:
-            self._f.seek(offset)
-            data = self._f.read(length)
+            try:
+                self._f.seek(offset)
+                data = self._f.read(length)
+            except OSError as exc:
+                raise os_error(exc, "read", self._name) from None
         if len(data) != length:
             raise TruncatedError(f"input ended after {len(data)} of {length} bytes at offset {offset}")
         return data

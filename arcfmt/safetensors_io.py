@@ -89,13 +89,13 @@ def open_input(path: str):
     """``(file, stat)`` of ``path`` opened for reading without ever blocking in ``open``: a FIFO
     without a writer would wait forever there. The caller decides what a file that is not regular (a
     FIFO, a pipe, a device) means; OSError as ``open`` raises it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb"), st
+    f = open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+    try:   # (opened by name: the file object's name is the user's path, for the messages that cite it)
+        st = os.fstat(f.fileno())
+        os.set_blocking(f.fileno(), True)
+        return f, st
     except BaseException:
-        os.close(fd)
+        f.close()
         raise
 
 

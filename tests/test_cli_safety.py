@@ -499,3 +499,17 @@ def test_encode_removes_what_a_killed_encode_left(models, tmp_path):
     other.write_bytes(b"")
     run("encode", models / "b.safetensors", models / "t.safetensors", "-o", tmp_path / "x.arc", rc=0)
     assert not dead.exists() and other.exists()
+
+
+def test_os_errors_without_a_file_name_still_name_the_users_path(models):
+    """An input that cannot seek (a /proc file) and standard output on a full device: the one line names
+    what the user gave."""
+    if os.path.exists("/proc/self/status"):
+        msg = refused(run("inspect", "/proc/self/status"), "io")
+        assert msg == "arcfmt: error (io): cannot read /proc/self/status: Invalid argument\n"
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "wb") as full:
+            p = run("encode", models / "b.safetensors", models / "t.safetensors", "-o", "-", stdout=full,
+                    stderr=subprocess.PIPE)
+        assert p.returncode == 1 and p.stderr.decode().endswith(
+            "arcfmt: error (io): cannot write standard output: No space left on device\n"), p.stderr
