@@ -699,6 +699,10 @@ def cmd_publish(args) -> int:
     why = f" (a keyframe: {res.note})" if res.note else ""
     print(f"published step {step} shard {shard}/{num_shards} ({res.file}): {'; '.join(parts)}{why}; {state}; "
           f"{res.seconds:.2f} s")
+    if c.committed and c.head is not None and c.head > step:
+        _note(args, f"warning: the head stays at step {c.head}, ahead of step {step}: followers do not see this "
+                    f"step (steps are published in order; is a head from another run, or a forged one, in "
+                    f"{args.url}? 'arcfmt status' shows it)")
     return 0
 
 

@@ -555,3 +555,22 @@ def test_a_step_never_replaces_a_file_the_follower_did_not_write(url, tmp_path, 
         fol.sync()
     assert mine.read_bytes() == b"MY OWN ADAPTER WEIGHTS" and fol.step == 0
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".arcfmt-tmp-")]
+
+
+def test_publish_warns_when_the_head_stays_ahead_of_the_step(tmp_path):
+    """A head at a later step than the one just committed (another run's, or forged): the step commits
+    but followers cannot see it; the command says so on one warning line (and exits 0)."""
+    from support.cli import run
+    rng = np.random.default_rng(0)
+    for s in range(3):
+        write_file(tmp_path / f"c{s}.safetensors", {"w": rng.standard_normal(256).astype(np.float32)})
+    url = tmp_path / "st"
+    for s in range(2):
+        assert run("publish", url, "--step", s, "--shard", "0/1", tmp_path / f"c{s}.safetensors").returncode == 0
+    head = json.loads((url / "head.json").read_text())
+    head["step"] = 100
+    (url / "head.json").write_text(json.dumps(head))
+    p = run("publish", url, "--step", 2, "--shard", "0/1", tmp_path / "c2.safetensors")
+    assert p.returncode == 0 and "head at step 100" in p.stdout
+    warn = [x for x in p.stderr.splitlines() if x.startswith("arcfmt: warning:")]
+    assert len(warn) == 1 and "stays at step 100, ahead of step 2" in warn[0], p.stderr
