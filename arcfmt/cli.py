@@ -814,7 +814,9 @@ def cmd_status(args) -> int:
         return 0
     h = st.head
     print(f"stream {st.url}")
-    if h is None:
+    if st.head_error is not None:
+        print(f"head: unreadable ({st.head_error}); the steps below are from the listing")
+    elif h is None:
         print("head: none (nothing committed yet)")
     else:
         print(f"head: step {h.step}, manifest {h.manifest}, keyframe step {h.keyframe_step}, "

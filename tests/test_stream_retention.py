@@ -130,6 +130,18 @@ def test_status_of_an_empty_stream(tmp_path):
     assert not os.path.exists(tmp_path / "nothing")
 
 
+def test_status_of_a_stream_whose_head_is_garbage_shows_the_rest(local, traj, tmp_path):
+    """An operator repairing a stream needs its steps: an unreadable head is reported, not fatal."""
+    from support.cli import run
+    publish(local, traj, steps=3, n=1)
+    with open(os.path.join(local.local, "head.json"), "wb") as f:
+        f.write(b"garbage")
+    st = status(local.url)
+    assert st.head is None and st.head_error.startswith("corrupt: ") and len(st.steps) == 3
+    p = run("status", local.url, rc=0)
+    assert "head: unreadable (corrupt: " in p.stdout and "committed steps: 3" in p.stdout
+
+
 # ------------------------------------------------------------------------------------ prune
 
 def _check_all_reach_head(w, at, traj, tmp, last):

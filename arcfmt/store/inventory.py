@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from ..errors import ArcError, InputError
+from ..errors import ArcError, FormatError, InputError
 from . import names as N
 from . import retry
 from .backends import Listed, Store
@@ -73,6 +73,7 @@ class StreamStatus:
     other_names: list                # the first MAX_OTHER_LISTED of them
     manifests_read: int
     seconds: float
+    head_error: str | None = None    # a head that exists but cannot be read (the rest is still shown)
 
     def as_dict(self) -> dict:
         """The status as a JSON-ready dict."""
@@ -132,8 +133,12 @@ def status(url: str, *, storage_options: dict | None = None, fs=None, store: Sto
     if details > MAX_DETAILS:
         raise InputError(f"details must be at most {MAX_DETAILS}")
     st = store if store is not None else Store(url, storage_options, fs=fs, retries=retries)
-    raw_head = st.read(N.HEAD, MAX_HEAD_BYTES, missing_ok=True)
-    head = None if raw_head is None else parse_head(raw_head)
+    head_error = None
+    try:   # a broken head is reported, not fatal: an operator needs the rest to repair it
+        raw_head = st.read(N.HEAD, MAX_HEAD_BYTES, missing_ok=True)
+        head = None if raw_head is None else parse_head(raw_head)
+    except (FormatError, InputError) as exc:
+        raw_head, head, head_error = None, None, f"{exc.category}: {exc}"
     entries = st.list(N.STEPS)
     now = time.time()
     by = _group(entries)
@@ -188,7 +193,7 @@ def status(url: str, *, storage_options: dict | None = None, fs=None, store: Sto
         new_follower_path=path, new_follower_bytes=follower_bytes, plan_error=plan_error,
         total_bytes=sum(e.size for e in entries) + (len(raw_head) if raw_head is not None else 0),
         objects=len(entries) + (raw_head is not None), other=len(other), other_names=other[:MAX_OTHER_LISTED],
-        manifests_read=len(read), seconds=time.perf_counter() - t0)
+        manifests_read=len(read), seconds=time.perf_counter() - t0, head_error=head_error)
 
 
 __all__ = ["status", "StreamStatus", "StepInfo", "HeadInfo"]
