@@ -334,6 +334,7 @@ def test_publisher_killed_while_saving_its_state_can_move_on(kind, request, tmp_
 # ================================================================================= killed followers
 
 EXCHANGE = "arcfmt.staging.exchange_dirs"
+REMOVE_OLD = "arcfmt.staging._remove_tree"
 
 
 def follower_points(names, local) -> list:
@@ -345,8 +346,8 @@ def follower_points(names, local) -> list:
     forget = names[fsyncs[-1]:].index("os.unlink:before") + fsyncs[-1]
     pts = [["os.replace:after", 1], ["os.replace:before", 3], ["os.replace:after", 5],
            ["os.fsync:before", 1], ["os.fsync:after", 2], ["os.fsync:after", 4], ["os.fsync:after", 5],
-           [EXCHANGE + ":before", 1], [EXCHANGE + ":after", 1], ["shutil.rmtree:before", 1],
-           ["shutil.rmtree:after", 1], ["os.fsync:after", 6],
+           [EXCHANGE + ":before", 1], [EXCHANGE + ":after", 1], [REMOVE_OLD + ":before", 1],
+           [REMOVE_OLD + ":after", 1], ["os.fsync:after", 6],
            ["os.unlink:before", names[:forget + 1].count("os.unlink:before")]]
     if local:
         pts += [["LocalFileSystem.cat_file:after", 1], ["LocalFileSystem.cat_ranges:before", 1],

@@ -599,6 +599,7 @@ def _arm(kill_at, local_reads: bool) -> KillPoints:
         kp.watch(os, name)
     kp.watch(shutil, "rmtree")
     kp.watch(S, "exchange_dirs")
+    kp.watch(S, "_remove_tree")   # the old folder's removal after the exchange
     if local_reads:
         kp.watch(LocalFileSystem, "cat_file")
         kp.watch(LocalFileSystem, "cat_ranges")
