@@ -97,6 +97,7 @@ class Stage:
         like = like or self.dest
         self.owner = self._owner(Owner.of(like, folder))
         self._like_dir = like if folder and _is_real_dir(like) else None
+        self._listed: set[str] | None = None   # the entries carry() saw in the folder it carried from
         if folder:
             try:
                 os.mkdir(self.path, 0o700)  # private until it is complete
@@ -135,21 +136,31 @@ class Stage:
         stage, sub-folders as a tree of their own, so that a config, a tokenizer or anything a user
         keeps beside the weights is in the new folder *before* the swap: a crash at any instant
         leaves it in whichever folder is the destination. ``link`` (in place): every non-folder entry
-        is hard-linked (FIFOs and sockets too: they are the user's), copied only where a link cannot
-        be made; otherwise copied (FIFOs, sockets and devices are not copied into a new folder).
-        A sub-folder on another file system (a mount point) is refused: it cannot move atomically.
-        Errors name the user's path. Returns the top-level names carried."""
-        carried = []
+        is hard-linked (FIFOs and sockets too: they are the user's); otherwise copied (FIFOs, sockets
+        and devices are not copied into a new folder). Refused, before anything changes: a mount
+        point inside the folder (it cannot move atomically; a bind mount included), a tree more than
+        ``MAX_CARRY_DEPTH`` folders deep, a file that cannot be linked for lack of permission. Every
+        folder is walked through descriptors opened without following links, so a folder swapped
+        for a link meanwhile is never entered. Errors name the user's path. Returns the top-level
+        names carried; entries that appear in ``source`` later are moved over by :meth:`commit`."""
+        mounts = _mounts_below(source)
+        if mounts:
+            raise InputError(f"{mounts[0]} is a mount point inside {source}: it cannot be carried into the new "
+                             "folder atomically; unmount it or write the result elsewhere")
         try:
-            dev = os.lstat(source).st_dev
-            with os.scandir(source) as it:
-                names = sorted(e.name for e in it
-                               if e.name not in exclude and not e.name.startswith((TMP_TAG, OLD_TAG)))
+            sfd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise os_error(exc, "read", source) from None
-        for name in names:
-            if _carry_entry(os.path.join(source, name), os.path.join(self.path, name), link, dev):
-                carried.append(name)
+        try:
+            dev = os.fstat(sfd).st_dev
+            names = sorted(os.listdir(sfd))
+            carried = [n for n in names if n not in exclude
+                       and _carry_at(sfd, n, os.path.join(self.path, n), link, dev, os.path.join(source, n), 0)]
+        except OSError as exc:
+            raise os_error(exc, "read", source) from None
+        finally:
+            os.close(sfd)
+        self._listed = set(names)
         return carried
 
     def commit(self) -> None:
@@ -160,6 +171,7 @@ class Stage:
                 fsync_dir(self.path)
                 if _is_real_dir(self.dest):
                     exchange_dirs(self.path, self.dest)
+                    self._move_late_entries()
                     remove_entry(self.path)  # the old folder, now at our name: nothing in it is only there
                 else:
                     os.rename(self.path, self.dest)
@@ -169,57 +181,112 @@ class Stage:
         except OSError as exc:
             raise os_error(exc, "write", self.display) from None
 
+    def _move_late_entries(self) -> None:
+        """After the swap: what appeared in the old folder after :meth:`carry` listed it (a log the
+        user's job wrote meanwhile) goes to the new folder, where the name is free (best effort)."""
+        if self._listed is None:
+            return
+        try:
+            late = [n for n in os.listdir(self.path) if n not in self._listed]
+        except OSError:
+            return
+        for n in late:
+            try:
+                if not os.path.lexists(os.path.join(self.dest, n)):
+                    os.rename(os.path.join(self.path, n), os.path.join(self.dest, n))
+            except OSError:
+                pass
+
     def abort(self) -> None:
         remove_entry(self.path)
 
 
-def _carry_entry(src: str, dst: str, link: bool, dev: int) -> bool:
-    """:meth:`Stage.carry` for one entry (recursively for a folder); False when it is not carried."""
+MAX_CARRY_DEPTH = 64   # folders below a checkpoint folder that carrying it walks into
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _carry_at(dfd: int, name: str, dst: str, link: bool, dev: int, shown: str, depth: int) -> bool:
+    """:meth:`Stage.carry` for entry ``name`` of the folder open at ``dfd`` (``shown``: its path for
+    messages), recursively for a folder; False when it is not carried."""
     try:
-        st = os.lstat(src)
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         mode = st.st_mode
         if stat.S_ISLNK(mode):
-            os.symlink(os.readlink(src), dst)
+            os.symlink(os.readlink(name, dir_fd=dfd), dst)
         elif stat.S_ISDIR(mode):
             if st.st_dev != dev:
-                raise InputError(f"{src} is a mount point (another file system): it cannot be carried "
-                                 "into the new folder atomically; unmount it or write the result elsewhere")
-            os.mkdir(dst, 0o700)   # private while it fills; its own mode once complete
-            for name in sorted(os.listdir(src)):
-                _carry_entry(os.path.join(src, name), os.path.join(dst, name), link, dev)
-            shutil.copystat(src, dst, follow_symlinks=False)
-            _keep_owner(dst, st)
-        elif link and _try_link(src, dst):
+                raise InputError(f"{shown} is a mount point (another file system): it cannot be carried into the "
+                                 "new folder atomically; unmount it or write the result elsewhere")
+            if depth >= MAX_CARRY_DEPTH:
+                raise InputError(f"{shown} is more than {MAX_CARRY_DEPTH} folders deep: it is not carried into "
+                                 "the new folder; move it away or write the result elsewhere")
+            sub = os.open(name, _DIR_NOFOLLOW, dir_fd=dfd)
+            try:
+                os.mkdir(dst, 0o700)   # private while it fills; its own mode once complete
+                for n in sorted(os.listdir(sub)):
+                    _carry_at(sub, n, os.path.join(dst, n), link, dev, os.path.join(shown, n), depth + 1)
+            finally:
+                os.close(sub)
+            _keep_attributes(dst, st)
+        elif link and _linked(dfd, name, dst, shown):
             pass
         elif stat.S_ISREG(mode):
-            shutil.copy2(src, dst, follow_symlinks=False)
-            _keep_owner(dst, st)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dfd)
+            with open(fd, "rb") as fsrc, open(dst, "xb") as fdst:
+                shutil.copyfileobj(fsrc, fdst, 1 << 20)
+            _keep_attributes(dst, st)
         elif not link:
             return False   # a FIFO, socket or device: nothing a new checkpoint folder is given
         elif stat.S_ISFIFO(mode):
             os.mkfifo(dst, stat.S_IMODE(mode))
-            _keep_owner(dst, st)
+            _keep_attributes(dst, st)
         else:
-            raise InputError(f"{src} (a socket or device) cannot be linked into the new folder; move it "
+            raise InputError(f"{shown} (a socket or device) cannot be linked into the new folder; move it "
                              "away or write the result elsewhere")
     except OSError as exc:
-        raise os_error(exc, "carry", src) from None
+        raise os_error(exc, "carry", shown) from None
     return True
 
 
-def _try_link(src: str, dst: str) -> bool:
+def _linked(dfd: int, name: str, dst: str, shown: str) -> bool:
+    """Hard-link entry ``name`` of the folder at ``dfd`` to ``dst``; False where the file system cannot
+    (then it is copied). A link refused for lack of permission is an error: a copy would cut the
+    file off from its other names, and it may be large."""
     try:
-        os.link(src, dst, follow_symlinks=False)
+        os.link(name, dst, src_dir_fd=dfd, follow_symlinks=False)
         return True
+    except (PermissionError, FileExistsError):
+        raise
     except OSError:
-        return False   # another file system, a file system without links, a protected link
+        return False
 
 
-def _keep_owner(path: str, st: os.stat_result) -> None:
+def _keep_attributes(path: str, st: os.stat_result) -> None:
+    """Mode, times and (where this process may) owner of a carried folder or copy."""
+    os.chmod(path, stat.S_IMODE(st.st_mode), follow_symlinks=False)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
     try:
         os.lchown(path, st.st_uid, st.st_gid)
     except OSError:
         pass   # not root: the copy stays ours, as any copy would
+
+
+def _mount_points() -> set[str]:
+    """Every mount point this process sees (Linux ``/proc/self/mountinfo``, octal escapes undone);
+    empty where there is no such file (the ``st_dev`` checks still apply there)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    unescape = functools.partial(re.sub, rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]))
+    return {os.fsdecode(unescape(parts[4])) for parts in (line.split(b" ") for line in lines) if len(parts) > 4}
+
+
+def _mounts_below(path: str) -> list[str]:
+    """The mount points strictly inside folder ``path`` (bind mounts too, which ``st_dev`` misses)."""
+    prefix = os.path.realpath(path).rstrip("/") + "/"
+    return sorted(m for m in _mount_points() if m.startswith(prefix))
 
 
 def _is_real_dir(path: str) -> bool:
@@ -246,34 +313,43 @@ def remove_entry(path: str) -> None:
 
 
 def _remove_tree(path: str, dev: int) -> None:
-    """``rm -r`` of a folder this module made, never crossing into another file system (a mount a
-    user placed inside is left, with the folders above it) and never following a link: every step
-    is taken relative to a folder already opened without following links. Best effort."""
+    """``rm -r`` of a folder this module made, never crossing into a mount (another file system, or a
+    bind mount a user placed inside: left, with the folders above it) and never following a link:
+    every step is taken relative to a folder already opened without following links. A read-only
+    folder of ours is made writable first. Best effort: what cannot go stays."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(path, _DIR_NOFOLLOW)
     except OSError:
         return
-    _empty_at(fd, dev)
+    _empty_at(fd, dev, path, set(_mounts_below(path)), 0)
     try:
         os.rmdir(path)
     except OSError:
         pass
 
 
-def _empty_at(fd: int, dev: int) -> None:
-    """Remove what folder ``fd`` holds (then close it), as :func:`_remove_tree` says."""
+def _empty_at(fd: int, dev: int, path: str, mounts: set, depth: int) -> None:
+    """Remove what folder ``fd`` (at ``path``) holds, then close it, as :func:`_remove_tree` says."""
     try:
-        if os.fstat(fd).st_dev != dev:
+        st = os.fstat(fd)
+        if st.st_dev != dev or depth > MAX_CARRY_DEPTH + 8:
             return
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+            os.fchmod(fd, 0o700)   # a read-only folder (a carried tokenizer's): its entries can go now
         for name in os.listdir(fd):
+            sub = os.path.join(path, name)
             try:
-                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                    _empty_at(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), dev)
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    if sub in mounts:
+                        continue
+                    _empty_at(os.open(name, _DIR_NOFOLLOW, dir_fd=fd), dev, sub, mounts, depth + 1)
                     os.rmdir(name, dir_fd=fd)
-                else:
+                elif sub not in mounts:
                     os.unlink(name, dir_fd=fd)
             except OSError:
                 pass
+    except OSError:
+        pass
     finally:
         os.close(fd)
 

@@ -311,7 +311,10 @@ def _ranks(p: Params, streams, coded) -> np.ndarray:
         raise CorruptError(f"ctx-delta quotient stream holds {term.size} codes ending at bit "
                            f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
     quot = np.diff(term, prepend=-1) - 1
-    rbits = _unpack(streams[1], sum(ck * r for ck, r in zip(coded, p.rice)), "remainder")
+    nbits = sum(ck * r for ck, r in zip(coded, p.rice))
+    if nbits % 8 and streams[1][-1] >> (nbits % 8):
+        raise CorruptError("ctx-delta remainder stream: padding bits are not zero")
+    rbuf = np.frombuffer(bytes(streams[1]) + bytes(4), np.uint8)   # fields read 4 bytes at a time
     out = [np.empty(0, np.int64)]
     off = roff = 0
     for ck, r in zip(coded, p.rice):
@@ -319,12 +322,29 @@ def _ranks(p: Params, streams, coded) -> np.ndarray:
             continue
         g = quot[off:off + ck].astype(np.int64) << r
         if r:
-            g |= (rbits[roff:roff + ck * r].reshape(ck, r).astype(np.int64)
-                  @ (np.int64(1) << np.arange(r, dtype=np.int64)))
+            g |= _fields(rbuf, roff, ck, r)
         out.append(np.cumsum(g + 1) - 1)
         off += ck
         roff += ck * r
     return np.concatenate(out)
+
+
+_FIELD_CHUNK = 1 << 16
+
+
+def _fields(rbuf: np.ndarray, start: int, count: int, r: int) -> np.ndarray:
+    """``count`` consecutive ``r``-bit fields (``r ≤ 24``) of the bit string ``rbuf`` from bit ``start``,
+    in chunks: a field spans at most 4 bytes, so no array of one entry per bit is ever made (a block
+    of 2^24 24-bit fields would need gigabytes that way)."""
+    out = np.empty(count, np.int64)
+    mask = np.uint32((1 << r) - 1)
+    for s0 in range(0, count, _FIELD_CHUNK):
+        pos = start + np.arange(s0, min(count, s0 + _FIELD_CHUNK), dtype=np.int64) * r
+        at = pos >> 3
+        word = (rbuf[at].astype(np.uint32) | rbuf[at + 1].astype(np.uint32) << 8
+                | rbuf[at + 2].astype(np.uint32) << 16 | rbuf[at + 3].astype(np.uint32) << 24)
+        out[s0:s0 + pos.size] = (word >> (pos & 7).astype(np.uint32)) & mask
+    return out
 
 
 def _complement(kept: np.ndarray, m: int) -> np.ndarray:

@@ -175,6 +175,11 @@ def test_json_objects_with_too_many_arrays_and_objects_are_refused_before_decodi
     with pytest.raises(LimitError):
         SL.parse_json(body, "x", 1 << 20, containers=1024)
     assert len(SL.parse_json(body, "x", 1 << 20, containers=4096)["a"]) == 2001
+    t0 = time.perf_counter()   # an unterminated string of escaped quotes: the scan stays linear
+    for raw in (b'"' + b'\\"' * 70_000, b'{"a":"' + b"[" * 300_000):
+        with pytest.raises(CorruptError):
+            SL.parse_manifest(raw, "m")
+    assert time.perf_counter() - t0 < 2
     escaped = b'{"s":"' + b'\\\"{' * 3000 + b'"}'   # escaped quotes never end the string early
     assert SL.parse_json(escaped, "x", 1 << 20, containers=16)["s"].count("{") == 3000
 

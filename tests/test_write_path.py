@@ -236,6 +236,92 @@ def test_in_place_refuses_a_mount_point_inside_the_folder(tmp_path):
         subprocess.run(["umount", str(b / "cache")], capture_output=True)
 
 
+def test_in_place_refuses_a_bind_mount_inside_the_folder(tmp_path):
+    """A bind mount from the same file system has the folder's st_dev: it is found in the mount table,
+    refused before anything changes, and its source outside the folder is untouched."""
+    b, t, d = _folder_pair(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "f").write_text("precious")
+    (b / "mnt").mkdir()
+    if subprocess.run(["mount", "--bind", str(tmp_path / "elsewhere"), str(b / "mnt")], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here")
+    try:
+        with pytest.raises(arcfmt.errors.InputError, match="mount point"):
+            apply_delta(b, d, in_place=True)
+        assert (tmp_path / "elsewhere" / "f").read_text() == "precious"
+        assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+    finally:
+        subprocess.run(["umount", str(b / "mnt")], capture_output=True)
+
+
+def test_in_place_refuses_a_tree_too_deep_and_carries_names_like_ours(tmp_path):
+    """A sub-folder more than MAX_CARRY_DEPTH deep is one InputError, nothing left beside the folder
+    (the next run is not wedged); a user's entries named like this module's temporaries are carried."""
+    b, t, d = _folder_pair(tmp_path)
+    (b / ".arcfmt-tmp-notes.txt").write_text("notes")
+    (b / ".arcfmt-old-x").mkdir()
+    deep = b / "deep"
+    p = deep
+    for _ in range(staging.MAX_CARRY_DEPTH + 1):
+        p = p / "d"
+    p.mkdir(parents=True)
+    before = digest_tree(b)
+    with pytest.raises(arcfmt.errors.InputError, match="folders deep"):
+        apply_delta(b, d, in_place=True)
+    assert digest_tree(b) == before and not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+    shutil.rmtree(deep)
+    apply_delta(b, d, in_place=True)
+    assert (b / ".arcfmt-tmp-notes.txt").read_text() == "notes" and (b / ".arcfmt-old-x").is_dir()
+
+
+def test_an_entry_written_while_applying_is_moved_to_the_new_folder(tmp_path, monkeypatch):
+    """A log the user's job writes after the carry listed the folder (here: just before the swap) is
+    moved into the new folder, not removed with the old one."""
+    b, t, d = _folder_pair(tmp_path)
+    real = staging.exchange_dirs
+
+    def exchange(a, dest):
+        (b / "train_log.txt").write_text("late")
+        real(a, dest)
+    monkeypatch.setattr(staging, "exchange_dirs", exchange)
+    apply_delta(b, d, in_place=True)
+    assert (b / "train_log.txt").read_text() == "late"
+    assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another user")
+def test_a_read_only_sub_folder_leaves_nothing_behind_for_its_owner(tmp_path):
+    """Run as the folder's (non-root) owner: the old tree, whose read-only sub-folder the owner may not
+    write, is still removed after the swap; the user's file keeps its link count."""
+    import pathlib
+    import tempfile
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="arcfmt-owner-", dir="/tmp"))  # pytest's are root's, 0700
+    os.chmod(tmp_path, 0o755)
+    b, t, d = _folder_pair(tmp_path)
+    (b / "tok").mkdir()
+    (b / "tok" / "vocab.json").write_text("v")
+    os.chmod(b / "tok", 0o555)
+    for root, dirs, files in os.walk(tmp_path):
+        for n in [root, *(os.path.join(root, x) for x in dirs + files)]:
+            os.lchown(n, 4321, 4321)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(4321)
+            os.setuid(4321)
+            apply_delta(b, d, in_place=True)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+    assert os.stat(b / "tok" / "vocab.json").st_nlink == 1 and (b / "tok" / "vocab.json").read_text() == "v"
+    os.chmod(b / "tok", 0o755)
+    shutil.rmtree(tmp_path)
+
+
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_in_place_keeps_modes_and_owner(tmp_path, kind):
     """Private weights stay private: the file (or folder and every file in it) keeps mode and owner."""

@@ -89,7 +89,9 @@ def parse_json(data, what: str, limit: int, containers: int = 1024) -> dict:
 
 
 MAX_JSON_DEPTH = 64
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')   # a JSON string, escapes included (what the count skips)
+# A JSON string, escapes included (what the count skips); one left open runs to the end, so the scan
+# never fails and restarts (linear time, where a pattern needing the closing quote is quadratic)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
 # Arrays and objects one object may hold (S12): four times what the largest valid one holds
 HEAD_CONTAINERS = SIGNATURE_CONTAINERS = 1024
 MANIFEST_CONTAINERS = 16 * N.MAX_SHARDS + 1024
