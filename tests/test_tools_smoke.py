@@ -64,3 +64,16 @@ def test_kernel_ab_against_this_tree_and_against_a_wrong_kernel(traj, tmp_path):
     (other / "arcfmt" / "kernels.py").write_text(wrong)
     p = _tool("kernel_ab.py", str(other), traj, "--pairs", "1", "--rounds", "1")
     assert p.returncode != 0 and "decode different bytes" in p.stderr, (p.stdout, p.stderr)
+
+
+def test_size_levers_accounts_for_every_byte_and_prints_the_bounds(traj):
+    """size_levers.py: framing plus stored streams are the file; the three adaptive bounds are printed."""
+    import re
+    p = _tool("size_levers.py", traj, "2", "--history", "1")
+    assert p.returncode == 0, p.stderr
+    total = int(re.search(r"-> 2: (\d+) B", p.stdout).group(1))
+    frame = int(re.search(r"framing (\d+) B", p.stdout).group(1))
+    stored = sum(int(m) for m in re.findall(r"stream \d+\s+(\d+)", p.stdout))
+    assert frame + stored == total, p.stdout
+    for what in ("positions given the exponent", "signs given the last change's sign", "magnitudes given"):
+        assert re.search(re.escape(what) + r".*\s(\d+) B", p.stdout), p.stdout
