@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 
 from . import outputs, pipeline
@@ -16,7 +15,7 @@ from .checkpoint_writer import CheckpointSink, ShardLayout, check_written, write
 from .errors import ArcError, InputError, LimitError, SafetensorsError, WrongBaseError, os_error
 from .reader import DeltaReader
 from .safetensors_io import INDEX_NAME, Checkpoint, open_checkpoint
-from .staging import OLD_TAG, TMP_TAG, Stage, recover
+from .staging import OLD_TAG, TMP_TAG, Stage, recover, staging_name
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
 
 # --------------------------------------------------------------------------------------- encode
@@ -77,7 +76,7 @@ def _atomic_file(path: str, fill, *, overwrite: bool = False):
     keeping its mode and owner; without it an existing ``path`` is refused (InputError), even one that
     appears while ``fill`` runs. OS errors are FileAccessError naming ``path`` (see arcfmt.outputs)."""
     parent = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(parent, f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
+    tmp = os.path.join(parent, staging_name(path))
     from .outputs import write_atomic
 
     recover(path)   # what a killed run left beside it (this module's names only, of dead processes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -22,12 +23,25 @@ TMP_TAG = ".arcfmt-tmp-"
 OLD_TAG = ".arcfmt-old-"
 
 
+_NAME_ROOM = 200   # bytes of a destination's name kept in ours: ours add at most 31, a name may have 255
+
+
+def name_part(base: str) -> str:
+    """``base`` as this module's names beside it carry it: whole when it leaves room for the tag, pid
+    and random part; else its first bytes, ``~`` and a hash of the whole (the same for every run, so
+    that :func:`recover` finds what another run left)."""
+    raw = os.fsencode(base)
+    if len(raw) <= _NAME_ROOM:
+        return base
+    return f"{raw[:_NAME_ROOM - 17].decode('utf-8', 'ignore')}~{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
 def staging_name(dest: str) -> str:
-    return f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(dest)}"
+    return f"{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}-{name_part(os.path.basename(dest))}"
 
 
 def _staging_re(base: str):
-    return re.compile(rf"{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{8}}-{re.escape(base)}\Z")
+    return re.compile(rf"{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{8}}-{re.escape(name_part(base))}\Z")
 
 
 def umask() -> int:
@@ -358,7 +372,7 @@ def recover(dest: str) -> None:
     """Finish or roll back what a killed run left beside ``dest``: only entries this module names."""
     dest = os.path.abspath(dest)
     parent, base = os.path.split(dest)
-    old = os.path.join(parent, f"{OLD_TAG}{base}")
+    old = os.path.join(parent, f"{OLD_TAG}{name_part(base)}")
     if _is_real_dir(old) and os.lstat(old).st_uid == os.geteuid():
         if not os.path.lexists(dest):
             os.rename(old, dest)  # the swap was cut between its two renames: put the old one back
@@ -409,7 +423,7 @@ def exchange_dirs(a: str, b: str) -> None:
         if res == 0:
             return
     # Fallback: b → old, a → b. A crash in between leaves only `old`, which recover() puts back.
-    old = os.path.join(os.path.dirname(b), f"{OLD_TAG}{os.path.basename(b)}")
+    old = os.path.join(os.path.dirname(b), f"{OLD_TAG}{name_part(os.path.basename(b))}")
     if os.path.lexists(old):
         raise InputError(f"{old} is in the way of the swap; remove it")
     os.rename(b, old)

@@ -729,3 +729,23 @@ def test_blocks_in_flight_stay_within_what_the_sink_holds(monkeypatch):
     Bounded.in_flight_bytes = None  # without a bound, the window of 16 blocks is what holds them
     dict(pipeline.run([reader.item(n, bases[n]) for n in reader.names], sink, workers=8))
     assert sink.most > 3 * block_bytes
+
+
+def test_names_near_the_file_system_limit_are_staged_beside_themselves(tmp_path):
+    """A folder or file whose name leaves no room for the staging tag (240 of 255 bytes): its staging
+    names carry a short form of it, the same on every run, so apply and encode work and recovery
+    still finds what a killed run left."""
+    long = "m" * 240
+    b, t, d = _folder_pair(tmp_path)
+    os.rename(b, tmp_path / long)
+    b = tmp_path / long
+    apply_delta(b, d, in_place=True)
+    assert {k: v for k, v in digest_tree(b).items() if k.endswith((".safetensors", ".json"))} == digest_tree(t)
+    out = tmp_path / ("o" * 240 + ".arc")
+    encode_checkpoints(t, b, out)
+    assert out.exists()
+    left = tmp_path / staging.staging_name(str(b))
+    left.mkdir()   # as a killed run of another process would leave it (its pid is ours: recover skips it)
+    os.rename(left, tmp_path / left.name.replace(f"-{os.getpid()}-", "-999999-", 1))
+    staging.recover(str(b))
+    assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
