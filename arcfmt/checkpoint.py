@@ -100,7 +100,8 @@ class ApplyResult:
 
 
 def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place: bool = False,
-                workers=None, progress=None, max_output_bytes: int | None = None) -> ApplyResult:
+                workers=None, progress=None, max_output_bytes: int | None = None,
+                delta_path: str | None = None) -> ApplyResult:
     """Rebuild the target checkpoint from the one at ``base_path`` and an arcfmt file.
 
     ``out_path``: where the target goes (same layout as the base). ``in_place``: replace the base
@@ -109,7 +110,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     the output may hold (default: what the base backs plus a bound scaled to the delta's size, so a
     small file cannot fill a disk). Every base tensor and both digests are checked before anything is
     written; the output is staged beside its destination, re-opened and checked, and only then swapped
-    in. Files beside the weights in a folder (config, tokenizer) come along.
+    in. Files beside the weights in a folder (config, tokenizer) come along. ``delta_path``: the
+    file ``delta`` (a reader) was opened from, so that an output that is that file is refused as an input.
     """
     if in_place == (out_path is not None):
         raise InputError("give exactly one of an output path or in_place=True")
@@ -127,7 +129,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
                          "one with -o and point the link at it")
     recover(dest)
     if not in_place:
-        dest = outputs.check_output(dest, [base_path, delta if isinstance(delta, (str, os.PathLike)) else None],
+        named = delta if isinstance(delta, (str, os.PathLike)) else delta_path
+        dest = outputs.check_output(dest, [base_path, named],
                                     force=False, folder=base.is_dir, hint="use --in-place to update the base itself")
     if isinstance(delta, (str, os.PathLike)):
         try:

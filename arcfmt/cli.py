@@ -237,7 +237,7 @@ def _open_delta(path: str):
             raise os_error(exc, "read", path) from None
         with f:
             if stat.S_ISDIR(st.st_mode):
-                raise os_error(IsADirectoryError(21, "Is a directory"), "read", path)
+                raise os_error(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), "read", path)
             if stat.S_ISREG(st.st_mode):
                 yield f
             else:
@@ -440,16 +440,12 @@ def cmd_apply(args) -> int:
         if output is not None and _is_folder_path(output, [args.base]) and not open_checkpoint(args.base).is_dir:
             # one file into a folder: named after the step it is at (the base's own name would be wrong)
             output = _into_folder(output, _step_file(reader.target_step, args.base, ".safetensors"))
-        if output is not None and args.delta != "-":   # the delta is an input too: say so, not "exists"
-            from .outputs import check_output
-            check_output(output, [args.base, args.delta], folder=os.path.isdir(args.base),
-                         hint="use --in-place to update the base itself")
         update, close = _progress(
             lambda: sum(reader.header(n).size * reader.header(n).dtype.itemsize for n in reader.names),
             "apply", args.progress)
         try:
             res = apply_delta(args.base, reader, output, in_place=args.in_place, workers=args.workers,
-                              progress=update)
+                              progress=update, delta_path=None if args.delta == "-" else args.delta)
         except WrongBaseError as exc:
             if _already_target(args.base, reader):
                 at = "this delta's target" if reader.target_step is None else f"step {reader.target_step}"

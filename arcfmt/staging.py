@@ -159,8 +159,7 @@ class Stage:
         names carried; entries that appear in ``source`` later are moved over by :meth:`commit`."""
         mounts = _mounts_below(source)
         if mounts:
-            raise InputError(f"{mounts[0]} is a mount point inside {source}: it cannot be carried into the new "
-                             "folder atomically; unmount it or write the result elsewhere")
+            raise _mount_refused(mounts[0])
         try:
             sfd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
@@ -216,7 +215,12 @@ class Stage:
 
 
 MAX_CARRY_DEPTH = 64   # folders below a checkpoint folder that carrying it walks into
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)   # a real folder only
+
+
+def _mount_refused(path: str) -> InputError:
+    return InputError(f"{path} is a mount point inside the folder: it cannot be carried into the new folder "
+                      "atomically; unmount it or write the result elsewhere")
 
 
 def _carry_at(dfd: int, name: str, dst: str, link: bool, dev: int, shown: str, depth: int) -> bool:
@@ -229,12 +233,11 @@ def _carry_at(dfd: int, name: str, dst: str, link: bool, dev: int, shown: str, d
             os.symlink(os.readlink(name, dir_fd=dfd), dst)
         elif stat.S_ISDIR(mode):
             if st.st_dev != dev:
-                raise InputError(f"{shown} is a mount point (another file system): it cannot be carried into the "
-                                 "new folder atomically; unmount it or write the result elsewhere")
+                raise _mount_refused(shown)
             if depth >= MAX_CARRY_DEPTH:
                 raise InputError(f"{shown} is more than {MAX_CARRY_DEPTH} folders deep: it is not carried into "
                                  "the new folder; move it away or write the result elsewhere")
-            sub = os.open(name, _DIR_NOFOLLOW, dir_fd=dfd)
+            sub = os.open(name, DIR_NOFOLLOW, dir_fd=dfd)
             try:
                 os.mkdir(dst, 0o700)   # private while it fills; its own mode once complete
                 for n in sorted(os.listdir(sub)):
@@ -242,7 +245,7 @@ def _carry_at(dfd: int, name: str, dst: str, link: bool, dev: int, shown: str, d
             finally:
                 os.close(sub)
             _keep_attributes(dst, st)
-        elif link and _linked(dfd, name, dst, shown):
+        elif link and _linked(dfd, name, dst):
             pass
         elif stat.S_ISREG(mode):
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dfd)
@@ -262,7 +265,7 @@ def _carry_at(dfd: int, name: str, dst: str, link: bool, dev: int, shown: str, d
     return True
 
 
-def _linked(dfd: int, name: str, dst: str, shown: str) -> bool:
+def _linked(dfd: int, name: str, dst: str) -> bool:
     """Hard-link entry ``name`` of the folder at ``dfd`` to ``dst``; False where the file system cannot
     (then it is copied). A link refused for lack of permission is an error: a copy would cut the
     file off from its other names, and it may be large."""
@@ -332,7 +335,7 @@ def _remove_tree(path: str, dev: int) -> None:
     every step is taken relative to a folder already opened without following links. A read-only
     folder of ours is made writable first. Best effort: what cannot go stays."""
     try:
-        fd = os.open(path, _DIR_NOFOLLOW)
+        fd = os.open(path, DIR_NOFOLLOW)
     except OSError:
         return
     _empty_at(fd, dev, path, set(_mounts_below(path)), 0)
@@ -356,7 +359,7 @@ def _empty_at(fd: int, dev: int, path: str, mounts: set, depth: int) -> None:
                 if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                     if sub in mounts:
                         continue
-                    _empty_at(os.open(name, _DIR_NOFOLLOW, dir_fd=fd), dev, sub, mounts, depth + 1)
+                    _empty_at(os.open(name, DIR_NOFOLLOW, dir_fd=fd), dev, sub, mounts, depth + 1)
                     os.rmdir(name, dir_fd=fd)
                 elif sub not in mounts:
                     os.unlink(name, dir_fd=fd)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import fsspec
 
 from ..errors import ArcError, InputError, LimitError, TruncatedError
-from ..staging import fsync_dir
+from ..staging import DIR_NOFOLLOW, fsync_dir
 from . import names as N
 from . import retry
 from .errors import MissingError, TransportError
@@ -375,7 +375,7 @@ class LocalBackend(Backend):
         through its descriptor; a link (or any other non-regular entry) is listed, never entered."""
         out: builtins.list = []
         try:
-            fd = os.open(path, _DIR_NOFOLLOW)
+            fd = os.open(path, DIR_NOFOLLOW)
         except FileNotFoundError:
             return out
         except OSError as exc:
@@ -393,7 +393,7 @@ class LocalBackend(Backend):
         """``rmdir`` through ``path`` opened ``O_NOFOLLOW``: only an empty real folder goes (a link, a
         file or a folder with anything in it stays)."""
         try:
-            fd = os.open(path, _DIR_NOFOLLOW)
+            fd = os.open(path, DIR_NOFOLLOW)
         except OSError:
             return
         try:
@@ -408,7 +408,6 @@ class LocalBackend(Backend):
             os.close(fd)
 
 
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_WALK_DEPTH = 8
 
 
@@ -427,7 +426,7 @@ def _local_walk(fd: int, path: str, out: list, limit: int, depth: int) -> None:
                 if depth + 1 >= _MAX_WALK_DEPTH:
                     continue
                 try:
-                    sub = os.open(e.name, _DIR_NOFOLLOW, dir_fd=fd)
+                    sub = os.open(e.name, DIR_NOFOLLOW, dir_fd=fd)
                 except (FileNotFoundError, NotADirectoryError):
                     continue      # replaced meanwhile (by a link, say): not entered
                 except OSError as exc:
@@ -460,7 +459,7 @@ def _local_delete(p: str, root: str | None = None) -> None:
         try:
             fds.append(os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             for part in parts[:-1]:
-                fds.append(os.open(part, _DIR_NOFOLLOW, dir_fd=fds[-1]))
+                fds.append(os.open(part, DIR_NOFOLLOW, dir_fd=fds[-1]))
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                 return
