@@ -77,3 +77,25 @@ def test_size_levers_accounts_for_every_byte_and_prints_the_bounds(traj):
     assert frame + stored == total, p.stdout
     for what in ("positions given the exponent", "signs given the last change's sign", "magnitudes given"):
         assert re.search(re.escape(what) + r".*\s(\d+) B", p.stdout), p.stdout
+
+
+def test_bench_without_an_encoding_never_writes_it(tmp_path):
+    """bench.py --without dense-delta: the writer never proposes it (a bias moving every step would
+    otherwise take it), the files stay bit-exact; an unknown name is a usage error."""
+    rng = np.random.default_rng(5)
+    b = random_values(rng, BF16, (30_000,))
+    moved = b.view(np.uint16) + np.uint16(1) + (rng.random(30_000) < 0.3).astype(np.uint16)
+    keep = rng.choice(30_000, 600, replace=False)   # all but 2 % of the values step by a unit or two
+    moved[keep] = b.view(np.uint16)[keep]
+    write_file(str(tmp_path / "step0000.safetensors"), {"b": b})
+    write_file(str(tmp_path / "step0001.safetensors"), {"b": moved.view(b.dtype)})
+    runs = {}
+    for extra in ([], ["--without", "dense-delta"]):
+        p = _tool("bench.py", str(tmp_path), "--peers", "", "--repeat", "1", "--breakdown", "--json", *extra)
+        assert p.returncode == 0, p.stderr
+        t = json.loads(p.stdout)["trajectories"][0]
+        runs[bool(extra)] = t
+        assert t["methods"]["arcfmt"]["exact"] is True
+    assert runs[True]["methods"]["arcfmt"]["bytes"] > runs[False]["methods"]["arcfmt"]["bytes"]
+    p = _tool("bench.py", str(tmp_path), "--peers", "", "--without", "nope")
+    assert p.returncode == 2 and "no encoding 'nope'" in p.stderr

@@ -2,6 +2,7 @@
 """Side-by-side benchmark of arcfmt and its peers on RL checkpoint trajectories.
 
     python tools/bench.py TRAJECTORY_DIR [TRAJECTORY_DIR ...] [--pairs N] [--json] [--breakdown] [--block-elems N]
+                          [--without ENCODING]
 
 A trajectory dir holds step*.safetensors (e.g. `python ../shared/corpus/corpus.py expand
 rl-minilm-lr1e-6 /tmp/t`). Every consecutive step pair is encoded and decoded by arcfmt (in memory,
@@ -190,12 +191,21 @@ def main(argv=None):
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document to FILE")
     ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
     ap.add_argument("--top", type=int, default=10, help="tensors listed by --breakdown (largest first)")
+    ap.add_argument("--without", metavar="ENCODING", action="append", default=[],
+                    help="arcfmt as if it had no such encoding (its writer never proposes it; repeatable): what "
+                         "one encoding is worth, e.g. --without dense-delta")
     args = ap.parse_args(argv)
+    for name in args.without:
+        try:
+            encodings.unregister(name)
+        except KeyError:
+            ap.error(f"--without: no encoding {name!r} (registered: "
+                     f"{', '.join(e.name for e in encodings.registered())})")
 
     efforts = [e for e in args.effort.split(",") if e]
     if not efforts or any(e not in ("fast", "default", "max") for e in efforts):
         ap.error("--effort takes fast, default and/or max")
-    report = dict(block_elems=args.block_elems, trajectories=[])
+    report = dict(block_elems=args.block_elems, without=args.without, trajectories=[])
     for traj in args.trajectories:
         files = steps_in(traj)[args.first:]
         if args.pairs:
