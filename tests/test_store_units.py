@@ -184,6 +184,28 @@ def test_json_objects_with_too_many_arrays_and_objects_are_refused_before_decodi
     assert SL.parse_json(escaped, "x", 1 << 20, containers=16)["s"].count("{") == 3000
 
 
+def test_descriptor_at_its_byte_limit_parses_in_bounded_memory():
+    """A descriptor may be MAX_DESCRIPTOR_BYTES (64 MiB) of one string: the container count skips it
+    without a backtracking frame per byte (that peaked at 8 GB), so parsing stays a few times the input."""
+    import subprocess
+    import sys
+    code = """if True:
+        import resource
+        from arcfmt.errors import CorruptError
+        from arcfmt.store import objects as SL
+        n = SL.MAX_DESCRIPTOR_BYTES - 16
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for body in (b"a" * n, b"a\\\\n" * (n // 3)):
+            try:
+                SL.parse_descriptor(b'{"x":"' + body + b'"}', "d")
+            except CorruptError:
+                pass
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+    """
+    grown_kb = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grown_kb < 1_000_000, f"parsing a 64 MiB descriptor grew the process by {grown_kb} KB"
+
+
 def test_descriptor_checks():
     d = dict(format=SL.DESCRIPTOR_FORMAT, version=[1, 0], step=5, shard=0, num_shards=1, file="a.safetensors",
              target_digest=H32, tensors=[["w", "BF16", [2, 3], "0123456789abcdef"]], delta=object_ref(), keyframe=None,
