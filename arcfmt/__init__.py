@@ -40,7 +40,11 @@ Errors
 More: README.md (a tour, the command line, streams), SPEC.md (Part I the file format, Part II streams),
 ``help(arcfmt.store)``. ``FORMAT_VERSION`` is the version files are written in.
 """
-from .api import apply_files, apply_in_place, decode, encode, encode_files
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ArcError,
     BadMagicError,
@@ -60,14 +64,49 @@ from .errors import (
     VerificationError,
     WrongBaseError,
 )
-from .layout import MAJOR as _MAJOR
-from .layout import MINOR as _MINOR
-from .reader import BufferSource, DeltaReader, FileSource, StreamReader
-from .store import Follower, Publisher
-from .writer import DeltaWriter, KeyframeWarning
 
 __version__ = "0.1.0"                 # the one place (pyproject.toml reads it: [tool.setuptools.dynamic])
-FORMAT_VERSION = (_MAJOR, _MINOR)     # the version every file is written as (SPEC.md §16)
+
+# Everything else is imported when first used (PEP 562): ``import arcfmt`` (and the ``arcfmt`` command,
+# whose module imports the package first) costs no numpy, numba or store import, so a Ctrl-C or a
+# ``--help`` in the first second meets the command's own handling, not a traceback from an import.
+_LAZY = dict(
+    encode="api", decode="api", apply_in_place="api", encode_files="api", apply_files="api",
+    DeltaReader="reader", StreamReader="reader", BufferSource="reader", FileSource="reader",
+    DeltaWriter="writer", KeyframeWarning="writer", Publisher="store", Follower="store",
+)
+
+if TYPE_CHECKING:
+    from .api import apply_files, apply_in_place, decode, encode, encode_files
+    from .reader import BufferSource, DeltaReader, FileSource, StreamReader
+    from .store import Follower, Publisher
+    from .writer import DeltaWriter, KeyframeWarning
+
+    FORMAT_VERSION: tuple[int, int]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FORMAT_VERSION":      # the version every file is written as (SPEC.md §16)
+        from .layout import MAJOR, MINOR
+        value: Any = (MAJOR, MINOR)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif not name.startswith("_"):    # a submodule (``arcfmt.layout``), as an eager package would have it
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "encode", "decode", "apply_in_place", "encode_files", "apply_files", "KeyframeWarning",

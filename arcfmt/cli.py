@@ -29,10 +29,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import FORMAT_VERSION, __version__
-from .backend import first_compile_pending
+from . import __version__
 from .errors import ArcError
-from .writer import DEFAULT_BLOCK_ELEMS
 
 EPILOG = """examples:
   arcfmt demo
@@ -888,9 +886,10 @@ PROGRESS_HELP = ("show a progress bar on stderr (default: when stderr is a termi
 def version_text() -> str:
     """What ``arcfmt --version`` prints: the package, the format version of every file it writes
     (SPEC.md part I) and the stream layout version of what it publishes (part II)."""
+    from .layout import MAJOR, MINOR
     from .store import STREAM_VERSION
 
-    return (f"arcfmt {__version__} (writes format {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]} files; "
+    return (f"arcfmt {__version__} (writes format {MAJOR}.{MINOR} files; "
             f"stream layout {STREAM_VERSION[0]}.{STREAM_VERSION[1]})")
 
 
@@ -903,6 +902,8 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .writer import DEFAULT_BLOCK_ELEMS
+
     p = argparse.ArgumentParser(prog="arcfmt", description="Lossless weight deltas for RL weight sync (SPEC.md).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=_VersionAction, nargs=0,
@@ -1204,9 +1205,18 @@ def _retry_line(notice) -> None:
 
 
 def main(argv=None) -> int:
+    try:   # the package imports what a command needs here, not when the console script loads this module
+        return _main(argv)
+    except KeyboardInterrupt:   # while building the parser or importing a command's modules
+        print("arcfmt: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _settle_switches(args)
+    from .backend import first_compile_pending
     from .store import retry
 
     previous = retry.set_notifier(None if args.quiet else _retry_line)

@@ -149,6 +149,21 @@ def test_ctrl_c_is_130(tmp_path):
     assert p.stderr.read() == "arcfmt: interrupted\n"
 
 
+def test_ctrl_c_while_the_command_imports_is_130(monkeypatch, capsys):
+    """The console script imports ``arcfmt.cli`` before ``main`` runs: that import is the standard
+    library's alone, and the command's own modules load inside ``main``, where a Ctrl-C is one line."""
+    code = ("import sys, arcfmt, arcfmt.cli; "
+            "print(sorted(m for m in ('numpy', 'numba', 'construct', 'arcfmt.api') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["inspect", "x.arc"]) == 130
+    assert capsys.readouterr().err == "arcfmt: interrupted\n"
+
+
 # ----------------------------------------------------------------------------- quiet, progress, retries
 
 def test_quiet_switch_and_environment(tmp_path):
