@@ -27,8 +27,7 @@ The interface (what both modules define):
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
     failed check having written nothing; fills ``positions`` (when given) with the positions changed.
-    A backend that can word the failure raises :class:`~arcfmt.errors.CorruptError` instead (the numpy
-    twins do).
+    Every backend returns the status (none raises), so one table words it (``ctx_delta.decode``).
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ numba; nothing else imports it before a ctx-delta block needs it.
 
 Kernels release the GIL, so the reader's and writer's block threads run them in parallel.
 ``ctx_encode`` and ``ctx_decode`` do a whole block in one call (the GIL is taken once per block, not
-once per step), from the smaller kernels below; when ``ctx_decode`` reports a failed check, the
-caller has the numpy twin decode the block again to word the error.
+once per step), from the smaller kernels below; ``ctx_decode`` reports a failed check by its status,
+which the caller words (``ctx_delta.decode``).
 """
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """The numpy backend of ctx-delta (SPEC.md §8.6): the twins of the compiled kernels.
 
 Same public functions as :mod:`arcfmt.kernels` (:mod:`arcfmt.backend` lists them), computing exactly
-the same arrays; used where numba is missing or ``ARCFMT_JIT=0``, and to word the error when a
-compiled ``ctx_decode`` reports a failed check (this ``ctx_decode`` raises it with its message).
+the same arrays; used where numba is missing or ``ARCFMT_JIT=0``. ``ctx_decode`` returns the status
+of the first failed check, as the kernels do, so that one table words it for both
+(``ctx_delta.decode``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .backend import OK
+from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_PADDING
 from .encodings.ctx_delta import (
     MAX_RICE,
     Params,
@@ -19,11 +20,18 @@ from .encodings.ctx_delta import (
     ordered,
     unordered,
 )
-from .errors import CorruptError
 from .planes import bytes_for, from_planes, gaps, to_planes
 
 NAME = "numpy"
 _CHUNK = 1 << 16
+
+
+class _Failed(Exception):
+    """A check of ``ctx_decode`` failed: its status code (``ctx_decode`` returns it)."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
 
 
 # ------------------------------------------------------------------------------------ the backend
@@ -123,16 +131,24 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
                positions: np.ndarray | None = None) -> int:
-    """The block into ``out``, one step at a time; a failed check raises CorruptError with its message
-    (nothing written: every check runs before any element is)."""
+    """The block into ``out``, one step at a time: OK, or the status of the first failed check, having
+    written nothing (every check runs before any element is)."""
+    try:
+        return _ctx_decode(dt, p, streams, m, base, out, positions)
+    except _Failed as exc:
+        return exc.status
+
+
+def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
+                positions: np.ndarray | None) -> int:
     c = p.changed
     if p.dense:
         kept = _ranks(p, streams, [m - c])
-        sbits = _unpack(streams[2], c, "sign")
+        sbits = _unpack(streams[2], c, S_PADDING)
         pos = _complement(kept, m)
     else:
         ranks = _ranks(p, streams, p.counts)
-        sbits = _unpack(streams[2], c, "sign")
+        sbits = _unpack(streams[2], c, S_PADDING)
         pos = _positions(dt, p, ranks, m, base)
     b = base[pos]
     order = magnitude_order(dt, b)
@@ -142,7 +158,7 @@ def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray
     mag[order] = vals.astype(np.int64) + 1
     v = ordered(dt, b) + np.where(sbits.astype(bool), -mag, mag)
     if v.min() < -half or v.max() >= half:
-        raise CorruptError(f"ctx-delta: a step leaves the range of {dt.name} bit patterns")
+        raise _Failed(RANGE)
     if out is not base:
         out[:] = base
     out[pos] = unordered(dt, v)
@@ -291,10 +307,10 @@ def _pack(bits_list) -> bytes:
     return np.packbits(bits, bitorder="little").tobytes()
 
 
-def _unpack(buf, nbits: int, what: str) -> np.ndarray:
+def _unpack(buf, nbits: int, padding: int) -> np.ndarray:
     bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
     if bits[nbits:].any():
-        raise CorruptError(f"ctx-delta {what} stream: padding bits are not zero")
+        raise _Failed(padding)
     return bits[:nbits]
 
 
@@ -305,15 +321,14 @@ def _ranks(p: Params, streams, coded) -> np.ndarray:
     and remainder bit strings, with their checks in the order of SPEC.md §8.6 (§8.7): quotient padding,
     codes, remainder padding."""
     c = sum(coded)
-    qb = _unpack(streams[0], p.qbits, "quotient")
+    qb = _unpack(streams[0], p.qbits, Q_PADDING)
     term = np.flatnonzero(qb)
     if term.size != c or (p.qbits and (not term.size or term[-1] != p.qbits - 1)):
-        raise CorruptError(f"ctx-delta quotient stream holds {term.size} codes ending at bit "
-                           f"{int(term[-1]) if term.size else -1}, expected {c} ending at bit {p.qbits - 1}")
+        raise _Failed(Q_CODES)
     quot = np.diff(term, prepend=-1) - 1
     nbits = sum(ck * r for ck, r in zip(coded, p.rice))
     if nbits % 8 and streams[1][-1] >> (nbits % 8):
-        raise CorruptError("ctx-delta remainder stream: padding bits are not zero")
+        raise _Failed(R_PADDING)
     rbuf = np.frombuffer(bytes(streams[1]) + bytes(4), np.uint8)   # fields read 4 bytes at a time
     out = [np.empty(0, np.int64)]
     off = roff = 0
@@ -350,7 +365,7 @@ def _fields(rbuf: np.ndarray, start: int, count: int, r: int) -> np.ndarray:
 def _complement(kept: np.ndarray, m: int) -> np.ndarray:
     """A dense-delta block's changes: the indices of ``[0, m)`` not among the unchanged ones (§8.7)."""
     if kept.size and kept[-1] >= m:
-        raise CorruptError(f"dense-delta position {int(kept[-1])} beyond block of {m} elements")
+        raise _Failed(BEYOND)
     changed = np.ones(m, bool)
     changed[kept] = False
     return np.flatnonzero(changed)
@@ -360,7 +375,7 @@ def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np
     """Changed element indices in class order, from each class's member ranks."""
     if p.classes == 1:
         if ranks[-1] >= m:
-            raise CorruptError(f"ctx-delta position {int(ranks[-1])} beyond block of {m} elements")
+            raise _Failed(BEYOND)
         return ranks
     index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck])
     pos = np.empty(p.changed, np.int64)
@@ -370,7 +385,7 @@ def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np
             continue
         j = ranks[off:off + ck]
         if j[-1] >= index[k].size:
-            raise CorruptError(f"ctx-delta class {k}: index {int(j[-1])} beyond its {index[k].size} elements")
+            raise _Failed(BEYOND)
         pos[off:off + ck] = index[k].select(j)
         off += ck
     return pos

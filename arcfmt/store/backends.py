@@ -382,7 +382,7 @@ class LocalBackend(Backend):
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise TransportError(f"listing {path}: it is not a folder (a symbolic link?)") from None
             raise
-        _local_walk(fd, path, out, limit, 0)
+        _local_walk(fd, path, out, limit, 0, [0])
         return out
 
     def delete(self, paths: builtins.list, root: str | None = None) -> None:
@@ -411,34 +411,39 @@ class LocalBackend(Backend):
 _MAX_WALK_DEPTH = 8
 
 
-def _local_walk(fd: int, path: str, out: list, limit: int, depth: int) -> None:
-    """List the folder open at ``fd`` (closed here) into ``out``, descending into real folders only."""
+def _local_walk(fd: int, path: str, out: list, limit: int, depth: int, folders: list) -> None:
+    """List the folder open at ``fd`` (closed here) into ``out``, descending into real folders only.
+    Folders entered count too (``folders[0]``, at most ``limit`` of them), and both bounds are checked
+    as each entry is read: a million empty folders, or one folder of millions of entries, is `limit`
+    after ``limit`` of them, not a walk (and a list) of all."""
     try:
         with os.scandir(fd) as it:
-            entries = list(it)
-        for e in entries:
-            full = f"{path}/{e.name}"
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue          # removed since the folder was read (a temporary file renamed, say)
-            if stat.S_ISDIR(st.st_mode):
-                if depth + 1 >= _MAX_WALK_DEPTH:
-                    continue
+            for e in it:
+                full = f"{path}/{e.name}"
                 try:
-                    sub = os.open(e.name, DIR_NOFOLLOW, dir_fd=fd)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue      # replaced meanwhile (by a link, say): not entered
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue          # removed since the folder was read (a temporary file renamed, say)
+                if stat.S_ISDIR(st.st_mode):
+                    if depth + 1 >= _MAX_WALK_DEPTH:
                         continue
-                    raise
-                _local_walk(sub, full, out, limit, depth + 1)
-            else:
-                out.append((full, st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_mtime,
-                            stat.S_ISREG(st.st_mode)))
-            if len(out) > limit:
-                raise LimitError(f"more than {limit} objects under {path}")
+                    folders[0] += 1
+                    if folders[0] > limit:
+                        raise LimitError(f"more than {limit} folders under {path}")
+                    try:
+                        sub = os.open(e.name, DIR_NOFOLLOW, dir_fd=fd)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue      # replaced meanwhile (by a link, say): not entered
+                    except OSError as exc:
+                        if exc.errno == errno.ELOOP:
+                            continue
+                        raise
+                    _local_walk(sub, full, out, limit, depth + 1, folders)
+                else:
+                    out.append((full, st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_mtime,
+                                stat.S_ISREG(st.st_mode)))
+                if len(out) > limit:
+                    raise LimitError(f"more than {limit} objects under {path}")
     finally:
         os.close(fd)
 

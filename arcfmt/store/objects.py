@@ -70,8 +70,7 @@ def parse_json(data, what: str, limit: int, containers: int = 1024) -> dict:
     if len(data) > limit:
         raise LimitError(f"{what} is {len(data)} bytes, more than the {limit}-byte limit")
     if len(data) > 2 * containers:   # each array or object takes two bytes at least: else within the bound
-        outside = _JSON_STRING.sub(b"", bytes(data))
-        n = outside.count(b"{") + outside.count(b"[")
+        n = _containers(bytes(data), containers)
         if n > containers:
             raise LimitError(f"{what} holds {n} JSON arrays and objects, more than the {containers} it may (S12)")
     try:
@@ -89,11 +88,23 @@ def parse_json(data, what: str, limit: int, containers: int = 1024) -> dict:
 
 
 MAX_JSON_DEPTH = 64
-# A JSON string, escapes included (what the count skips); one left open runs to the end, so the scan
-# never fails and restarts (linear time, where a pattern needing the closing quote is quadratic). Runs
-# are matched possessively and the loop is unrolled: an alternation repeated once per byte keeps a
-# backtracking frame per byte (8 GB for a 64 MiB string), this keeps none.
-_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
+# A run of JSON strings (escapes included) and bytes other than the brackets that open an array or an
+# object; a string left open runs to the end, so the scan never fails and restarts. Linear, and every
+# repetition possessive: a repetition that may backtrack keeps a frame per byte (8 GB for a 64 MiB
+# string), and ``re.sub`` over such runs built a list of every piece between them (2 GB for 11M short
+# strings); the count below iterates once per bracket at most, and stops past the bound.
+_JSON_RUN = re.compile(rb'(?:"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)|[^"\[{]++)++', re.DOTALL)
+
+
+def _containers(data: bytes, bound: int) -> int:
+    """The number of ``[`` and ``{`` outside JSON strings: exact up to ``bound``, else some count above it."""
+    at = n = 0
+    for run in _JSON_RUN.finditer(data):
+        n += run.start() - at   # the brackets between two runs
+        at = run.end()
+        if n > bound:
+            return n
+    return n + len(data) - at
 # Arrays and objects one object may hold (S12): four times what the largest valid one holds
 HEAD_CONTAINERS = SIGNATURE_CONTAINERS = 1024
 MANIFEST_CONTAINERS = 16 * N.MAX_SHARDS + 1024
