@@ -85,27 +85,40 @@ if TYPE_CHECKING:
     FORMAT_VERSION: tuple[int, int]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "FORMAT_VERSION":      # the version every file is written as (SPEC.md §16)
-        from .layout import MAJOR, MINOR
-        value: Any = (MAJOR, MINOR)
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    elif not name.startswith("_"):    # a submodule (``arcfmt.layout``), as an eager package would have it
-        try:
-            value = importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:   # type checkers see the imports above, and an unknown name stays an error
+    def __getattr__(name: str) -> Any:
+        if name == "FORMAT_VERSION":      # the version every file is written as (SPEC.md §16)
+            from .layout import MAJOR, MINOR
+            value: Any = (MAJOR, MINOR)
+        elif name in _LAZY:
+            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        elif name.isidentifier() and not name.startswith("_"):   # a submodule (``arcfmt.layout``)
+            try:
+                value = importlib.import_module(f".{name}", __name__)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted((set(globals()) | set(__all__)) - {"importlib", "TYPE_CHECKING", "Any", "annotations"})
+
+
+def main() -> int:
+    """The ``arcfmt`` command (console script and ``python -m arcfmt``): the command's module is
+    imported here, where a Ctrl-C during the import is one line and 130 like any other."""
+    try:
+        from .cli import main as command
+    except KeyboardInterrupt:
+        import sys
+        print("arcfmt: interrupted", file=sys.stderr)
+        return 130
+    return command()
 
 
 __all__ = [

@@ -163,6 +163,16 @@ def test_ctrl_c_while_the_command_imports_is_130(monkeypatch, capsys):
     assert cli.main(["inspect", "x.arc"]) == 130
     assert capsys.readouterr().err == "arcfmt: interrupted\n"
 
+    class InterruptedImport:   # Ctrl-C while the console script's entry imports the command's module
+        def find_spec(self, name, path, target=None):
+            if name == "arcfmt.cli":
+                raise KeyboardInterrupt
+
+    monkeypatch.delitem(sys.modules, "arcfmt.cli")
+    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
+    assert arcfmt.main() == 130
+    assert capsys.readouterr().err == "arcfmt: interrupted\n"
+
 
 # ----------------------------------------------------------------------------- quiet, progress, retries
 
