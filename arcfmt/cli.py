@@ -1207,7 +1207,7 @@ def _retry_line(notice) -> None:
 def main(argv=None) -> int:
     try:   # the package imports what a command needs here, not when the console script loads this module
         return _main(argv)
-    except KeyboardInterrupt:   # while building the parser or importing a command's modules
+    except KeyboardInterrupt:   # anywhere in a command: building the parser, importing, running
         print("arcfmt: interrupted", file=sys.stderr)
         return 130
 
@@ -1242,9 +1242,6 @@ def _main(argv) -> int:
     except UsageError as exc:
         print(f"arcfmt: usage error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("arcfmt: interrupted", file=sys.stderr)
-        return 130
     except SystemExit:
         raise
     except OSError as exc:  # the operating system refused a file: the user's to fix, not a bug
