@@ -14,6 +14,7 @@ which the caller words (``ctx_delta.decode``).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -138,16 +139,60 @@ _load64 = cast("Callable[[np.ndarray, int], np.uint64]", intrinsic(_load64_typin
 
 # ------------------------------------------------------------------------------------ the backend
 
+# The argument types each kernel has been called with on the main thread (see :func:`_call`).
+_loaded: set[tuple[Any, ...]] = set()
+
+
+def _kind(a) -> Any:
+    """What numba compiles an argument's kernel for: an array's dtype, rank, layout and writability."""
+    if isinstance(a, np.ndarray):
+        f = a.flags
+        return a.dtype.str, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
+    return type(a)
+
+
+def _call(kernel, *args):
+    """``kernel(*args)``. A main-thread call of types not seen yet runs on a helper thread, which the main
+    thread waits for (interruptibly).
+
+    Why: such a call loads the kernel from numba's cache or compiles it, holding llvmlite's lock; a
+    Ctrl-C (raised only on the main thread) landing inside that left the lock held, and the next block
+    thread to load a kernel waited for it forever. Now an interrupt stops the main thread's wait, while
+    the load runs to its end and releases the lock. Block threads call directly (signals never interrupt
+    them), as does the main thread once its call's types are loaded.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return kernel(*args)
+    key = (kernel, *map(_kind, args))
+    if key in _loaded:
+        return kernel(*args)
+    done: list[tuple[bool, Any]] = []
+
+    def load() -> None:
+        try:
+            done.append((True, kernel(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as it is
+            done.append((False, e))
+    helper = threading.Thread(target=load, name="arcfmt-kernel-load", daemon=True)
+    helper.start()
+    helper.join()
+    ok, value = done[0]
+    if not ok:
+        raise value
+    _loaded.add(key)
+    return value
+
+
 def changes(base, target):
     """Indices where ``base`` and ``target`` differ (int64, increasing)."""
     if base.dtype.itemsize <= 4:
-        return _changes(base, target)
+        return _call(_changes, base, target)
     return np.flatnonzero(base != target)
 
 
 def scatter(flat, index, values) -> None:
     """``flat[index] = values`` (a live model's staged changes), without the GIL."""
-    _scatter(flat, index, values)
+    _call(_scatter, flat, index, values)
 
 
 def exponent_counts(dt, sample, base, positions):
@@ -155,12 +200,12 @@ def exponent_counts(dt, sample, base, positions):
     the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does not
     check: they come from :func:`changes`)."""
     size = 1 << dt.exp_bits
-    return _exponent_counts(sample, base, positions, dt.mant_bits, size - 1, size)
+    return _call(_exponent_counts, sample, base, positions, dt.mant_bits, size - 1, size)
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
     """The exponent-class thresholds of least estimated position bits."""
-    return _class_cuts(ne, ce, max_classes, overhead).tolist()
+    return _call(_class_cuts, ne, ce, max_classes, overhead).tolist()
 
 
 def _args(dt, thresholds):
@@ -173,8 +218,8 @@ def _args(dt, thresholds):
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
     """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
     quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
-    counts, rice, qbits, q, r, s, mw, mag = _ctx_encode(np.ascontiguousarray(base), target, positions,
-                                                        *_args(dt, thresholds), max_rice, dense)
+    counts, rice, qbits, q, r, s, mw, mag = _call(_ctx_encode, np.ascontiguousarray(base), target, positions,
+                                                  *_args(dt, thresholds), max_rice, dense)
     return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
 
 
@@ -193,9 +238,10 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         if status == OK:
             out[...] = flat
         return status
-    return _ctx_decode(
-        base if base.flags.c_contiguous else np.ascontiguousarray(base), out, _bytes_array(streams[0]), p.qbits,
-        _bytes_array(streams[1]), _bytes_array(streams[2]), _bytes_array(streams[3]), p.mag_width,
+    return _call(
+        _ctx_decode, base if base.flags.c_contiguous else np.ascontiguousarray(base), out,
+        _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
+        _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, out is not base,
         _NO_POSITIONS if positions is None else positions, p.dense)
 

@@ -3,6 +3,11 @@
 decoder, same error for every corrupt stream; and the one selection between them (arcfmt/backend.py)."""
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -342,3 +347,28 @@ def test_dense_delta_matches_the_numpy_twins(name, m, unchanged, seed, flip):
     assert sa == sb and (np.array_equal(da, db) if sa == "ok" else da == db)
     if flip < 0:
         assert np.array_equal(da, target)
+
+
+def test_ctrl_c_while_the_main_thread_loads_a_kernel_leaves_no_lock_held(monkeypatch):
+    """A Ctrl-C landing while the main thread's first call of a kernel loads it (numba holds llvmlite's
+    lock meanwhile, released only when the load returns) stops the main thread, and the load still
+    ends and frees the lock. It used to land inside the load: the lock stayed held and the next block
+    thread to load a kernel hung (``arcfmt encode`` interrupted ~1 s in, 1 run in 40)."""
+    lock, inside = threading.Lock(), threading.Event()
+
+    def loading(flat, index, values):  # as llvmlite's loader: the lock is released on return only
+        lock.acquire()
+        inside.set()
+        time.sleep(0.5)   # where the interrupt lands
+        lock.release()
+
+    def ctrl_c() -> None:
+        inside.wait(10)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(kernels, "_scatter", loading)
+    threading.Thread(target=ctrl_c).start()
+    with pytest.raises(KeyboardInterrupt):
+        kernels.scatter(np.zeros(4), np.arange(2), np.ones(2))
+        time.sleep(5)   # the interrupt may also come just after the call: never past here
+    assert lock.acquire(timeout=10), "the interrupted load left its lock held"
