@@ -144,11 +144,10 @@ _loaded: set[tuple[Any, ...]] = set()
 
 
 def _kind(a) -> Any:
-    """What numba compiles an argument's kernel for: an array's dtype, rank, layout and writability."""
-    if isinstance(a, np.ndarray):
-        f = a.flags
-        return a.dtype.str, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
-    return type(a)
+    """What numba compiles a kernel for, per argument: an array's dtype, rank and flags (layout,
+    writability, alignment), a scalar's type."""
+    t = type(a)
+    return (a.dtype.num, a.ndim, a.flags.num) if t is np.ndarray else t
 
 
 def _call(kernel, *args):
@@ -161,7 +160,7 @@ def _call(kernel, *args):
     the load runs to its end and releases the lock. Block threads call directly (signals never interrupt
     them), as does the main thread once its call's types are loaded.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.get_ident() != threading.main_thread().ident:
         return kernel(*args)
     key = (kernel, *map(_kind, args))
     if key in _loaded:
