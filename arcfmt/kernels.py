@@ -139,30 +139,30 @@ _load64 = cast("Callable[[np.ndarray, int], np.uint64]", intrinsic(_load64_typin
 
 # ------------------------------------------------------------------------------------ the backend
 
-# The argument types each kernel has been called with on the main thread (see :func:`_call`).
+# The kernels (with the argument types that vary) called on the main thread so far (see :func:`_call`).
 _loaded: set[tuple[Any, ...]] = set()
 
 
-def _kind(a) -> Any:
-    """What numba compiles a kernel for, per argument: an array's dtype, rank and flags (layout,
-    writability, alignment), a scalar's type."""
-    t = type(a)
-    return (a.dtype.num, a.ndim, a.flags.num) if t is np.ndarray else t
+def _kind(a: np.ndarray) -> tuple[int, int, int]:
+    """What numba compiles a kernel for, of an array: its dtype, rank and flags (layout, writability)."""
+    return a.dtype.num, a.ndim, a.flags.num
 
 
-def _call(kernel, *args):
-    """``kernel(*args)``. A main-thread call of types not seen yet runs on a helper thread, which the main
-    thread waits for (interruptibly).
+def _call(kernel, key: tuple[Any, ...], *args):
+    """``kernel(*args)``; ``key``: the types of those arguments that vary from call to call (the others
+    are fixed by the wrapper). A main-thread call of a key not seen yet runs on a helper thread, which
+    the main thread waits for (interruptibly).
 
     Why: such a call loads the kernel from numba's cache or compiles it, holding llvmlite's lock; a
     Ctrl-C (raised only on the main thread) landing inside that left the lock held, and the next block
     thread to load a kernel waited for it forever. Now an interrupt stops the main thread's wait, while
     the load runs to its end and releases the lock. Block threads call directly (signals never interrupt
-    them), as does the main thread once its call's types are loaded.
+    them), as does the main thread once a key is loaded. (A key per wrapper, not one built from every
+    argument: that cost 4 µs a call, 10 % of a small tensor's decode.)
     """
     if threading.get_ident() != threading.main_thread().ident:
         return kernel(*args)
-    key = (kernel, *map(_kind, args))
+    key = (kernel, *key)
     if key in _loaded:
         return kernel(*args)
     done: list[tuple[bool, Any]] = []
@@ -185,13 +185,13 @@ def _call(kernel, *args):
 def changes(base, target):
     """Indices where ``base`` and ``target`` differ (int64, increasing)."""
     if base.dtype.itemsize <= 4:
-        return _call(_changes, base, target)
+        return _call(_changes, (_kind(base), _kind(target)), base, target)
     return np.flatnonzero(base != target)
 
 
 def scatter(flat, index, values) -> None:
     """``flat[index] = values`` (a live model's staged changes), without the GIL."""
-    _call(_scatter, flat, index, values)
+    _call(_scatter, (_kind(flat), _kind(index), _kind(values)), flat, index, values)
 
 
 def exponent_counts(dt, sample, base, positions):
@@ -199,12 +199,14 @@ def exponent_counts(dt, sample, base, positions):
     the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does not
     check: they come from :func:`changes`)."""
     size = 1 << dt.exp_bits
-    return _call(_exponent_counts, sample, base, positions, dt.mant_bits, size - 1, size)
+    return _call(_exponent_counts, (_kind(sample), _kind(base), _kind(positions)),
+                 sample, base, positions, dt.mant_bits, size - 1, size)
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
     """The exponent-class thresholds of least estimated position bits."""
-    return _call(_class_cuts, ne, ce, max_classes, overhead).tolist()
+    return _call(_class_cuts, (_kind(ne), _kind(ce), type(max_classes), type(overhead)),
+                 ne, ce, max_classes, overhead).tolist()
 
 
 def _args(dt, thresholds):
@@ -217,8 +219,10 @@ def _args(dt, thresholds):
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
     """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
     quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
-    counts, rice, qbits, q, r, s, mw, mag = _call(_ctx_encode, np.ascontiguousarray(base), target, positions,
-                                                  *_args(dt, thresholds), max_rice, dense)
+    base = np.ascontiguousarray(base)
+    counts, rice, qbits, q, r, s, mw, mag = _call(
+        _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
+        base, target, positions, *_args(dt, thresholds), max_rice, dense)
     return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
 
 
@@ -237,12 +241,17 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         if status == OK:
             out[...] = flat
         return status
+    separate = out is not base   # (out is contiguous here: base is too when it is out)
+    if not base.flags.c_contiguous:
+        base = np.ascontiguousarray(base)
+    if positions is None:
+        positions = _NO_POSITIONS
+    # the streams are read-only uint8 (_bytes_array), counts and rice new int64 arrays, the rest by dtype
     return _call(
-        _ctx_decode, base if base.flags.c_contiguous else np.ascontiguousarray(base), out,
+        _ctx_decode, (dt.code, base.flags.num, out.flags.num, positions.flags.num), base, out,
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _bytes_array(streams[3]), p.mag_width,
-        np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, out is not base,
-        _NO_POSITIONS if positions is None else positions, p.dense)
+        np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
