@@ -22,6 +22,7 @@ every count it loops over is bounded by the bytes available.
 """
 from __future__ import annotations
 
+import os
 import re
 import struct as _struct
 from collections import namedtuple
@@ -62,7 +63,7 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
-MINOR = 2
+MINOR = 3
 NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
 RECORD_TYPE_SIZE = 4   # a record type: four ASCII letters (§5)
 DIGEST_SIZE = 16       # a model digest, xxh3-128 (§13.2), as the index holds it (§10)
@@ -93,6 +94,8 @@ def is_critical(rtype: bytes) -> bool:
 
 # TENS flags
 NEEDS_BASE = 0x01
+# META flags
+PREFIXED_NAMES = 0x01  # (1.3) each TENS name is stored after the bytes it shares with the previous name
 
 
 # ------------------------------------------------------------------------------------ varints
@@ -185,7 +188,7 @@ RecordHeader = Struct(      # §5
 )
 
 MetaPayload = Struct(       # §6
-    "flags" / Int32ul,
+    "flags" / Int32ul,          # bit 0 PREFIXED_NAMES (1.3)
     "base_step" / Int64ul,
     "target_step" / Int64ul,
 )
@@ -309,8 +312,11 @@ def frame_record(rtype: bytes, payload: BytesLike, checksum_of: Callable[[bytes,
 # The definition of the TENS payload:
 #   name_length varint | name | dtype u8 | ndim u8 | dims ndim x varint | block_elems varint | flags u8 |
 #   base_hash u64 (only with NEEDS_BASE) | target_hash u64
-# read with the checks §7 makes while reading: name_length > MAX_NAME_BYTES (limit, before the name),
-# ndim > MAX_DIMS (limit, before the dims), a field past the end (corrupt). ``_end``: bytes consumed.
+# and, in a file whose META has PREFIXED_NAMES (1.3), the name as prefix_length varint | name_length
+# varint | name: the first prefix_length bytes of the previous tensor's name (``prev``), then these.
+# Read with the checks §7 makes while reading: prefix_length beyond the previous name (corrupt), the
+# name's length > MAX_NAME_BYTES (limit, before the name), ndim > MAX_DIMS (limit, before the dims), a
+# field past the end (corrupt). ``_end``: bytes consumed.
 
 class TensorFields:
     __slots__ = ("name", "dtype", "ndim", "dims", "block_elems", "flags", "base_hash", "target_hash", "_end")
@@ -321,16 +327,21 @@ class TensorFields:
         self.flags, self.base_hash, self.target_hash, self._end = flags, base_hash, target_hash, end
 
 
-def parse_tensor_payload(payload: BytesLike, what: str) -> TensorFields:
-    """The fields of a TENS payload; errors are prefixed with ``what``."""
+def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = None) -> TensorFields:
+    """The fields of a TENS payload; errors are prefixed with ``what``. ``prev``: the previous tensor's
+    name (``b""`` for the first) in a file with PREFIXED_NAMES; None in one without."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
     short = f"{what}: structure runs past the end of its bytes"
-    n, pos = _varint_at(buf, 0, what)
-    if n > MAX_NAME_BYTES:
-        raise LimitError(f"tensor name of {n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
+    k, pos = (0, 0) if prev is None else _varint_at(buf, 0, what)
+    if prev is not None and k > len(prev):
+        raise CorruptError(f"{what}: name shares {k} bytes with the previous tensor's name, which has "
+                           f"{len(prev)}")
+    n, pos = _varint_at(buf, pos, what)
+    if k + n > MAX_NAME_BYTES:
+        raise LimitError(f"tensor name of {k + n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
     if pos + n + 2 > len(buf):
         raise CorruptError(short)
-    name = bytes(buf[pos:pos + n])
+    name = bytes(buf[pos:pos + n]) if not k else bytes(prev[:k]) + buf[pos:pos + n]  # type: ignore[index]
     pos += n
     dtype, ndim = buf[pos], buf[pos + 1]
     pos += 2
@@ -359,9 +370,15 @@ def parse_tensor_payload(payload: BytesLike, what: str) -> TensorFields:
 
 
 def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_elems: int, flags: int,
-                         base_hash: int | None, target_hash: int) -> bytes:
-    """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``)."""
-    parts = [varint_bytes(len(name)), name, bytes((dtype, len(dims)))]
+                         base_hash: int | None, target_hash: int, prev: bytes | None = None) -> bytes:
+    """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``);
+    with ``prev`` (PREFIXED_NAMES), the name after the bytes it shares with ``prev``."""
+    if prev is None:
+        parts = [varint_bytes(len(name)), name]
+    else:
+        k = len(os.path.commonprefix((prev, name)))
+        parts = [varint_bytes(k), varint_bytes(len(name) - k), name[k:]]
+    parts.append(bytes((dtype, len(dims))))
     parts += [varint_bytes(d) for d in dims]
     parts += [varint_bytes(block_elems), bytes((flags,))]
     if flags & NEEDS_BASE:

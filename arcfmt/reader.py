@@ -177,7 +177,8 @@ class DeltaReader:
         if th is None:
             e = self._entry(name)
             _, payload = self._read_record(e.tens_offset, e.tens_size, L.TENS, e.tens_checksum)
-            th = records.parse_tensor(payload, f"TENS at offset {e.tens_offset}")
+            prev = self.meta.prev_name(self.index.entries, self._ordinal[name])
+            th = records.parse_tensor(payload, f"TENS at offset {e.tens_offset}", prev)
             if th.name != name:
                 raise CorruptError(f"TENS at offset {e.tens_offset} names {th.name!r}, the index {name!r}")
             if th.block_count != len(e.blocks):
@@ -485,7 +486,7 @@ class StreamReader:
         if head.type != L.META:
             raise CorruptError(f"first record at offset {offset} is {head.type!r}, not META")
         self.meta = records.parse_meta(payload)
-        seen = []          # IndexEntry per tensor, as found
+        seen: list[records.IndexEntry] = []   # per tensor, as found
         headers = []
         names = set()
         self._others: list[records.OtherRecord] = []  # ancillary records seen
@@ -497,7 +498,7 @@ class StreamReader:
             if head.type == L.INDX:
                 index = records.parse_index(payload, offset)
                 break
-            th = records.parse_tensor(payload, f"TENS at offset {offset}")
+            th = records.parse_tensor(payload, f"TENS at offset {offset}", self.meta.prev_name(seen, len(seen)))
             raw = th.name.encode("utf-8")
             if raw in names:
                 raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")

@@ -134,11 +134,19 @@ def verify_record(head: RecordHead, head_bytes: BytesLike, payload: BytesLike, o
 class Meta:
     base_step: int | None
     target_step: int | None
+    prefixed_names: bool = False   # PREFIXED_NAMES (1.3): TENS names share the previous one's first bytes
+
+    def prev_name(self, entries: Sequence[IndexEntry], t: int) -> bytes | None:
+        """What :func:`parse_tensor` takes as ``prev`` for tensor ``t``, given the entries (index
+        entries, or those of the tensors read so far) of the tensors before it, in file order."""
+        if not self.prefixed_names:
+            return None
+        return entries[t - 1].name.encode("utf-8") if t else b""
 
 
 def build_meta(meta: Meta) -> bytes:
     out: bytes = L.MetaPayload.build(dict(
-        flags=0,
+        flags=L.PREFIXED_NAMES if meta.prefixed_names else 0,
         base_step=L.NO_STEP if meta.base_step is None else meta.base_step,
         target_step=L.NO_STEP if meta.target_step is None else meta.target_step))
     return out
@@ -148,10 +156,10 @@ def parse_meta(payload: BytesLike) -> Meta:
     if len(payload) != L.META_PAYLOAD_SIZE:
         raise CorruptError(f"META payload is {len(payload)} bytes, {L.META_PAYLOAD_SIZE} expected")
     m = L.parse_meta_payload(payload)
-    if m.flags:
+    if m.flags & ~L.PREFIXED_NAMES:
         raise ReservedBitsError(f"META flags 0x{m.flags:08x}: reserved bits must be zero")
     return Meta(None if m.base_step == L.NO_STEP else m.base_step,
-                None if m.target_step == L.NO_STEP else m.target_step)
+                None if m.target_step == L.NO_STEP else m.target_step, bool(m.flags & L.PREFIXED_NAMES))
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -260,13 +268,16 @@ class TensorHeader:
         return e - s
 
 
-def build_tensor(h: TensorHeader) -> bytes:
+def build_tensor(h: TensorHeader, prev: bytes | None = None) -> bytes:
+    """``prev``: the previous tensor's name (b"" for the first) in a file with PREFIXED_NAMES."""
     return L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems,
-                                  L.NEEDS_BASE if h.needs_base else 0, h.base_hash, h.target_hash)
+                                  L.NEEDS_BASE if h.needs_base else 0, h.base_hash, h.target_hash, prev)
 
 
-def parse_tensor(payload: BytesLike, where: str) -> TensorHeader:
-    t = L.parse_tensor_payload(payload, f"{where}: TENS")
+def parse_tensor(payload: BytesLike, where: str, prev: bytes | None = None) -> TensorHeader:
+    """A checked TENS record (§7). ``prev``: the previous tensor's name (b"" for the first) in a file
+    whose META has PREFIXED_NAMES, None in one without (see :meth:`Meta.prev_name`)."""
+    t = L.parse_tensor_payload(payload, f"{where}: TENS", prev)
     if t._end != len(payload):
         raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
     name = check_name(t.name, where)

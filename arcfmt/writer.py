@@ -240,7 +240,7 @@ class DeltaWriter:
         self.closed = False
         self.size: int | None = None  # the file's, once closed
         self._write(records.build_header())
-        self._record(L.META, records.build_meta(records.Meta(base_step, target_step)))
+        self._record(L.META, records.build_meta(records.Meta(base_step, target_step, prefixed_names=True)))
         if note:
             self.write_record(L.NOTE, note.encode("utf-8"))
 
@@ -340,7 +340,8 @@ class DeltaWriter:
     def _emit(self, item: _Pending) -> None:
         if item[0] == "T":
             th = item[1]
-            off, size, ck = self._record(L.TENS, records.build_tensor(th))
+            prev = self._entries[-1].name.encode("utf-8") if self._entries else b""
+            off, size, ck = self._record(L.TENS, records.build_tensor(th, prev))
             self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
             self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
             name_b = th.name.encode("utf-8")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.2 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.3 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -46,7 +46,8 @@ Remaining ASSUMPTIONs (SPEC.md as of commit 267f96e; numbers kept stable, gaps a
 spec has since settled: A1 §12.2 step 4 now names §10 checks 1-8 with the INDX record's own
 offset; A2 §12.2 step 2 makes an unknown critical first record `unknown_record`; A7 §12.2 step 2
 says META is "checked as in §6"; A8 the block-count comparison is R-INDEX-BLOCK-COUNTS / §10
-"Later"; A11 §9 now puts the L = 0 rule before the codec's own rules):
+"Later"; A11 §9 now puts the L = 0 rule before the codec's own rules; A16 §4's table now says
+"any value is read" for the minor version):
   A4 §8 check 7 "each is decoded (§9), then the encoding's own checks apply": all streams are
      decoded, in order, before any of the encoding's checks (matters when a later stream fails
      with `limit` and an earlier one carries an encoding error).
@@ -66,8 +67,6 @@ Version 1.1 ASSUMPTIONs (ctx-delta, §8.6, and bit strings, §1):
   A14 §8.6 classes, members and ranks are those of the block's own elements (indices 0 .. m-1
      of §8 "Notation for one block"), not of the whole tensor.
   A15 §8.6 decoding step 1 checks, in order: padding bits, exactly c one bits, bit qbits - 1 set.
-  A16 §4's header table still says minor "0 for this version" while the document is 1.1; as
-     before, any minor is accepted (§4 text, §16) and only the header/trailer agreement is checked.
   A17 §8.6 decoding step 4 ("For each change `p`") no longer names an order; the range check is
      made change by change in class order (every failure is `corrupt` either way).
 
@@ -78,6 +77,15 @@ Version 1.2 ASSUMPTIONs (dense-delta, §8.7):
   A19 §8.7 decoding step 3 ("check z_{u-1} < m"): each z_t is compared with m as its gap is added
      (§1.1), the quotient Q_t before Q_t * 2^r is formed; since the z_t increase, this refuses
      exactly the blocks whose z_{u-1} >= m, with the same category.
+
+Version 1.3 (META flag PREFIXED_NAMES, §6; TENS prefix_length, §7): no ASSUMPTION.  §7 fixes the
+previous name for each read mode (streaming: the last TENS record read; random access: the index's
+name of tensor t - 1; b"" for the first tensor), the checks' places while reading (prefix_length
+greater than that name's length `corrupt` before name_length; prefix_length + name_length over
+MAX_NAME_BYTES `limit` before the name bytes), and that every other name rule applies to the joined
+name; bits 1-31 of META's flags stay `reserved_bits`.  A file whose META lacks the flag is read as
+in 1.2.  The flag is honoured whatever the header's minor version (§4: any value is read; no check
+ties the two).
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -677,7 +685,7 @@ def check_header(f):
     if data[0:8] != MAGIC:
         fail("bad_magic", "not an arcfmt file (bad header magic)")
     major, minor, flags = struct.unpack("<HHI", data[8:16])
-    # Any minor is accepted (§4, §16); ASSUMPTION A16: §4's table still says "0 for this version".
+    # Any minor is accepted (§4, §16); only the header/trailer agreement is checked (§11).
     if major != 1:
         fail("unsupported_version", f"major version {major}")
     if flags != 0:
@@ -742,14 +750,18 @@ def read_located_record(f, offset, size, expected_type, expected_checksum=None):
     return payload
 
 
+META_PREFIXED_NAMES = 1  # §6 flag bit 0 (1.3): every TENS record has a prefix_length (§7)
+
+
 def parse_meta(payload):
-    """§6: exactly 20 bytes (corrupt), then reserved flags (reserved_bits)."""
+    """§6: exactly 20 bytes (corrupt), then reserved flags, bits 1-31 (reserved_bits).
+    Returns whether the file has PREFIXED_NAMES."""
     if len(payload) != 20:
         fail("corrupt", f"META payload is {len(payload)} bytes, not 20")
     flags, base_step, target_step = struct.unpack("<IQQ", payload)
-    if flags != 0:
-        fail("reserved_bits", f"META flags 0x{flags:08x}")
-    return base_step, target_step
+    if flags & ~META_PREFIXED_NAMES:
+        fail("reserved_bits", f"META flags 0x{flags:08x} (reserved bits 0x{flags & ~META_PREFIXED_NAMES:08x})")
+    return bool(flags & META_PREFIXED_NAMES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -759,17 +771,27 @@ class TensorInfo:
     pass
 
 
-def parse_tens(payload, ordinal):
-    """§7 'Checks, in this order'."""
+def parse_tens(payload, ordinal, prefixed=False, prev_name=b""):
+    """§7 'Checks, in this order'.  prefixed: META has PREFIXED_NAMES (§6); prev_name: the previous
+    tensor's name (b"" for the first tensor), as the caller's read mode defines it (§7: streaming,
+    the last TENS record's name; random access, the index's name of tensor t - 1)."""
     what = f"TENS #{ordinal}"
     c = Cursor(payload, what)
     ti = TensorInfo()
     ti.ordinal = ordinal
     # While reading the fields.
+    prefix_length = 0  # no such field without PREFIXED_NAMES
+    if prefixed:
+        prefix_length = c.varint("prefix_length")
+        if prefix_length > len(prev_name):  # the first tensor's prev_name is b"": it must be 0
+            fail("corrupt", f"{what}: prefix_length {prefix_length} exceeds the previous tensor's "
+                            f"name length {len(prev_name)}" + (" (first tensor)" if ordinal == 0 else ""))
     name_length = c.varint("name_length")
-    if name_length > MAX_NAME_BYTES:
-        fail("limit", f"{what}: name_length {name_length} exceeds MAX_NAME_BYTES")
-    ti.name_bytes = c.take(name_length, "name")
+    if prefix_length + name_length > MAX_NAME_BYTES:
+        fail("limit", f"{what}: " + (f"prefix_length {prefix_length} + " if prefixed else "")
+             + f"name_length {name_length} exceeds MAX_NAME_BYTES")
+    # the joined name (§7 "Prefixed names"), joined as bytes; prefix_length is 0 without the flag
+    ti.name_bytes = prev_name[:prefix_length] + c.take(name_length, "name")
     ti.dtype = c.u8("dtype")
     ndim = c.u8("ndim")
     if ndim > MAX_DIMS:
@@ -782,7 +804,7 @@ def parse_tens(payload, ordinal):
     ti.target_hash = c.u64("target_hash")
     # Then.
     c.end()
-    ti.name = check_name_bytes(ti.name_bytes, what)
+    ti.name = check_name_bytes(ti.name_bytes, what)  # the joined name (§7)
     what = f"TENS {ti.name!r}"
     if flags & 0xFE:
         fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{flags:02x}")
@@ -1423,14 +1445,15 @@ def decode_random_access(path, base):
     ix = parse_index(payload, index_offset)
     check_other_headers(f, ix)
     payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
-    parse_meta(payload)
+    prefixed = parse_meta(payload)
     # The payloads of the other records are not read (§5: a random-access decoder need not read
     # the payload of records it does not use); their headers were checked in step 4.
     tensors = []                                                            # step 6
     for t in range(ix.T):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
                                       ix.tens_checksums[t])
-        ti = parse_tens(payload, t)
+        # §7: in random access the previous name is the index's (checked, §10 check 8)
+        ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"")
         if ti.name_bytes != ix.names[t]:
             fail("corrupt", f"TENS #{t}: name {ti.name!r} != index name {ix.names[t]!r}")
         if ti.B != ix.tens_block_counts[t]:
@@ -1511,6 +1534,7 @@ def decode_streaming(path, base):
     seen_blck = []   # (offset, size, checksum, encoding)
     seen_other = []  # (offset, size, type)
     first = True
+    prefixed = False  # META's PREFIXED_NAMES (§6), known once the first record is read
     while True:                                                             # step 2
         offset = r.pos
         if r.at_eof():
@@ -1535,7 +1559,7 @@ def decode_streaming(path, base):
         if first:
             if typ != b"META":
                 fail("corrupt", f"first record is {typ!r}, not META")
-            parse_meta(payload)  # §12.2 step 2: "checked as in §6"
+            prefixed = parse_meta(payload)  # §12.2 step 2: "checked as in §6"
             first = False
             continue
         awaiting = builder is not None and not builder.complete()
@@ -1550,7 +1574,8 @@ def decode_streaming(path, base):
             seen_other.append((offset, size, typ))  # ancillary: checksum checked, skipped
             continue
         if typ == b"TENS":                                                  # step 3
-            ti = parse_tens(payload, len(tensors))
+            # §7: in streaming the previous name is the last TENS record's (b"" before the first)
+            ti = parse_tens(payload, len(tensors), prefixed, tensors[-1].name_bytes if tensors else b"")
             if ti.name_bytes in names:
                 fail("corrupt", f"duplicate tensor name {ti.name!r}")
             names.add(ti.name_bytes)

@@ -9,6 +9,7 @@ definitions whose ``struct`` forms and size constants are derived; those are che
 from __future__ import annotations
 
 import io
+import os
 import struct
 
 import pytest
@@ -205,6 +206,35 @@ def test_build_tensor_payload(name, dtype, dims, block_elems, flags, base_hash, 
     back = L.parse_tensor_payload(spec, "TENS")
     assert (back.name, back.dims, back.base_hash, back.target_hash, back._end) == \
         (name, dims, base_hash if flags else None, target_hash, len(spec))
+
+
+@given(st.binary(max_size=12), st.binary(max_size=12), st.binary(max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_prefixed_names_round_trip(prev, name, tail):
+    """PREFIXED_NAMES (§7, 1.3): a name built after the previous one parses back whole, from the
+    longest shared prefix; names sharing a prefix that ends inside a UTF-8 sequence included."""
+    full = prev[:len(tail)] + name
+    tens = L.build_tensor_payload(full, 11, [3], 12, 0, None, 7, prev)
+    k = len(os.path.commonprefix((prev, full)))
+    assert tens[:len(varint(k))] == varint(k)
+    back = L.parse_tensor_payload(tens, "TENS", prev)
+    assert (back.name, back.dims, back.target_hash, back._end) == (full, [3], 7, len(tens))
+
+
+def test_prefixed_name_checks_come_in_their_order():
+    """prefix_length beyond the previous name: corrupt, before name_length is read; prefix_length +
+    name_length over MAX_NAME_BYTES: limit, before the name is read (a truncated payload is not reached)."""
+    rest = bytes([11, 1]) + varint(3) + varint(12) + b"\x00" + (7).to_bytes(8, "little")
+    ok = varint(3) + varint(1) + b"x" + rest
+    assert L.parse_tensor_payload(ok, "TENS", b"abcd").name == b"abcx"
+    with pytest.raises(CorruptError, match="shares 5 bytes with the previous tensor's name, which has 4"):
+        L.parse_tensor_payload(varint(5) + b"\xff", "TENS", b"abcd")
+    with pytest.raises(CorruptError, match="shares 1 bytes"):
+        L.parse_tensor_payload(varint(1) + varint(1) + b"x" + rest, "TENS", b"")
+    with pytest.raises(LimitError, match="name of 1025 bytes"):
+        L.parse_tensor_payload(varint(4) + varint(L.MAX_NAME_BYTES - 3), "TENS", b"abcd")
+    with pytest.raises(CorruptError, match="runs past the end"):   # at the limit: read on, and found short
+        L.parse_tensor_payload(varint(4) + varint(L.MAX_NAME_BYTES - 4), "TENS", b"abcd")
 
 
 def test_defined_constructs_compose():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 
 import numpy as np
@@ -352,3 +353,29 @@ def test_no_reader_hands_out_a_tensor_before_its_hash_matched():
     assert_bit_exact({"b": live["b"]}, {"b": base["b"]})  # the failing tensor's live array is untouched
     if "a" in done:  # a tensor handed out was verified and stays updated
         assert_bit_exact({"a": live["a"]}, {"a": target["a"]})
+
+
+# ------------------------------------------------------------------------------------- prefixed names
+
+@pytest.mark.parametrize("reader", READERS)
+def test_names_travel_after_the_prefix_they_share(reader):
+    """The writer sets PREFIXED_NAMES (SPEC.md §6, §7, 1.3) and stores each name after the bytes it shares
+    with the previous one: its TENS records are smaller by those bytes (less a varint each), and every reader
+    rebuilds the same tensors from it as from the file with every name whole."""
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+             "model.layers.0.self_attn", "lm_head.weight", "a\u00e9", "a\u00e8"]
+    rng = np.random.default_rng(5)
+    base = {n: rng.standard_normal(6).astype(np.float32) for n in names}
+    target = {n: v + np.float32(1) for n, v in base.items()}
+    d = arcfmt.encode(base, target, workers=1)
+    p = parse_file(d)
+    assert p.prefixed and records.parse_meta(d[32:52]).prefixed_names
+    whole = assemble(p, prefixed=False)
+    shared = [len(os.path.commonprefix((a.encode(), b.encode()))) for a, b in zip([""] + names, names)]
+    tens_bytes = [sum(r.size for r in parse_file(x).recs if r.type == L.TENS) for x in (whole, d)]
+    assert tens_bytes[0] - tens_bytes[1] == sum(shared) - len(names)   # each: k bytes fewer, a varint more
+    assert shared[5] == 2  # "a\xc3" of a\xc3\xa9: the prefix ends inside a UTF-8 sequence
+    for data in (d, whole):
+        got = reader(data, base)
+        assert list(got) == names
+        assert_bit_exact(got, target)

@@ -41,7 +41,9 @@ from support.records import (  # noqa: E402, F401
     Rec,
     assemble,
     fix_trailer_checksum,
+    prefix_names,
     raw_record,
+    read_varint,
     set_first_encoding,
     split,
     tens_payload,
@@ -179,6 +181,18 @@ def valid_vectors():
     p.recs.insert(2, Rec(b"zzzz", b"future ancillary data"))
     V.append(Vector("y_unknown_ancillary", "an unknown ancillary record type is skipped", ["5", "10", "16"],
                     {"w": b}, assemble(p), expect_tensors={"w": t}))
+    # PREFIXED_NAMES (§6, §7, 1.3): shared prefixes, none, a whole previous name, one ending inside a
+    # UTF-8 sequence (a\xc3|\xa9 -> a\xc3|\xa8), and the same tensors with every name stored whole
+    names = ["layers.0.attn.wq", "layers.0.attn.wk", "layers.0.attn", "emb", "a\u00e9", "a\u00e8", "a\u00e8.b"]
+    pb = {nm: rl_step(30 + i, (6, 5))[0] for i, nm in enumerate(names)}
+    pt = {nm: rl_step(30 + i, (6, 5))[1] for i, nm in enumerate(names)}
+    pre = write_delta(pb, pt)
+    assert split(pre).prefixed
+    V.append(Vector("y_prefixed_names", "PREFIXED_NAMES: names after the bytes they share with the previous one "
+                    "(several, none, all of it, a prefix ending inside a UTF-8 sequence)", ["6", "7", "16"],
+                    pb, pre, expect_tensors=pt))
+    V.append(Vector("y_whole_names", "a 1.3 file without PREFIXED_NAMES: every name stored whole", ["6", "7"],
+                    pb, assemble(split(pre), prefixed=False), expect_tensors=pt))
     V += ctx_valid_vectors()
     V += dense_valid_vectors()
     return V
@@ -306,6 +320,35 @@ def renamed_keyframe(name: bytes) -> bytes:
     return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
 
 
+def prefix_vectors():
+    """Must-reject files of PREFIXED_NAMES (§6, §7): a TENS record's prefix_length (its first varint)
+    or name_length changed in the file's own form, every other record kept consistent."""
+    V = []
+    names = ["enc.layer.0.w", "enc.layer.0.b", "__metadata_x", "__metadata_y"]
+    base = {nm: rl_step(40 + i, (4, 3))[0] for i, nm in enumerate(names)}
+    good = write_delta(base, {nm: rl_step(40 + i, (4, 3))[1] for i, nm in enumerate(names)})
+
+    def n(name, desc, tensor, edit, error):
+        p = split(good)
+        recs = prefix_names(p, p.recs)
+        r = [x for x in recs if x.type == L.TENS][tensor]
+        k, at = read_varint(r.payload, 0)
+        length, at2 = read_varint(r.payload, at)
+        r.payload = edit(k, length, r.payload[at2:at2 + length], r.payload[at2 + length:])
+        V.append(Vector(name, desc, ["6", "7"], base, assemble(p, recs, prefixed=False), error=error,
+                        modes=["random", "stream"]))
+    n("n_name_prefix_first", "the first tensor's prefix_length is 1 (there is no previous name)", 0,
+      lambda k, ln, nm, rest: varint(1) + varint(ln) + nm + rest, "corrupt")
+    n("n_name_prefix_longer", "prefix_length one more than the previous name's length", 1,
+      lambda k, ln, nm, rest: varint(len(names[0]) + 1) + varint(ln) + nm + rest, "corrupt")
+    n("n_name_prefix_limit", "prefix_length + name_length is MAX_NAME_BYTES + 1 (each alone is within it; "
+      "refused before the name is read)", 1,
+      lambda k, ln, nm, rest: varint(k) + varint(L.MAX_NAME_BYTES + 1 - k) + nm + rest, "limit")
+    n("n_name_prefix_joined_reserved", "the joined name is the reserved name (the 11 bytes '__metadata_' of the "
+      "previous name, then '_')", 3, lambda k, ln, nm, rest: varint(11) + varint(1) + b"_" + rest, "corrupt")
+    return V
+
+
 def reject_vectors():
     V = []
     b, t = rl_step(20, (24, 16))
@@ -327,8 +370,8 @@ def reject_vectors():
     pos = 52
     for i, r in enumerate(P.recs[1:4]):
         bounds[f"in_{r.type.decode().lower()}{i}_header"] = pos + 8
-        bounds[f"in_{r.type.decode().lower()}{i}_payload"] = pos + 16 + len(r.payload) // 2
-        pos += 16 + len(r.payload)
+        bounds[f"in_{r.type.decode().lower()}{i}_payload"] = pos + 16 + (r.size - 16) // 2
+        pos += r.size
         bounds[f"after_{r.type.decode().lower()}{i}"] = pos
     ioff = len(good) - 40 - 16 - len(P.index_payload)
     bounds.update({"before_index": ioff, "in_index": ioff + 20, "before_trailer": len(good) - 40,
@@ -380,8 +423,9 @@ def reject_vectors():
       "corrupt")
 
     def meta_flags(p):
-        p.recs[0].payload = b"\x01" + p.recs[0].payload[1:]
-    n("n_reserved_meta_flags", "META reserved flags set", ["6"], mod(meta_flags), "reserved_bits")
+        p.recs[0].payload = b"\x02" + p.recs[0].payload[1:]   # bit 0 is PREFIXED_NAMES (1.3)
+    n("n_reserved_meta_flags", "META reserved flag (bit 1) set", ["6"], mod(meta_flags), "reserved_bits")
+    V += prefix_vectors()
     tens_i = next(i for i, r in enumerate(P.recs) if r.type == L.TENS)
 
     def tens_edit(fn):
@@ -444,7 +488,7 @@ def reject_vectors():
     data = bytearray(mod(big_record))
     # declare a payload beyond MAX_RECORD_PAYLOAD in the first BLCK's header (the index still says the real size)
     q = split(good)
-    off = 52 + 16 + len(q.recs[1].payload)
+    off = 52 + q.recs[1].size
     data[off + 4: off + 8] = ((1 << 28) + 1).to_bytes(4, "little")
     n("n_limit_record_payload", "a record header declaring 2^28+1 payload bytes", ["5", "14"], bytes(data), "limit")
     body = records.build_index(split(good).index)
@@ -2229,6 +2273,9 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_data_after_trailer_random", ["R-TRAILER-MAGIC"]), ("n_data_after_trailer_stream", ["R-STREAM-END"]),
     # -- records
     ("n_reserved_meta_flags", ["R-META-FLAGS"]), ("n_reserved_tens_flags", ["R-TENS-FLAGS"]),
+    ("y_prefixed_names", ["R-NAME-PREFIX", "R-NAME", "R-INDEX-NAME"]), ("y_whole_names", ["R-NAME"]),
+    ("n_name_prefix_first", ["R-NAME-PREFIX.FIRST"]), ("n_name_prefix_longer", ["R-NAME-PREFIX.LONGER"]),
+    ("n_name_prefix_limit", ["R-NAME-LIMIT"]), ("n_name_prefix_joined_reserved", ["R-NAME-RESERVED"]),
     ("n_record_checksum", ["R-RECORD-CHECKSUM"]), ("n_unknown_critical_record", ["R-CRITICAL"]),
     ("n_record_type_not_letters*", ["R-RECORD-TYPE"]), ("n_*_then_wrong_base", ["R-CHECK-ORDER"]),
     ("n_wrong_base_then_*", ["R-CHECK-ORDER", "R-BASE.HASH"]),

@@ -85,15 +85,21 @@ def framing(data: bytes) -> tuple[collections.Counter, int]:
     streams = 0
     pos = L.HEADER_SIZE
     th = None
+    prefixed, prev = False, b""
     while pos < len(data) - L.TRAILER_SIZE:
         head = records.parse_record_head(data[pos: pos + L.RECORD_HEADER_SIZE], pos)
         payload = data[pos + L.RECORD_HEADER_SIZE: pos + L.RECORD_HEADER_SIZE + head.length]
         name = head.type.decode()
         acc[f"{name} record headers"] += L.RECORD_HEADER_SIZE
+        if head.type == L.META:
+            prefixed = records.parse_meta(payload).prefixed_names
         if head.type == L.TENS:
-            th = records.parse_tensor(payload, "")
-            acc["TENS names"] += len(th.name.encode())
-            acc["TENS other fields (dtype, shape, flags, hashes)"] += head.length - len(th.name.encode())
+            th = records.parse_tensor(payload, "", prev if prefixed else None)
+            prev = th.name.encode()
+            at = L._varint_at(payload, 0, "prefix")[1] if prefixed else 0   # PREFIXED_NAMES: prefix length
+            n, at = L._varint_at(payload, at, "name")
+            acc["TENS name fields"] += at + n
+            acc["TENS other fields (dtype, shape, flags, hashes)"] += head.length - (at + n)
         elif head.type == L.BLCK and th is not None:
             tensor, at = L._varint_at(payload, 0, "tensor")
             block, _ = L._varint_at(payload, at, "block")

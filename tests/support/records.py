@@ -15,7 +15,8 @@ writer compares against it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import xxhash
 
@@ -25,7 +26,7 @@ from arcfmt.integrity import record_checksum
 
 __all__ = [
     "Rec", "Parts", "split", "parse_file", "assemble", "raw_record", "blck_encoding", "set_first_encoding",
-    "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "varint",
+    "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "u32", "varint", "read_varint", "prefix_names",
 ]
 
 # ------------------------------------------------------------------------------------ integers
@@ -33,6 +34,46 @@ __all__ = [
 
 def u64(x: int) -> bytes:
     return int(x).to_bytes(8, "little")
+
+
+def u32(x: int) -> bytes:
+    return int(x).to_bytes(4, "little")
+
+
+def read_varint(data: bytes, at: int) -> tuple[int, int]:
+    """The LEB128 integer at ``data[at:]`` and where it ends (no checks: valid files only)."""
+    v = shift = 0
+    while True:
+        b = data[at]
+        v |= (b & 0x7F) << shift
+        at += 1
+        shift += 7
+        if not b & 0x80:
+            return v, at
+
+
+def prefix_names(p: Parts, recs: list) -> list:
+    """``recs`` as a file with PREFIXED_NAMES has them (§6, §7, 1.3): the META flag set, each TENS name
+    after the bytes it shares with the previous tensor's name. A TENS payload whose name field does not
+    parse gets prefix length 0 in front of it, so that the fault it carries stays where it was."""
+    out, prev = [], b""
+    for r in recs:
+        if r.raw is None and r.type == L.META and not out:
+            r = replace(r, payload=u32(int.from_bytes(r.payload[:4], "little") | L.PREFIXED_NAMES) + r.payload[4:])
+        elif r.raw is None and r.type == L.TENS:
+            try:
+                n, at = read_varint(r.payload, 0)
+            except IndexError:
+                n, at = len(r.payload) + 1, 0
+            if at + n <= len(r.payload):
+                name = r.payload[at:at + n]
+                k = len(os.path.commonprefix((prev, name)))
+                r = replace(r, payload=varint(k) + varint(n - k) + name[k:] + r.payload[at + n:])
+            else:
+                r = replace(r, payload=b"\x00" + r.payload)
+            prev = (r.name or "").encode()
+        out.append(r)
+    return out
 
 
 def varint(x: int) -> bytes:
@@ -81,7 +122,8 @@ class Rec:
     assembly (so a changed payload's encoding byte goes into the index unless this is set).
     ``checksum``: force the record's checksum field (e.g. the checksum of other bytes). ``raw``: written
     verbatim instead of being built from type and payload; such a record is listed among the index's
-    other records, never as a tensor or block.
+    other records, never as a tensor or block. ``size``: its size in the file it came from (-1 for a new
+    record; a TENS payload here may be longer than it was there, see :class:`Parts`).
     """
 
     type: bytes
@@ -91,6 +133,7 @@ class Rec:
     encoding: int | None = None
     checksum: int | None = None
     raw: bytes | None = None
+    size: int = -1
 
     def bytes(self) -> bytes:
         return self.raw if self.raw is not None else raw_record(self.type, self.payload, self.checksum)
@@ -100,13 +143,16 @@ class Rec:
 class Parts:
     """A file taken apart. ``recs``: every record in file order from META on; the INDX record too (last)
     only when parsed with ``keep_index=True`` (:func:`parse_file`) — :func:`assemble` always drops it and
-    writes a fresh one."""
+    writes a fresh one. Names are whole in the TENS payloads here and META has no PREFIXED_NAMES
+    (§6, 1.3), whatever the file had (``prefixed``): a change to a TENS payload is one of the §7 table,
+    and :func:`assemble` writes the names as the file had them again (unless told otherwise)."""
 
     header: bytes
     recs: list
     index: records.Index
     index_payload: bytes
     trailer: bytes
+    prefixed: bool = False
 
     def find(self, rtype: bytes) -> list:
         return [r for r in self.recs if r.type == rtype]
@@ -117,18 +163,28 @@ def split(data: bytes, *, keep_index: bool = False) -> Parts:
     data = bytes(data)
     pos = L.HEADER_SIZE
     recs = []
+    prefixed, prev = False, b""
     while True:
         head = records.parse_record_head(data[pos:pos + 16], pos)
         payload = data[pos + 16: pos + 16 + head.length]
-        rec = Rec(head.type, payload, pos)
+        rec = Rec(head.type, payload, pos, size=16 + head.length)
         if head.type == L.INDX:
             assert pos + 16 + head.length + L.TRAILER_SIZE == len(data), "split needs a valid file"
             if keep_index:
                 recs.append(rec)
             return Parts(data[:L.HEADER_SIZE], recs, records.parse_index(payload, pos), payload,
-                         data[pos + 16 + head.length:])
+                         data[pos + 16 + head.length:], prefixed)
+        if head.type == L.META and pos == L.HEADER_SIZE and records.parse_meta(payload).prefixed_names:
+            prefixed = True
+            rec.payload = u32(int.from_bytes(payload[:4], "little") & ~L.PREFIXED_NAMES) + payload[4:]
         if head.type == L.TENS:
-            rec.name = records.parse_tensor(payload, "").name
+            rec.name = records.parse_tensor(payload, "", prev if prefixed else None).name
+            name = rec.name.encode()
+            if prefixed:   # the whole name, as a file without PREFIXED_NAMES has it
+                _, at = read_varint(payload, 0)
+                n, at = read_varint(payload, at)
+                rec.payload = varint(len(name)) + name + payload[at + n:]
+            prev = name
         elif head.type == L.BLCK:
             rec.encoding = blck_encoding(payload)
         recs.append(rec)
@@ -168,7 +224,7 @@ def tens_payload(name, dtype: int, dims, block_elems: int, flags: int, base_hash
 
 def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None, base_digest: bytes | None = None,
              target_digest: bytes | None = None, index_fn=None, index_payload: bytes | None = None,
-             trailer_fn=None, list_others: bool = True) -> bytes:
+             trailer_fn=None, list_others: bool = True, prefixed: bool | None = None) -> bytes:
     """Write a file from ``recs`` (default ``p.recs``): fresh record checksums, a consistent index (§10)
     and trailer (§11).
 
@@ -179,10 +235,13 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
     ``index_fn(index)`` may change that :class:`arcfmt.records.Index` before it is built;
     ``index_payload`` replaces the INDX payload verbatim. ``trailer_fn(t: bytearray)`` may change the
     40-byte trailer in place (:func:`fix_trailer_checksum` then, to keep its checksum right).
+    ``prefixed``: write the names as a file with PREFIXED_NAMES has them (:func:`prefix_names`);
+    default: as the file ``p`` came from had them.
     """
     out = bytearray(header if header is not None else p.header)
     entries, others = [], []
-    for r in p.recs if recs is None else recs:
+    recs = p.recs if recs is None else recs
+    for r in prefix_names(p, recs) if (p.prefixed if prefixed is None else prefixed) else recs:
         if r.type == L.INDX:
             continue
         off = len(out)
