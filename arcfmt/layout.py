@@ -8,7 +8,9 @@
 - **TENS (§7) and BLCK (§8)**, met once per tensor and once per block, are defined by the hand-written
   functions of this module (:func:`parse_tensor_payload`, :func:`build_tensor_payload`,
   :func:`parse_block_head`, :func:`build_block_head`): that code is their only definition.
-  ``TensorPayload`` and ``BlockPayload`` are constructs that call it, for code that composes constructs.
+  ``TensorPayload`` and ``BlockPayload`` are constructs that call it, for code that composes constructs
+  (``TensorPayload``: the whole-name form, a file without PREFIXED_NAMES; a prefixed TENS record needs
+  the previous name, which only :func:`parse_tensor_payload` takes).
   Why not construct for these two: uncompiled it costs 4–7× the hand-written code per record; compiled
   (``.compile()``, even with every custom field given an emitted parser) still 2–4.5×, and compiled
   fields no longer check that their bytes are there (``Bytes`` emits an unchecked ``io.read`` and

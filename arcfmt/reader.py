@@ -20,6 +20,7 @@ from . import layout as L
 from .errors import (
     CorruptError,
     InputError,
+    LimitError,
     MissingTensorError,
     TruncatedError,
     os_error,
@@ -489,6 +490,7 @@ class StreamReader:
         seen: list[records.IndexEntry] = []   # per tensor, as found
         headers = []
         names = set()
+        name_bytes = 0
         self._others: list[records.OtherRecord] = []  # ancillary records seen
         while True:
             offset, head, payload = self._critical()
@@ -502,6 +504,10 @@ class StreamReader:
             raw = th.name.encode("utf-8")
             if raw in names:
                 raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")
+            name_bytes += len(raw)
+            if name_bytes > L.MAX_INDEX_BYTES:   # §12.2 step 3: the names remembered stay bounded
+                raise LimitError(f"TENS at offset {offset}: the names read add up to more than MAX_INDEX_BYTES "
+                                 f"({L.MAX_INDEX_BYTES}), more than an index can hold")
             names.add(raw)
             entry = records.IndexEntry(th.name, offset, head.length + L.RECORD_HEADER_SIZE, head.checksum, [])
             seen.append(entry)

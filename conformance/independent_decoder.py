@@ -32,7 +32,9 @@ By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
 tensor hashes and the digests).  In that mode it reads only the 16-byte header of each
 record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream``
 decodes front to back (SPEC §12.2, steps 1-7) and only uses the index at the end, to cross-check it
-against the records seen.
+against the records seen; before it, step 3 bounds the names it remembers (R-STREAM-NAMES): a
+TENS record whose joined name brings the names read past MAX_INDEX_BYTES bytes is `limit` after its
+§7 checks and the duplicate-name check.
 
 Memory: no declared size is allocated before it is checked against the SPEC §14
 limits; tensors are reconstructed and hashed block by block, so the largest
@@ -1529,6 +1531,7 @@ def decode_streaming(path, base):
     r.read_exact(HEADER_SIZE, "the header")
     tensors = []
     names = set()
+    name_bytes = 0   # the (joined) names' bytes of the TENS records read (§12.2 step 3)
     builder = None   # the tensor that is receiving blocks (None before the first TENS)
     seen_tens = []   # (offset, size, checksum)
     seen_blck = []   # (offset, size, checksum, encoding)
@@ -1578,6 +1581,11 @@ def decode_streaming(path, base):
             ti = parse_tens(payload, len(tensors), prefixed, tensors[-1].name_bytes if tensors else b"")
             if ti.name_bytes in names:
                 fail("corrupt", f"duplicate tensor name {ti.name!r}")
+            # R-STREAM-NAMES: the (joined) names read so far, this one's included
+            name_bytes += len(ti.name_bytes)
+            if name_bytes > MAX_INDEX_BYTES:
+                fail("limit", f"TENS at offset {offset}: the names read add up to {name_bytes} bytes, "
+                              f"more than MAX_INDEX_BYTES ({MAX_INDEX_BYTES})")
             names.add(ti.name_bytes)
             if ti.needs_base:
                 base.check(ti)

@@ -182,7 +182,8 @@ def run_one(index, v, mode):
         base = None
         try:
             base = mod.BaseCheckpoint(os.path.join(HERE, v["base"]))
-            out = mod.report(decode(os.path.join(HERE, v["delta"]), base))
+            with runner.object_file(v, "delta") as delta:
+                out = mod.report(decode(delta, base))
         except mod.ArcError as exc:
             outcome, detail = runner.judge(v, 1, None, exc.category, mode)
             return outcome, detail, _raising_lines(exc)

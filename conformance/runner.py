@@ -37,11 +37,11 @@ def load_manifest():
 
 
 @contextlib.contextmanager
-def object_file(v):
-    """The path of a stream-object vector's object as the validator gets it: the file itself, or, for a
-    file stored gzip-compressed (``.json.gz``, README "Stream objects"), its expansion in a temporary
-    file that is removed afterwards."""
-    path = os.path.join(HERE, v["object"])
+def object_file(v, key: str = "object"):
+    """The path of a vector's file ``v[key]`` (its stream object, or its ``delta``) as the decoder or
+    validator gets it: the file itself, or, for a file stored gzip-compressed (``.json.gz``,
+    ``.arc.gz``, README), its expansion in a temporary file that is removed afterwards."""
+    path = os.path.join(HERE, v[key])
     if not path.endswith(".gz"):
         yield path
         return
@@ -114,7 +114,8 @@ def run_reference(v, mode, timeout):
             out = None
             rc, category = 0, None
             return judge_object(v, rc, category) + (time.perf_counter() - t0,)
-        out = reference_decode(os.path.join(HERE, v["base"]), os.path.join(HERE, v["delta"]), mode)
+        with object_file(v, "delta") as delta:
+            out = reference_decode(os.path.join(HERE, v["base"]), delta, mode)
         rc, category = 0, None
     except ArcError as exc:
         if "kind" in v:
@@ -174,10 +175,10 @@ def run_external_object(template, v, timeout):
 
 
 def run_external(template, v, mode, timeout):
-    with tempfile.TemporaryDirectory(prefix="arcfmt-conf-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="arcfmt-conf-") as tmp, object_file(v, "delta") as delta:
         out_path = os.path.join(tmp, "out.json")
         cmd = template.format(base=shlex.quote(os.path.join(HERE, v["base"])),
-                              delta=shlex.quote(os.path.join(HERE, v["delta"])), out=shlex.quote(out_path),
+                              delta=shlex.quote(delta), out=shlex.quote(out_path),
                               mode=mode, mode_flag="--stream" if mode == "stream" else "")
         p, dt = _run_shell(cmd, timeout)
         if p is None:

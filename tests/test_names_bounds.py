@@ -379,3 +379,21 @@ def test_names_travel_after_the_prefix_they_share(reader):
         got = reader(data, base)
         assert list(got) == names
         assert_bit_exact(got, target)
+
+
+def test_a_stream_remembers_no_more_names_than_an_index_holds(monkeypatch):
+    """Streaming (SPEC.md §12.2 step 3): the TENS record whose name brings the names read past
+    MAX_INDEX_BYTES is `limit` where it is met — with prefixed names a 35-byte record carries a
+    1024-byte name, and the names the reader keeps grew 30x faster than the input until the index.
+    (The limit is lowered here; conformance has the vector at MAX_INDEX_BYTES.)"""
+    limit = "MAX_INDEX_BYTES"
+    names = [f"{'n' * 40}.{i:03d}" for i in range(30)]
+    target = {n: np.zeros(0, np.float32) for n in names}
+    d = arcfmt.encode(None, target, workers=1)
+    assert stream_decode(d).keys() == target.keys()
+    recs = parse_file(d).recs
+    assert [r.type for r in recs[:31]] == [L.META] + [L.TENS] * 30
+    monkeypatch.setattr(L, limit, 20 * 44 + 10)   # names of 44 bytes: the 21st passes it
+    err = raises(LimitError, streaming, d)
+    assert f"TENS at offset {recs[21].offset}" in str(err) and limit in str(err)
+    raises(LimitError, streaming, d[:recs[22].offset])   # the stream ends after the 21st tensor: limit first

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import _paths  # noqa: F401  (this checkout's arcfmt, and tests/support: the record toolkit)
 import ml_dtypes
 import numpy as np
+import xxhash
 import zstandard
 
 from arcfmt import layout as L  # noqa: E402
@@ -98,6 +99,7 @@ class Vector:
     expect_tensors: dict | None = None   # y_: the target tensors
     error: str | None = None             # n_: the category
     modes: list = field(default_factory=lambda: ["random", "stream"])
+    gz: bool = False                     # the delta stored gzip-compressed (.arc.gz, conformance/README.md)
     errors: dict | None = None           # n_: a different category for some read mode (SPEC.md §12)
 
 
@@ -320,6 +322,24 @@ def renamed_keyframe(name: bytes) -> bytes:
     return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
 
 
+def stream_names_past_index_limit() -> Vector:
+    """§12.2 step 3: zero-element tensors whose 1024-byte names (PREFIXED_NAMES: about 35 bytes a record)
+    pass MAX_INDEX_BYTES in all at the 65 537th, the stream cut right after that record: `limit` there
+    (a decoder that does not count reads on, to `truncated`). 2.3 MB, stored gzip-compressed."""
+    count = L.MAX_INDEX_BYTES // L.MAX_NAME_BYTES + 1
+    out = bytearray(records.build_header())
+    out += raw_record(L.META, records.build_meta(records.Meta(None, None, prefixed_names=True)))
+    empty_hash = xxhash.xxh3_64_intdigest(b"")
+    prev = b""
+    for i in range(count):
+        name = b"n" * (L.MAX_NAME_BYTES - 5) + b"%05d" % i
+        out += raw_record(L.TENS, L.build_tensor_payload(name, 11, [0], 1, 0, None, empty_hash, prev))
+        prev = name
+    return Vector("n_stream_names_past_index_limit", "streaming: 65 537 names of 1024 bytes, more than "
+                  "MAX_INDEX_BYTES in all (cut after the last)", ["12.2", "14"], {}, bytes(out),
+                  error="limit", modes=["stream"], gz=True)
+
+
 def prefix_vectors():
     """Must-reject files of PREFIXED_NAMES (§6, §7): a TENS record's prefix_length (its first varint)
     or name_length changed in the file's own form, every other record kept consistent."""
@@ -344,6 +364,10 @@ def prefix_vectors():
     n("n_name_prefix_limit", "prefix_length + name_length is MAX_NAME_BYTES + 1 (each alone is within it; "
       "refused before the name is read)", 1,
       lambda k, ln, nm, rest: varint(k) + varint(L.MAX_NAME_BYTES + 1 - k) + nm + rest, "limit")
+    n("n_name_prefix_limit_wrap", "name_length 2^64 - 10 after prefix_length 12: the sum wraps to 2 in 64 bits, "
+      "but the name is over MAX_NAME_BYTES", 1,
+      lambda k, ln, nm, rest: varint(k) + varint((1 << 64) - 10) + nm + rest, "limit")
+    V.append(stream_names_past_index_limit())
     n("n_name_prefix_joined_reserved", "the joined name is the reserved name (the 11 bytes '__metadata_' of the "
       "previous name, then '_')", 3, lambda k, ln, nm, rest: varint(11) + varint(1) + b"_" + rest, "corrupt")
     return V
@@ -2275,7 +2299,8 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_reserved_meta_flags", ["R-META-FLAGS"]), ("n_reserved_tens_flags", ["R-TENS-FLAGS"]),
     ("y_prefixed_names", ["R-NAME-PREFIX", "R-NAME", "R-INDEX-NAME"]), ("y_whole_names", ["R-NAME"]),
     ("n_name_prefix_first", ["R-NAME-PREFIX.FIRST"]), ("n_name_prefix_longer", ["R-NAME-PREFIX.LONGER"]),
-    ("n_name_prefix_limit", ["R-NAME-LIMIT"]), ("n_name_prefix_joined_reserved", ["R-NAME-RESERVED"]),
+    ("n_name_prefix_limit*", ["R-NAME-LIMIT"]), ("n_name_prefix_joined_reserved", ["R-NAME-RESERVED"]),
+    ("n_stream_names_past_index_limit", ["R-STREAM-NAMES"]),
     ("n_record_checksum", ["R-RECORD-CHECKSUM"]), ("n_unknown_critical_record", ["R-CRITICAL"]),
     ("n_record_type_not_letters*", ["R-RECORD-TYPE"]), ("n_*_then_wrong_base", ["R-CHECK-ORDER"]),
     ("n_wrong_base_then_*", ["R-CHECK-ORDER", "R-BASE.HASH"]),
@@ -2451,18 +2476,18 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.2",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.3",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in valid_vectors() + reject_vectors() + ctx_reject_vectors() + dense_reject_vectors():
         base_file = f"{v.name}.base.safetensors"
-        delta_file = f"{v.name}.arc"
+        delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")
             with open(os.path.join(vec_dir, base_file), "wb") as f:
                 f.write(v.base)
         else:
             write_file(os.path.join(vec_dir, base_file), v.base)
         with open(os.path.join(vec_dir, delta_file), "wb") as f:
-            f.write(v.delta)
+            f.write(gzip.compress(v.delta, compresslevel=9, mtime=0) if v.gz else v.delta)
         entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
                  "description": v.description, "covers": ["SPEC.md §" + c for c in v.covers],
                  "rules": rules_for(v.name),
