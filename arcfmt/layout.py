@@ -343,7 +343,9 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
         raise LimitError(f"tensor name of {k + n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
     if pos + n + 2 > len(buf):
         raise CorruptError(short)
-    name = bytes(buf[pos:pos + n]) if not k else bytes(prev[:k]) + buf[pos:pos + n]  # type: ignore[index]
+    name = bytes(buf[pos:pos + n])
+    if prev is not None and k:
+        name = prev[:k] + name
     pos += n
     dtype, ndim = buf[pos], buf[pos + 1]
     pos += 2
