@@ -365,7 +365,7 @@ class DeltaReader:
                 encodings=sorted({b["encoding"] for b in blocks}), blocks=blocks))
         return dict(
             format_version=f"{self.version[0]}.{self.version[1]}", file_bytes=self.source.size,
-            base_step=self.base_step, target_step=self.target_step,
+            prefixed_names=self.meta.prefixed_names, base_step=self.base_step, target_step=self.target_step,
             base_digest=self.base_digest.hex(), target_digest=self.target_digest.hex(),
             index_bytes=self.source.size - L.TRAILER_SIZE - self.index_offset, tensors=tensors)
 

@@ -40,6 +40,7 @@ def test_encode_inspect_apply(ckpts, tmp_path):
     p = run("inspect", delta, "--json", check_rc=0)
     info = json.loads(p.stdout)
     assert info["format_version"] == "{}.{}".format(*arcfmt.FORMAT_VERSION) and info["target_step"] == 8
+    assert info["prefixed_names"] is True   # the writer sets PREFIXED_NAMES (SPEC.md §6, 1.3)
     assert {t["dtype"] for t in info["tensors"]} == {"BF16", "F32"}
     assert all("streams" in t for t in info["tensors"])
     p = run("inspect", delta, "--blocks", check_rc=0)

@@ -54,8 +54,10 @@ def read_varint(data: bytes, at: int) -> tuple[int, int]:
 
 def prefix_names(p: Parts, recs: list) -> list:
     """``recs`` as a file with PREFIXED_NAMES has them (§6, §7, 1.3): the META flag set, each TENS name
-    after the bytes it shares with the previous tensor's name. A TENS payload whose name field does not
-    parse gets prefix length 0 in front of it, so that the fault it carries stays where it was."""
+    after the bytes it shares with the previous tensor's name — the previous record's ``name`` (the one
+    the index lists), as random access reads it: a TENS name changed here without its ``Rec.name`` is
+    joined in streaming onto the changed name. A TENS payload whose name field does not parse gets
+    prefix length 0 in front of it, so that the fault it carries stays where it was."""
     out, prev = [], b""
     for r in recs:
         if r.raw is None and r.type == L.META and not out:
