@@ -339,7 +339,7 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
         raise CorruptError(f"{what}: name shares {k} bytes with the previous tensor's name, which has "
                            f"{len(prev)}")
     n, pos = _varint_at(buf, pos, what)
-    if k + n > MAX_NAME_BYTES:
+    if n > MAX_NAME_BYTES - k:   # as §7 writes it: no sum of two u64 (k <= MAX_NAME_BYTES by now)
         raise LimitError(f"tensor name of {k + n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
     if pos + n + 2 > len(buf):
         raise CorruptError(short)

@@ -240,7 +240,8 @@ class DeltaWriter:
         self.closed = False
         self.size: int | None = None  # the file's, once closed
         self._write(records.build_header())
-        self._record(L.META, records.build_meta(records.Meta(base_step, target_step, prefixed_names=True)))
+        self._meta = records.Meta(base_step, target_step, prefixed_names=True)
+        self._record(L.META, records.build_meta(self._meta))
         if note:
             self.write_record(L.NOTE, note.encode("utf-8"))
 
@@ -340,7 +341,7 @@ class DeltaWriter:
     def _emit(self, item: _Pending) -> None:
         if item[0] == "T":
             th = item[1]
-            prev = self._entries[-1].name.encode("utf-8") if self._entries else b""
+            prev = self._meta.prev_name(self._entries, len(self._entries))   # as the readers take it
             off, size, ck = self._record(L.TENS, records.build_tensor(th, prev))
             self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
             self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
