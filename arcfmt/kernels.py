@@ -630,8 +630,8 @@ def _class_select(base, mask, edges, counts, ranks, out, copy, bv):
     One pass over the base for every class at once, a 64-element word at a time: the word's class
     bitmaps (``_ge_mask64`` against each threshold, a class's members lying between two of them),
     their popcounts added to each class's members so far, and the ranks that fall in this word
-    selected from it — no bitmap or count array is stored. Up to 4 classes (every default and fast
-    block) run :func:`_select4`, with the classes' state in registers. ``base`` is contiguous."""
+    selected from it — no bitmap or count array is stored. Up to 4 classes run :func:`_select4`, with
+    the classes' state in registers, more :func:`_select_n`. ``base`` is contiguous."""
     n_classes = edges.size + 1
     if n_classes <= 4:
         e = np.empty(3, edges.dtype)
@@ -645,54 +645,79 @@ def _class_select(base, mask, edges, counts, ranks, out, copy, bv):
         c2 = counts[2] if n_classes > 2 else 0
         c3 = counts[3] if n_classes > 3 else 0
         return _select4(base, mask, e[0], e[1], e[2], counts[0], c1, c2, c3, ranks, out, copy, bv)
+    return _select_n(base, mask, edges, counts, ranks, out, copy, bv)
+
+
+@_jit
+def _select_n(base, mask, edges, counts, ranks, out, copy, bv):
+    """:func:`_select4` for any number of classes, their state in arrays: a chunk of words at a time,
+    each class's members through each word counted without a branch, then each class's ranks in the
+    chunk placed by :func:`_place_chunk`. (A branch per class and word, as a first version had, cost
+    half again the whole decode of a step with 8 to 16 classes.)"""
+    n_classes = edges.size + 1
     nt = edges.size
     m = base.size
     full_words = m // 64
-    nxt = np.empty(n_classes, np.int64)   # each class's next rank (index into ranks)
+    big = np.int64(1) << 62     # the "next rank" of a class with none left
+    zero = mask ^ mask
+    top = mask
+    top += 1
+    lo_e = np.empty(n_classes, edges.dtype)   # each class's bounds on the magnitude bits: [lo, hi)
+    hi_e = np.empty(n_classes, edges.dtype)
+    nxt = np.empty(n_classes, np.int64)   # each class's next rank (index into ranks) and its value
+    rk = np.empty(n_classes, np.int64)
     end = np.empty(n_classes, np.int64)
     seen = np.zeros(n_classes, np.int64)  # each class's members before the current word
+    before = np.empty(n_classes, np.int64)
     off = 0
     for k in range(n_classes):
+        lo_e[k] = edges[k - 1] if k > 0 else zero
+        hi_e[k] = edges[k] if k < nt else top
         nxt[k] = off
         off += counts[k]
         end[k] = off
-    all_ones = ~np.uint64(0)
-    big = np.int64(1) << 62     # _place's "next rank" of a class with none left
+        rk[k] = ranks[nxt[k]] if nxt[k] < end[k] else big
+    cum = np.empty((n_classes, _SELECT_CHUNK), np.int64)
+    shared = (base, mask, ranks, big, bv)
     w = 0
     while w < full_words:
         we = min(full_words, w + _SELECT_CHUNK)
+        nw = we - w
         if copy:
-            _copy_elems(out, base, w * 64, (we - w) * 64)
-        for v in range(w, we):
-            s = v * 64
-            lo = all_ones
-            for k in range(n_classes):
-                hi = _ge_mask64(base, s, mask, edges[k]) if k < nt else np.uint64(0)
-                t = nxt[k]
-                word = lo & ~hi
-                top = seen[k] + np.int64(_popcount(word))
-                if t < end[k] and ranks[t] < top:
-                    nxt[k] = _place(word, s, seen[k], top, ranks[t], t, end[k],
-                                    ranks, big, base, bv)[1]
-                seen[k] = top
+            _copy_elems(out, base, w * 64, nw * 64)
+        for k in range(n_classes):
+            before[k] = seen[k]
+        for i in range(nw):      # the chunk's counts: no branch on the data
+            s = (w + i) * 64
+            lo = ~np.uint64(0)
+            for k in range(nt):
+                hi = _ge_mask64(base, s, mask, edges[k])
+                seen[k] += np.int64(_popcount(lo & ~hi))
+                cum[k, i] = seen[k]
                 lo = hi
+            seen[nt] += np.int64(_popcount(lo))
+            cum[nt, i] = seen[nt]
+        if nw < _SELECT_CHUNK:
+            cum[:, nw:] = big
+        for k in range(n_classes):
+            if rk[k] < seen[k]:
+                rk[k], nxt[k] = _place_chunk(cum[k], before[k], seen[k], w, rk[k], nxt[k], end[k],
+                                             lo_e[k], hi_e[k], shared)
         w = we
     if copy:
         _copy_elems(out, base, w * 64, m - w * 64)
     s = full_words * 64
     for k in range(n_classes):   # the last, partial word
-        t = nxt[k]
-        if t == end[k]:
+        if nxt[k] == end[k]:
             continue
-        e_lo = edges[k - 1] if k > 0 else edges[0]
-        e_hi = edges[k] if k < nt else edges[0]
         word = np.uint64(0)
         for b in range(m - s):
             a = base[s + b] & mask
-            if (k == 0 or a >= e_lo) and (k == nt or a < e_hi):
+            if a >= lo_e[k] and a < hi_e[k]:
                 word |= np.uint64(1) << np.uint64(b)
-        top = seen[k] + np.int64(_popcount(word))
-        if _place(word, s, seen[k], top, ranks[t], t, end[k], ranks, big, base, bv)[1] != end[k]:
+        t = _place(word, s, seen[k], seen[k] + np.int64(_popcount(word)), rk[k], nxt[k], end[k],
+                   ranks, big, base, bv)[1]
+        if t != end[k]:
             return False
     return True
 

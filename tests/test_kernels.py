@@ -131,16 +131,18 @@ def test_select_matches_numpy(m, density, seed):
 
 @settings(max_examples=80, deadline=None)
 @given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 20000), density=st.floats(0.0005, 1.0),
-       k=st.integers(2, 8), beyond=st.booleans(), seed=st.integers(0, 2**32 - 1))
-# a whole chunk of words (4096 elements), a partial one and a partial word, changes in each; 2 to 4 classes
+       k=st.integers(2, 16), beyond=st.booleans(), seed=st.integers(0, 2**32 - 1))
+# a whole chunk of words (4096 elements), a partial one and a partial word, changes in each; 2 to 16 classes
 @example(name="BF16", m=4096 + 64 * 5 + 17, density=0.3, k=4, beyond=False, seed=1)
 @example(name="BF16", m=4096 + 64 * 5 + 17, density=0.3, k=4, beyond=True, seed=2)
 @example(name="F32", m=2 * 4096 + 63, density=0.02, k=3, beyond=False, seed=3)
 @example(name="F8_E4M3", m=4096 * 3, density=0.9, k=2, beyond=True, seed=4)
+@example(name="BF16", m=4096 * 2 + 64 * 3 + 5, density=0.05, k=16, beyond=False, seed=5)
+@example(name="F16", m=4096 * 2, density=0.4, k=12, beyond=True, seed=6)
 def test_class_select_variants_agree(name, m, density, k, beyond, seed):
     """The decoder's class pass (rank within a class → position, the changed base elements gathered,
     and the base's copy in the same pass; then their exponent fields counted) against numpy, in both
-    its forms: the generic one (more than 4 classes) and ``_select4``; with the select of a set bit
+    its forms: the dispatch, ``_select_n`` (any number of classes) and ``_select4``; with the select of a set bit
     this CPU uses (pdep where fast) and the portable one."""
     dt, base, _, _ = _block(name, m, 1, seed)
     rng = np.random.default_rng(seed)
@@ -165,7 +167,8 @@ def test_class_select_variants_agree(name, m, density, k, beyond, seed):
     flat = np.concatenate(ranks).astype(np.int64)
     n = len(thresholds) + 1
     emask = (1 << dt.exp_bits) - 1
-    forms = [("dispatch", lambda r, o, cp, bv: kernels._class_select(base, mask, edges, counts, r, o, cp, bv))]
+    forms = [("dispatch", lambda r, o, cp, bv: kernels._class_select(base, mask, edges, counts, r, o, cp, bv)),
+             ("_select_n", lambda r, o, cp, bv: kernels._select_n(base, mask, edges, counts, r, o, cp, bv))]
     if n <= 4:
         pad = int(mask) + 1
         e = [int(x) for x in edges] + [pad] * (3 - len(edges))

@@ -33,7 +33,7 @@ MAX_CLASSES = 16      # K
 MAX_RICE = 24         # Rice parameter of a class
 DTYPES = frozenset({"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})
 # Encoder tuning (not part of the format).
-CLASS_LIMITS = {"fast": 1, "default": 4, "max": 8}  # classes the encoder may use, per effort level
+CLASS_LIMITS = {"fast": 1, "default": 4, "max": 16}  # classes the encoder may use, per effort level
 _CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
 _MIN_CHANGES_FOR_CLASSES = 64
 _CHUNK = 1 << 16
