@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     print("stored streams:")
     for k, v in roles.most_common():
         print(f"  {k:52s} {v:8d}  {v / len(data):6.2%}")
-    pos_kt = sign_kt = mag_kt = 0.0
+    pos_kt = sign_kt = mag_kt = sign_raw = axis_kt = axis_hist_kt = 0.0
     moving = []
     for name, v in target.items():
         if v.dtype.itemsize != 2 or name not in base or base[name].shape != v.shape:
@@ -150,6 +150,10 @@ def main(argv=None) -> int:
             last = np.where(last == 0, np.sign(o[j] - o[j - 1]), last)
         d = o[-1] - o[-2]
         b = base[name].view(np.uint16).ravel()
+        cols = v.shape[-1] if v.ndim >= 2 else d.size
+        flat = np.arange(d.size, dtype=np.int64)
+        by_axis = [0.0, 0.0]      # signs given the row, given the column (this tensor, per block)
+        by_axis_hist = [0.0, 0.0]
         for s0 in range(0, d.size, DEFAULT_BLOCK_ELEMS):
             sl = slice(s0, s0 + DEFAULT_BLOCK_ELEMS)
             ch = d[sl] != 0
@@ -158,7 +162,13 @@ def main(argv=None) -> int:
             ex = ((b[sl] >> 7) & 0xFF).astype(np.int64)
             pos_kt += kt_bits(ch, ex) / 8
             sign_kt += kt_bits(d[sl][ch] < 0, last[sl][ch]) / 8
+            sign_raw += ch.sum() / 8
+            for k, axis in enumerate((flat[sl][ch] // cols, flat[sl][ch] % cols)):
+                by_axis[k] += kt_bits(d[sl][ch] < 0, axis) / 8
+                by_axis_hist[k] += kt_bits(d[sl][ch] < 0, axis * 3 + last[sl][ch] + 1) / 8
             mag_kt += kt_symbols(np.abs(d[sl][ch]) - 1, ex[ch]) / 8
+        axis_kt += min(by_axis)
+        axis_hist_kt += min(by_axis_hist)
         if (d != 0).mean() > 0.9:
             dp = o[-2] - o[-3]
             ch = d != 0
@@ -166,7 +176,10 @@ def main(argv=None) -> int:
             moving.append((name, entropy(d[ch], ex) / 8, entropy((d - dp)[ch], ex) / 8))
     print("adaptive bounds (KT, per block; BF16 tensors):")
     print(f"  positions given the exponent                          {pos_kt:10.0f} B")
+    print(f"  signs stored raw (one bit each)                       {sign_raw:10.0f} B")
     print(f"  signs given the last change's sign ({args.history} steps back)      {sign_kt:10.0f} B")
+    print(f"  signs given their row or column (better axis, no history) {axis_kt:6.0f} B")
+    print(f"  signs given row or column and the last change's sign  {axis_hist_kt:10.0f} B")
     print(f"  magnitudes given the exponent                         {mag_kt:10.0f} B")
     for name, h_d, h_dd in moving:
         print(f"  {name}: H(d | exponent) {h_d:.0f} B, H(d - d_prev | exponent) {h_dd:.0f} B")
