@@ -22,12 +22,17 @@ The interface (what both modules define):
 ``class_cuts(ne, ce, max_classes, overhead) -> list``
     the exponent-class thresholds of least estimated position bits (the DP of
     ``ctx_delta.choose_thresholds``).
-``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False) -> (counts, rice, qbits, mw, streams)``
-    a whole changed block once its thresholds are chosen: the params it needs and its four streams.
+``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False)``
+    ``-> (counts, rice, qbits, mw, streams, signs)``:
+    a whole changed block once its thresholds are chosen: the params it needs and its four streams;
+    with ``sign_axes`` (ctx-delta-as's ``(axis, P, phase)`` contexts, §8.8), ``signs`` is the index of
+    the one of least estimated size and the signs range-coded under it (else None, also where the
+    estimate says raw bits are about as small, unless ``force_signs``).
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
     failed check having written nothing; fills ``positions`` (when given) with the positions changed.
     Every backend returns the status (none raises), so one table words it (``ctx_delta.decode``).
+    ``p.signs`` set: a ctx-delta-as block, its sign stream range-coded (§8.8).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 
 # Status codes of ``ctx_decode`` (the compiled kernels cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
+S_FIRST, S_CODE, S_PAST, S_LENGTH = 7, 8, 9, 10   # ctx-delta-as's range-coded signs (§8.8)
 
 NAMES = ("numba", "numpy")
 
@@ -63,8 +69,9 @@ class Backend(Protocol):
     def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
 
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
-                   thresholds: Sequence[int], max_rice: int,
-                   dense: bool = False) -> tuple[list[int], list[int], int, int, list[bytes]]: ...
+                   thresholds: Sequence[int], max_rice: int, dense: bool = False,
+                   sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
+                   ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
                    out: np.ndarray, positions: np.ndarray | None = None) -> int: ...

@@ -23,7 +23,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_PADDING
+from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_CODE, S_FIRST, S_LENGTH, S_PADDING, S_PAST
+from .encodings.ctx_delta import SIGN_COST, SIGN_P0, SIGN_PROMISING, SIGN_SAMPLE
 
 NAME = "numba"
 
@@ -216,14 +217,20 @@ def _args(dt, thresholds):
             dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (bits - 1))
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
-    quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
+    the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
+    ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
+    the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
+    the estimate says the raw bits are about as small."""
     base = np.ascontiguousarray(base)
-    counts, rice, qbits, q, r, s, mw, mag = _call(
+    axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
+    counts, rice, qbits, q, r, s, mw, mag, choice, coded = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
-        base, target, positions, *_args(dt, thresholds), max_rice, dense)
-    return counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()]
+        base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0)
+    signs = None if choice < 0 else (int(choice), coded.tobytes())
+    return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
+            signs)
 
 
 def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
@@ -246,12 +253,14 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         base = np.ascontiguousarray(base)
     if positions is None:
         positions = _NO_POSITIONS
+    axis, period, phase = p.signs[:3] if p.signs is not None else (-1, 1, 0)
     # the streams are read-only uint8 (_bytes_array), counts and rice new int64 arrays, the rest by dtype
     return _call(
         _ctx_decode, (dt.code, base.flags.num, out.flags.num, positions.flags.num), base, out,
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _bytes_array(streams[3]), p.mag_width,
-        np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense)
+        np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
+        axis, period, phase, SIGN_P0)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -449,11 +458,12 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
-    positions; the changes are the others.
+    positions; the changes are the others. ``saxis`` ≥ 0: a ``ctx-delta-as`` block (§8.8), whose
+    sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``.
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -472,9 +482,14 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         status = _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks)
     if status != OK:
         return status
-    for b in range(c, 8 * sbuf.size):
-        if sbuf[b >> 3] >> (b & 7) & 1:
-            return S_PADDING
+    if saxis < 0:
+        for b in range(c, 8 * sbuf.size):
+            if sbuf[b >> 3] >> (b & 7) & 1:
+                return S_PADDING
+    else:
+        status = _sign_start(sbuf)
+        if status != OK:
+            return status
     if dense:
         if kept.size and kept[kept.size - 1] >= m:
             return BEYOND
@@ -491,6 +506,14 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
             bv[t] = base[pos[t]]
     elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv):
         return BEYOND
+    if saxis < 0:
+        sb = np.empty(sbuf.size, np.uint8)
+        sb[:] = sbuf
+    else:
+        sb = np.zeros((c + 7) >> 3, np.uint8)
+        status = _sign_decode(sbuf, pos, m, saxis, speriod, sphase, sb, p0tab)
+        if status != OK:
+            return status
     # The magnitude of the t-th change (class order) sits at its rank in the stable sort by exponent
     # field: the changes of lower fields first, then this field's earlier changes (a counting sort).
     # The changed elements were gathered where each position was found (the class pass had its word
@@ -506,7 +529,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         a = np.int64(0)
         for k in range(mw):
             a |= np.int64(mbuf[k * c + j]) << (8 * k)
-        negative = np.int64((sbuf[t >> 3] >> (t & 7)) & 1)  # a factor, not a branch: signs are coin tosses
+        negative = np.int64((sb[t >> 3] >> (t & 7)) & 1)  # a factor, not a branch: signs are coin tosses
         v = _ordered(b, half) + (a + 1) * (1 - 2 * negative)
         if v < -half or v >= half:
             return RANGE
@@ -937,13 +960,17 @@ def _best_rice(g, lo, hi, max_rice):
 
 
 @_jit
-def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense):
+def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
+                sign_cost, p0tab):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
     ``edges``: the thresholds shifted to the magnitude bits (empty array: one class). ``dense`` (one
     class): a ``dense-delta`` block (§8.7), whose Rice codes are the gaps of the unchanged elements.
-    Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes)``.
+    ``sign_axes`` (rows of ``axis, P, phase``): sign contexts of ``ctx-delta-as`` (§8.8) to size with
+    ``sign_cost``; the one of least estimate is range-coded.
+    Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
+    chosen or -1, range-coded signs)``.
     """
     c = pos.size
     n_classes = edges.size + 1
@@ -1039,7 +1066,168 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         v = abs(_ordered(tv[t], half) - _ordered(bv[t], half)) - 1
         for b in range(mw):
             planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
-    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes
+    choice = -1
+    coded = np.empty(0, np.uint8)
+    if sign_axes.shape[0]:
+        cpos = np.empty(c, np.int64)   # the changes' positions in class order: the order signs are coded in
+        for j in range(c):
+            cpos[j] = pos[corder[j]]
+        choice = 0
+        promising = True
+        if sign_axes.shape[0] > 1:   # (0, 1, 0), (1, P, phase)[, (2, P, phase)]: sized in one pass
+            n = min(c, SIGN_SAMPLE)
+            est = _sign_costs(sbuf, cpos[:n], base.size, sign_axes[1, 1], sign_axes[1, 2], sign_axes.shape[0],
+                              sign_cost, p0tab)
+            for i in range(sign_axes.shape[0]):
+                if est[i] < est[choice]:
+                    choice = i
+            promising = force_signs or est[choice] < SIGN_PROMISING * n   # else no coding pass
+        if promising:
+            coded = _sign_encode(sbuf, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
+                                 sign_axes[choice, 2], p0tab)
+        else:
+            choice = -1
+    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded
+
+
+# ---------------------------------------------------------------------- ctx-delta-as signs (§8.8)
+
+
+
+@_jit
+def _sign_contexts(m, axis, period, phase):
+    """How many contexts a block's signs have."""
+    if axis == 0:
+        return 1
+    if axis == 1:
+        return (m - 1 + phase) // period + 1
+    return period
+
+
+@_jit
+def _sign_context(p, axis, period, phase):
+    if axis == 0:
+        return 0
+    if axis == 1:
+        return (p + phase) // period
+    return (p + phase) % period
+
+
+@_jit
+def _sign_p0(counts, x, p0tab):
+    """The probability (of 4096) that the next sign of context ``x`` is 0 (``p0tab``: by n0 · 256 + n1)."""
+    return np.int64(p0tab[(np.int64(counts[2 * x]) << 8) | np.int64(counts[2 * x + 1])])
+
+
+@_jit
+def _sign_update(counts, x, s):
+    counts[2 * x + s] += 1
+    if counts[2 * x] + counts[2 * x + 1] == 256:
+        counts[2 * x] = (counts[2 * x] + 1) >> 1
+        counts[2 * x + 1] = (counts[2 * x + 1] + 1) >> 1
+
+
+@_jit
+def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab):
+    """Estimated bits of the signs (class order, bit ``j`` of ``sbuf``) in one context, per row and
+    (``n_axes`` 3) per column of ``period``, in one pass (one division a sign gives row and column):
+    ``cost[s, p0]`` is ``-log2`` of the model's probability of ``s``."""
+    one = np.zeros(2, np.int32)
+    rows = np.zeros(2 * _sign_contexts(m, 1, period, phase), np.int32)
+    cols = np.zeros(2 * period if n_axes > 2 else 2, np.int32)
+    est = np.zeros(n_axes)
+    for j in range(cpos.size):
+        q = cpos[j] + phase
+        r = q // period
+        s = np.int64((sbuf[j >> 3] >> (j & 7)) & 1)
+        est[0] += cost[s, _sign_p0(one, 0, p0tab)]
+        _sign_update(one, 0, s)
+        est[1] += cost[s, _sign_p0(rows, r, p0tab)]
+        _sign_update(rows, r, s)
+        if n_axes > 2:
+            x = q - r * period
+            est[2] += cost[s, _sign_p0(cols, x, p0tab)]
+            _sign_update(cols, x, s)
+    return est
+
+
+@_jit
+def _sign_encode(sbuf, cpos, m, axis, period, phase, p0tab):
+    """The range coder of §8.8 (LZMA's) over the signs: the stream's bytes."""
+    c = cpos.size
+    out = np.empty(2 * c + 8, np.uint8)   # the most §8.8 allows; the model never spends 9.01 bits on a sign
+    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
+    st = np.zeros(4, np.int64)   # low (33 bits), cache, pending bytes, bytes written
+    st[2] = 1
+    rng = np.int64(0xFFFFFFFF)
+    for j in range(c):
+        x = _sign_context(cpos[j], axis, period, phase)
+        s = np.int64((sbuf[j >> 3] >> (j & 7)) & 1)
+        bound = (rng >> 12) * _sign_p0(counts, x, p0tab)
+        st[0] += s * bound                   # no branch: signs are near coin tosses
+        rng = bound + s * (rng - 2 * bound)  # s = 0: bound; s = 1: rng - bound
+        _sign_update(counts, x, s)
+        while rng < (1 << 24):
+            rng <<= 8
+            _rc_shift(st, out)
+    for _ in range(5):
+        _rc_shift(st, out)
+    return out[:min(st[3], out.size)].copy()
+
+
+@_jit
+def _rc_shift(st, out):
+    """LZMA's shift of the low byte out, carries included (``st``: low, cache, pending, written)."""
+    low = st[0]
+    if low < 0xFF000000 or low >= (1 << 32):
+        carry = low >> 32
+        temp = st[1]
+        while st[2]:
+            if st[3] < out.size:
+                out[st[3]] = np.uint8((temp + carry) & 0xFF)
+            st[3] += 1
+            temp = 0xFF
+            st[2] -= 1
+        st[1] = (low >> 24) & 0xFF
+    st[2] += 1
+    st[0] = (low & 0x00FFFFFF) << 8
+
+
+@_jit
+def _sign_start(sbuf):
+    """The range decoder's start (§8.8, at §8.6 step 2): a 0 byte, then a code below 2^32 − 1."""
+    if sbuf[0] != 0:
+        return S_FIRST
+    if (np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])) == 0xFFFFFFFF:
+        return S_CODE
+    return OK
+
+
+@_jit
+def _sign_decode(sbuf, pos, m, axis, period, phase, bits, p0tab):
+    """The signs of the changes at ``pos`` (class order) into ``bits`` (zeroed), as §8.8 decodes them."""
+    n = sbuf.size
+    code = np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])
+    rng = np.int64(0xFFFFFFFF)
+    r = 5
+    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
+    for t in range(pos.size):
+        x = _sign_context(pos[t], axis, period, phase)
+        bound = (rng >> 12) * _sign_p0(counts, x, p0tab)
+        s = np.int64(code >= bound)
+        code -= s * bound
+        rng = bound + s * (rng - 2 * bound)
+        while rng < (1 << 24):
+            if r >= n:
+                return S_PAST
+            rng <<= 8
+            code = (code << 8) | np.int64(sbuf[r])
+            r += 1
+        bits[t >> 3] |= np.uint8(s << (t & 7))
+        _sign_update(counts, x, s)
+    if r != n:
+        return S_LENGTH
+    return OK
 
 
 @_jit

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_PADDING
+from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_CODE, S_FIRST, S_LENGTH, S_PADDING, S_PAST
 from .encodings.ctx_delta import (
     MAX_RICE,
+    SIGN_COST,
+    SIGN_PROMISING,
+    SIGN_SAMPLE,
     Params,
     class_bounds,
     exponent_field,
@@ -85,9 +88,12 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
     return [int(idx[i]) for i in sorted(cuts)]
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams)``. ``dense`` (no thresholds): the
-    quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7)."""
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
+    the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
+    ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
+    the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
+    the estimate says the raw bits are about as small (as the kernels decide it)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -126,7 +132,18 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False):
     rbits = int(r_each.sum())
     qstream, rstream = _rice_pack(g, np.asarray(coded, np.int64), np.asarray(rice, np.int64), qbits, rbits)
     mw = bytes_for(int(mag.max()))
-    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)]
+    signs = None
+    if len(sign_axes):
+        sbits, cpos, m = neg.tolist(), pos.tolist(), base.size
+        i, promising = 0, True
+        if len(sign_axes) > 1:
+            n = min(len(cpos), SIGN_SAMPLE)
+            est = [_sign_cost(sbits[:n], cpos[:n], m, *axes) for axes in sign_axes]
+            i = est.index(min(est))
+            promising = force_signs or est[i] < SIGN_PROMISING * n
+        if promising:
+            signs = (i, _sign_encode(sbits, cpos, m, *sign_axes[i]))
+    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs
 
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
@@ -146,10 +163,15 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
         kept = _ranks(p, streams, [m - c])
         sbits = _unpack(streams[2], c, S_PADDING)
         pos = _complement(kept, m)
-    else:
+    elif p.signs is None:
         ranks = _ranks(p, streams, p.counts)
         sbits = _unpack(streams[2], c, S_PADDING)
         pos = _positions(dt, p, ranks, m, base)
+    else:   # ctx-delta-as (§8.8): the range coder starts at step 2, the signs follow the positions
+        ranks = _ranks(p, streams, p.counts)
+        code = _sign_start(streams[2])
+        pos = _positions(dt, p, ranks, m, base)
+        sbits = np.array(_sign_decode(streams[2], code, pos.tolist(), m, *p.signs[:3]), np.uint8)
     # In place where numpy allows: a block of 2^24 changes took ~60 bytes of scratch per element with
     # a fresh array per step of the arithmetic.
     b = base[pos]
@@ -173,6 +195,115 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
     if positions is not None:
         positions[:c] = pos
     return OK
+
+
+# ------------------------------------------------------------------------- ctx-delta-as signs (§8.8)
+# One sign at a time, in Python: the model's counts change after every sign, so nothing vectorises.
+
+def _contexts(m: int, axis: int, period: int, phase: int) -> int:
+    return 1 if axis == 0 else (m - 1 + phase) // period + 1 if axis == 1 else period
+
+
+def _context(p: int, axis: int, period: int, phase: int) -> int:
+    return 0 if axis == 0 else (p + phase) // period if axis == 1 else (p + phase) % period
+
+
+def _sign_model(m: int, axis: int, period: int, phase: int):
+    """``(p0, update)`` over fresh counts: the probability (of 4096) of a 0 sign in a context, and the
+    count update after a sign (halved at 256)."""
+    counts = [0] * (2 * _contexts(m, axis, period, phase))
+
+    def p0(x: int) -> int:
+        n0, n1 = counts[2 * x], counts[2 * x + 1]
+        return ((2 * n0 + 1) * 4096) // (2 * (n0 + n1) + 2)
+
+    def update(x: int, s: int) -> None:
+        counts[2 * x + s] += 1
+        if counts[2 * x] + counts[2 * x + 1] == 256:
+            counts[2 * x] = (counts[2 * x] + 1) >> 1
+            counts[2 * x + 1] = (counts[2 * x + 1] + 1) >> 1
+    return p0, update
+
+
+def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> float:
+    p0, update = _sign_model(m, axis, period, phase)
+    cost0, cost1 = SIGN_COST[0].tolist(), SIGN_COST[1].tolist()
+    total = 0.0
+    for p, s in zip(cpos, sbits):
+        x = _context(p, axis, period, phase)
+        total += cost1[p0(x)] if s else cost0[p0(x)]
+        update(x, s)
+    return total
+
+
+def _sign_encode(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> bytes:
+    """LZMA's range coder over the signs (§8.8)."""
+    p0, update = _sign_model(m, axis, period, phase)
+    out = bytearray()
+    low, rng, cache, pending = 0, 0xFFFFFFFF, 0, 1
+
+    def shift() -> None:
+        nonlocal low, cache, pending
+        if low < 0xFF000000 or low >= 1 << 32:
+            carry = low >> 32
+            out.append((cache + carry) & 0xFF)
+            out.extend([(0xFF + carry) & 0xFF] * (pending - 1))
+            cache, pending = (low >> 24) & 0xFF, 0
+        pending += 1
+        low = (low & 0x00FFFFFF) << 8
+    for p, s in zip(cpos, sbits):
+        x = _context(p, axis, period, phase)
+        bound = (rng >> 12) * p0(x)
+        if s:
+            low += bound
+            rng -= bound
+        else:
+            rng = bound
+        update(x, s)
+        while rng < 1 << 24:
+            rng <<= 8
+            shift()
+    for _ in range(5):
+        shift()
+    return bytes(out)
+
+
+def _sign_start(buf) -> int:
+    """The range decoder's start (§8.8, at §8.6 step 2): its first code."""
+    if buf[0] != 0:
+        raise _Failed(S_FIRST)
+    code = int.from_bytes(bytes(buf[1:5]), "big")
+    if code == 0xFFFFFFFF:
+        raise _Failed(S_CODE)
+    return code
+
+
+def _sign_decode(buf, code: int, cpos: list, m: int, axis: int, period: int, phase: int) -> list:
+    """The signs of the changes at ``cpos`` (class order), as §8.8 decodes them."""
+    p0, update = _sign_model(m, axis, period, phase)
+    data = bytes(buf)
+    n, r, rng = len(data), 5, 0xFFFFFFFF
+    bits = []
+    for p in cpos:
+        x = _context(p, axis, period, phase)
+        bound = (rng >> 12) * p0(x)
+        s = int(code >= bound)
+        if s:
+            code -= bound
+            rng -= bound
+        else:
+            rng = bound
+        while rng < 1 << 24:
+            if r >= n:
+                raise _Failed(S_PAST)
+            rng <<= 8
+            code = (code << 8) | data[r]
+            r += 1
+        bits.append(s)
+        update(x, s)
+    if r != n:
+        raise _Failed(S_LENGTH)
+    return bits
 
 
 # ------------------------------------------------------------------------------------ class index

@@ -129,12 +129,13 @@ def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
-def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None):
-    """Every candidate encoding, each stream with its smallest codec; keep the smallest total."""
+def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0)):
+    """Every candidate encoding, each stream with its smallest codec; keep the smallest total.
+    ``where``: the tensor's last dimension (None for a vector) and the block's first flat element."""
     if force_encoding is not None:
-        cands = [encodings.encode_forced(dt, base, target, force_encoding)]
+        cands = [encodings.encode_forced(dt, base, target, force_encoding, *where)]
     else:
-        cands = encodings.candidates(dt, base, target, effort)
+        cands = encodings.candidates(dt, base, target, effort, *where)
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
@@ -327,7 +328,7 @@ class DeltaWriter:
                 bb = None if b is None else b[s:e]
                 slot: list[_Coded] = []
                 jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
-                             self._force_codec))
+                             self._force_codec, (th.shape[-1] if len(th.shape) >= 2 else None, s)))
                 sizes.append(e - s)
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
                 held[0] += (e - s) * th.dtype.itemsize * (1 if bb is None else 2)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.3 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.4 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -88,6 +88,20 @@ MAX_NAME_BYTES `limit` before the name bytes), and that every other name rule ap
 name; bits 1-31 of META's flags stay `reserved_bits`.  A file whose META lacks the flag is read as
 in 1.2.  The flag is honoured whatever the header's minor version (§4: any value is read; no check
 ties the two).
+
+Version 1.4 ASSUMPTIONs (ctx-delta-as, §8.8):
+  B1 §8.8 params: "once all params are read" is after the last of the 3K + 6 params (sbytes): the
+     four params axis, P, phase, sbytes are read right after mw, before §8.6's param checks (all but
+     K's, which is made as soon as K is read), and §8.8's checks follow §8.6's.  (Read the other
+     way, §8.6's checks would come after mw, before axis is read.)  Every failure is `corrupt`
+     either way (a varint that is bad or runs past the payload too), so only the message depends
+     on it.
+The rest of §8.8 is taken as written: §8 check 1 holds its param checks (one check per condition of
+R-CTXAS-PARAMS, in its order); §8.6 step 2 checks stream 1's padding, then stream 2's range decoder
+start (first byte 0, then the code below 2^32 - 1) in place of stream 2's padding; after step 3 the c
+signs are range-decoded in class order (a byte beyond sbytes `corrupt` when it is needed), then the
+bytes read must be exactly sbytes; then §8.6 steps 4-5.  The header/trailer minor version needs no
+change: any minor is read (§4, §16), 4 included (§4's table still says "3 for this version").
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -214,8 +228,9 @@ DTYPE_BY_NAME = {v[0]: k for k, v in DTYPES.items()}
 ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME = 0, 1, 2, 3, 4
 ENC_CTX_DELTA = 5  # added in version 1.1 (§8.6)
 ENC_DENSE_DELTA = 6  # added in version 1.2 (§8.7)
+ENC_CTX_DELTA_AS = 7  # added in version 1.4 (§8.8)
 KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
-                   ENC_DENSE_DELTA}
+                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
@@ -223,6 +238,12 @@ CTX_MAX_CLASSES = 16
 CTX_MAX_RICE = 24
 DENSE_DELTA_DTYPES = CTX_DELTA_DTYPES  # §8.7: the dtypes of ctx-delta
 DENSE_MAX_RICE = 24
+CTX_DELTA_AS_DTYPES = CTX_DELTA_DTYPES  # §8.8: the dtypes of ctx-delta
+CTXAS_MAX_AXIS = 2  # §8.8: 0 one context, 1 rows, 2 columns
+CTXAS_MIN_SBYTES = 5  # §8.8: the range decoder's first byte and its 4-byte code
+CTXAS_PROB_BITS = 12  # §8.8: p0 is out of 4096 = 2^12
+CTXAS_COUNT_LIMIT = 256  # §8.8: n0 + n1 reaching this halves both
+RC_TOP = 2 ** 24  # §8.8: renormalise while range < 2^24
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -846,6 +867,8 @@ def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
     W = ti.W
     if enc == ENC_CTX_DELTA:  # §8.6
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
+    if enc == ENC_CTX_DELTA_AS:  # §8.8: stream 2 holds sbytes range-coded bytes; the others as §8.6
+        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.sbytes, ctx.c * ctx.mw]
     if enc == ENC_DENSE_DELTA:  # §8.7
         return [ceil_div(dense.qbits, 8), ceil_div(dense.u * dense.r, 8), ceil_div(dense.c, 8),
                 dense.c * dense.mw]
@@ -869,12 +892,17 @@ class CtxParams:
     pass
 
 
-def read_ctx_params(cur, ti, m, what):
+def read_ctx_params(cur, ti, m, what, signs_as=False):
     """§8.6 params, read in order (all varints): K; T_1 .. T_{K-1}; c_0 .. c_{K-1};
     r_0 .. r_{K-1}; qbits; mw.  `K` is checked as soon as it is read (R-CTX-CLASSES), the rest
     after the last param (§8 check 1 "after the params"), in the order §8.6 lists them; all
-    `corrupt`."""
+    `corrupt`.
+
+    signs_as (ctx-delta-as, §8.8): the four params axis, P, phase, sbytes follow mw and are read
+    before any check but K's (ASSUMPTION B1: "once all params are read" is after sbytes); the
+    caller then makes §8.8's own param checks (check_ctxas_params), after these."""
     p = CtxParams()
+    p.signs_as = signs_as
     K = cur.varint("K")
     # ASSUMPTION A12: K at once (R-CTX-CLASSES); the rest after the last param, in §8.6's order.
     if not 1 <= K <= CTX_MAX_CLASSES:
@@ -885,6 +913,11 @@ def read_ctx_params(cur, ti, m, what):
     p.rice = [cur.varint(f"r_{k}") for k in range(K)]
     p.qbits = cur.varint("qbits")
     p.mw = cur.varint("mw")
+    if signs_as:  # §8.8: 3K + 6 params in all
+        p.axis = cur.varint("axis")
+        p.P = cur.varint("P")
+        p.phase = cur.varint("phase")
+        p.sbytes = cur.varint("sbytes")
     T = p.thresholds
     emax = 2 ** ti.E - 1
     if K > 1:
@@ -908,6 +941,97 @@ def read_ctx_params(cur, ti, m, what):
         fail("corrupt", f"{what}: ctx-delta mw = {p.mw} not in [1, W = {ti.W}]")
     p.R = sum(ck * rk for ck, rk in zip(p.counts, p.rice))
     return p
+
+
+def check_ctxas_params(p, m, what):
+    """§8.8 params checks (R-CTXAS-PARAMS), after those of §8.6 (read_ctx_params), in §8.8's order:
+    axis <= 2; with axis = 0, P = 1 and phase = 0, else 1 <= P <= m and phase < P;
+    5 <= sbytes <= 2c + 8.  All `corrupt`; one check per condition of Appendix A.1."""
+    if not p.axis <= CTXAS_MAX_AXIS:
+        fail("corrupt", f"{what}: ctx-delta-as axis = {p.axis} > {CTXAS_MAX_AXIS}")
+    if p.axis == 0:
+        if not (p.P == 1 and p.phase == 0):
+            fail("corrupt", f"{what}: ctx-delta-as axis 0 needs P = 1 and phase = 0, "
+                            f"got P = {p.P}, phase = {p.phase}")
+    else:
+        if not 1 <= p.P <= m:
+            fail("corrupt", f"{what}: ctx-delta-as P = {p.P} not in [1, m = {m}]")
+        if not p.phase < p.P:
+            fail("corrupt", f"{what}: ctx-delta-as phase = {p.phase} not below P = {p.P}")
+    if not CTXAS_MIN_SBYTES <= p.sbytes <= 2 * p.c + 8:
+        fail("corrupt", f"{what}: ctx-delta-as sbytes = {p.sbytes} not in "
+                        f"[{CTXAS_MIN_SBYTES}, 2c + 8 = {2 * p.c + 8}]")
+
+
+def ctxas_range_start(s2, what):
+    """§8.8 range decoder, start (§8.6 decoding step 2 for stream 2, in place of its padding check):
+    the first byte is 0 (R-CTXAS-SIGNS.FIRST); `code` is the next four bytes, big-endian, below
+    2^32 - 1 (R-CTXAS-SIGNS.CODE).  Returns code; range starts at 2^32 - 1, 5 bytes read.
+    sbytes >= 5 (check_ctxas_params) holds these five bytes."""
+    if s2[0] != 0:
+        fail("corrupt", f"{what} stream 2 (signs): range coder's first byte is 0x{s2[0]:02x}, not 0")
+    code = int.from_bytes(s2[1:5], "big")
+    if not code < 0xFFFFFFFF:
+        fail("corrupt", f"{what} stream 2 (signs): range coder's initial code is 2^32 - 1")
+    return code
+
+
+def ctxas_decode_signs(s2, code, positions, p, m, what):
+    """§8.8: the c sign bits, in class order (``positions``: each change's index in the block),
+    each in the context of its position with the p0 of that context's adaptive counts, which are
+    updated after it.  A byte beyond the sbytes of stream 2 is `corrupt` (R-CTXAS-SIGNS.PAST-END);
+    after the last sign (its renormalisation included) exactly sbytes bytes must have been read
+    (R-CTXAS-SIGNS.LENGTH).  Returns the signs as a bit string of c bits (§1), as §8.6's stream 2
+    holds them, for §8.6 decoding step 4."""
+    c = len(positions)
+    sbytes = len(s2)
+    axis, P, phase = p.axis, p.P, p.phase
+    if axis == 0:
+        J = 1
+    elif axis == 1:
+        J = (m - 1 + phase) // P + 1  # rows
+    else:
+        J = P  # columns
+    n0 = [0] * J
+    n1 = [0] * J
+    rng = 0xFFFFFFFF  # range = 2^32 - 1
+    pos = CTXAS_MIN_SBYTES  # the start read the first byte and the four code bytes
+    out = bytearray(ceil_div(c, 8))
+    for t, i in enumerate(positions):
+        if axis == 0:
+            j = 0
+        elif axis == 1:
+            j = (i + phase) // P
+        else:
+            j = (i + phase) % P
+        a, b = n0[j], n1[j]
+        p0 = (2 * a + 1) * 4096 // (2 * (a + b) + 2)
+        bound = (rng >> CTXAS_PROB_BITS) * p0
+        if code < bound:
+            bit = 0
+            rng = bound
+        else:
+            bit = 1
+            code -= bound
+            rng -= bound
+        while rng < RC_TOP:
+            if pos >= sbytes:
+                fail("corrupt", f"{what} stream 2 (signs): sign {t} of {c} reads past the "
+                                f"{sbytes} bytes of the stream")
+            rng *= 256
+            code = code * 256 + s2[pos]
+            pos += 1
+        if bit:
+            b += 1
+            out[t >> 3] |= 1 << (t & 7)
+        else:
+            a += 1
+        if a + b == CTXAS_COUNT_LIMIT:
+            a, b = (a + 1) // 2, (b + 1) // 2
+        n0[j], n1[j] = a, b
+    if pos != sbytes:
+        fail("corrupt", f"{what} stream 2 (signs): the {c} signs read {pos} of its {sbytes} bytes")
+    return bytes(out)
 
 
 class DenseParams:
@@ -945,7 +1069,9 @@ def check_bit_padding(data, nbits, what):
 
 
 def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
-    """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`."""
+    """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`.  With p.signs_as
+    (ctx-delta-as, §8.8): step 2 starts stream 2's range decoder in place of its padding check, and
+    the sign bits are range-decoded after step 3, before step 4."""
     W, E, M = ti.W, ti.E, ti.M
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
@@ -967,9 +1093,13 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     assert len(runs) == c + 1 and runs[-1] == ""
     quotients = [len(run) for run in runs[:c]]
 
-    # Step 2: streams 1 and 2 (remainders, signs).
+    # Step 2: streams 1 and 2 (remainders, signs).  ctx-delta-as (§8.8): stream 2's range decoder
+    # starts here, in place of its padding check.
     check_bit_padding(s1, p.R, f"{what} stream 1 (remainders)")
-    check_bit_padding(s2, c, f"{what} stream 2 (signs)")
+    if p.signs_as:
+        code = ctxas_range_start(s2, what)
+    else:
+        check_bit_padding(s2, c, f"{what} stream 2 (signs)")
 
     # Step 3: ranks, class by class; then the members they name.  ASSUMPTION A14: classes and
     # ranks are over this block's elements 0 .. m-1.
@@ -1015,6 +1145,10 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
             positions.extend(ranks)  # K = 1: rank = index
         t0 += ck
     assert t0 == c and bitpos == p.R
+
+    # ctx-delta-as (§8.8): after step 3, the c sign bits, range-decoded in class order.
+    if p.signs_as:
+        s2 = ctxas_decode_signs(s2, code, positions, p, m, what)
 
     # Step 4: order-preserving steps.  Signs (stream 2) are in class order; magnitudes (stream 3)
     # in magnitude order: the class order stably sorted by the exponent field x(p) of each
@@ -1135,6 +1269,8 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
         fail("unsupported", f"{what}: ctx-delta used on {ti.dtype_name}")
     if enc == ENC_DENSE_DELTA and ti.dtype not in DENSE_DELTA_DTYPES:
         fail("unsupported", f"{what}: dense-delta used on {ti.dtype_name}")
+    if enc == ENC_CTX_DELTA_AS and ti.dtype not in CTX_DELTA_AS_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta-as used on {ti.dtype_name}")
     c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
@@ -1147,6 +1283,9 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
         ctx = read_ctx_params(cur, ti, m, what)
     if enc == ENC_DENSE_DELTA:  # §8.7
         dense = read_dense_params(cur, ti, m, what)
+    if enc == ENC_CTX_DELTA_AS:  # §8.8: §8.6's params and checks, then its own four
+        ctx = read_ctx_params(cur, ti, m, what, signs_as=True)
+        check_ctxas_params(ctx, m, what)
     lengths = stream_lengths(ti, enc, m, c, e, ctx, dense)
     table = []
     for k in range(len(lengths)):
@@ -1201,7 +1340,7 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     assert len(base_bytes) == m * W
     if enc == ENC_UNCHANGED:  # §8.1
         return enc, base_bytes
-    if enc == ENC_CTX_DELTA:  # §8.6
+    if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS):  # §8.6, §8.8
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
     if enc == ENC_DENSE_DELTA:  # §8.7
         return enc, decode_dense_delta(ti, m, dense, streams, base_bytes, what)

@@ -2,6 +2,7 @@
 the encoder's class choice, and every decoder check, through whole files and both read modes."""
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -403,16 +404,107 @@ def test_dense_params_are_checked_in_spec_order():
 
 def test_a_decoder_without_dense_delta_refuses_it_as_unsupported():
     """SPEC.md §16: a 1.1 decoder meets a dense-delta block as an unknown encoding, never misreads it."""
-    from arcfmt import encodings
     from arcfmt.errors import UnsupportedError
     dt, b, t, _ = _dense_block("BF16", 1000, 10, 5)
     base, target = {"x": from_bits(b, BY_NAME["BF16"])}, {"x": from_bits(t, BY_NAME["BF16"])}
     d = arcfmt.encode(base, target)
-    dense = encodings.by_name("dense-delta")
-    encodings.unregister(dense)
-    try:
+    with _without("dense-delta"):
         with pytest.raises(UnsupportedError, match="unknown encoding id 6"):
             arcfmt.decode(base, d)
+    assert_bit_exact(arcfmt.decode(base, d), target)
+
+
+@contextlib.contextmanager
+def _without(name):
+    """The registry without one encoding for a ``with`` block: an earlier version's decoder and writer."""
+    from arcfmt import encodings
+    enc = encodings.by_name(name)
+    encodings.unregister(enc)
+    try:
+        yield
     finally:
-        encodings.register(dense)
+        encodings.register(enc)
+
+
+# ------------------------------------------------------------------------------ ctx-delta-as (§8.8)
+
+def _leaning_pair(seed, shape, by_rows=True, lean=0.9):
+    """A BF16 matrix whose changes' signs lean one way per row (or per column), as RL steps often do."""
+    rng = np.random.default_rng(seed)
+    base = (rng.standard_normal(shape) * 0.02).astype(np.float32).astype(BY_NAME["BF16"].np)
+    b = bits_of(base).reshape(-1)
+    o = ctx.ordered(BF16, b)
+    idx = np.arange(b.size)
+    group = idx // shape[-1] if by_rows else idx % shape[-1]
+    way = np.where(rng.random(group.max() + 1) < 0.5, -1, 1)[group]
+    step = np.where(rng.random(b.size) < lean, way, -way) * (rng.random(b.size) < 0.05)
+    return {"w": base}, {"w": from_bits(ctx.unordered(BF16, o + step), BY_NAME["BF16"]).reshape(shape)}
+
+
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_writer_codes_leaning_signs_adaptively(by_rows):
+    """Signs that lean per row or column: the writer picks ctx-delta-as, on that axis, and the file is
+    smaller than with raw sign bits; every reader rebuilds it."""
+    base, target = _leaning_pair(1, (256, 256), by_rows)
+    d = arcfmt.encode(base, target)
+    info = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in info} == {"ctx-delta-as"}
+    r = arcfmt.DeltaReader(d)
+    blk = r.load_block("w", 0)
+    assert ctx.Params.unpack(blk.info.params).signs[:2] == ((1, 256) if by_rows else (2, 256))
+    assert len(d) < len(forced(base, target))
+    check_file(base, target, d)
+
+
+def test_writer_keeps_raw_signs_where_they_are_coin_tosses():
+    base, target = _leaning_pair(2, (256, 256), lean=0.5)
+    blocks = arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in blocks} == {"ctx-delta"}
+
+
+def test_adaptive_sign_params_are_checked_in_spec_order():
+    """SPEC.md §8.8: after ctx-delta's checks, axis ≤ 2; P = 1 and phase = 0 for axis 0, else
+    1 ≤ P ≤ m and phase < P; then 5 ≤ sbytes ≤ 2c + 8; each corrupt."""
+    m, head = 100, [1, 10, 0, 20, 1]   # K = 1, c = 10, r = 0, qbits = 20, mw = 1
+    assert ctx.stream_lengths(BF16, ctx.Params.unpack(head + [1, 10, 3, 7]), m) == [3, 0, 7, 10]
+    for signs, words in (([3, 10, 3, 7], "axis"), ([0, 2, 0, 7], "one sign context"),
+                         ([0, 1, 1, 7], "one sign context"), ([1, 0, 0, 7], "period"), ([2, 101, 0, 7], "period"),
+                         ([1, 10, 10, 7], "phase"), ([1, 10, 3, 4], "5..28"), ([2, 10, 3, 29], "5..28"),
+                         ([3, 0, 0, 0], "axis")):
+        with pytest.raises(CorruptError, match=words):
+            ctx.stream_lengths(BF16, ctx.Params.unpack(head + signs), m)
+    with pytest.raises(CorruptError, match="changed count"):   # ctx-delta's own checks come first
+        ctx.stream_lengths(BF16, ctx.Params.unpack([1, 0, 0, 20, 1, 3, 0, 0, 0]), m)
+
+
+def test_adaptive_signs_read_exactly_their_bytes():
+    """The range coder's stream holds exactly what the decoder reads: one byte less runs past its end,
+    one byte more is left over; both corrupt, and nothing is written in place."""
+    base, target = _leaning_pair(3, (64, 64))
+    b, t = bits_of(base["w"]).reshape(-1), bits_of(target["w"]).reshape(-1)
+    pos = np.flatnonzero(b != t)
+    enc = ctx.encode(BF16, b, t, pos, axes=[(1, 64, 0)], force_signs=True)
+    p = ctx.Params.unpack(enc.params)
+    for signs, words in ((enc.streams[2][:-1], "past the end"), (enc.streams[2] + b"\0", "bytes left"),
+                         (b"\1" + enc.streams[2][1:], "first byte"),
+                         (enc.streams[2][:1] + b"\xff" * 4 + enc.streams[2][5:], "first code")):
+        p.signs = (*p.signs[:3], len(signs))
+        out = b.copy()
+        with pytest.raises(CorruptError, match=words):
+            ctx.decode(BF16, p, [enc.streams[0], enc.streams[1], signs, enc.streams[3]], b.size, out, out)
+        assert np.array_equal(out, b)
+
+
+def test_a_decoder_without_ctx_delta_as_refuses_it_as_unsupported():
+    """SPEC.md §16: a 1.3 decoder meets a ctx-delta-as block as an unknown encoding, never misreads it;
+    a writer without it writes ctx-delta."""
+    from arcfmt.errors import UnsupportedError
+    base, target = _leaning_pair(4, (128, 128))
+    d = arcfmt.encode(base, target)
+    with _without("ctx-delta-as"):
+        with pytest.raises(UnsupportedError, match="unknown encoding id 7"):
+            arcfmt.decode(base, d)
+        plain = arcfmt.encode(base, target)
+        blocks = arcfmt.DeltaReader(plain).describe()["tensors"][0]["blocks"]
+        assert {b["encoding"] for b in blocks} == {"ctx-delta"}
     assert_bit_exact(arcfmt.decode(base, d), target)

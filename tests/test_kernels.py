@@ -70,11 +70,14 @@ def test_encode_and_decode_match_the_numpy_twins(name, m, changes, seed, k):
     # the threshold choice (exponent histogram) too
     (_, ta), (_, tb) = _both(lambda: ctx.choose_thresholds(dt, base, pos, max_classes=k))
     assert ta == tb
-    p = ctx.Params.unpack(a.params)
+    _rebuilt_alike(dt, ctx.Params.unpack(a.params), a.streams, base, target)
 
+
+def _rebuilt_alike(dt, p, streams, base, target):
+    """Both backends decode the block to ``target``."""
     def dec():
         out = np.empty_like(base)
-        ctx.decode(dt, p, a.streams, m, base, out)
+        ctx.decode(dt, p, streams, base.size, base, out)
         return out
     (sa, da), (sb, db) = _both(dec)
     assert sa == sb == "ok" and np.array_equal(da, target) and np.array_equal(db, target)
@@ -95,8 +98,12 @@ def test_corrupt_streams_fail_alike(seed, stream, flips):
     for _ in range(flips):
         bit = int(rng.integers(0, 8 * len(streams[stream])))
         streams[stream][bit >> 3] ^= 1 << (bit & 7)
-    streams = [bytes(s) for s in streams]
+    _in_place_alike(dt, p, [bytes(s) for s in streams], base)
 
+
+def _in_place_alike(dt, p, streams, base):
+    """Decode in place with both backends: the same outcome and message; a rejected block leaves the
+    array untouched. Returns the outcome (``"ok"`` or the message)."""
     def dec():
         out = base.copy()
         try:
@@ -109,8 +116,63 @@ def test_corrupt_streams_fail_alike(seed, stream, flips):
     assert sa == sb
     if sa == "ok":
         assert np.array_equal(a, b)
-    else:
-        assert a == b
+        return sa
+    assert a == b
+    return a
+
+
+def _leaning_block(m, period, seed, by_rows=True):
+    """A BF16 block whose changes' signs lean one way per row (or column) of ``period`` elements."""
+    dt, base, target, pos = _block("BF16", m, max(1, m // 3), seed)
+    rng = np.random.default_rng(seed + 7)
+    group = pos // period if by_rows else pos % period
+    lean = np.where(rng.random(group.max() + 1) < 0.5, -1, 1)[group]
+    o = ctx.ordered(dt, base[pos]) + np.where(rng.random(pos.size) < 0.9, lean, -lean)
+    half = 1 << 15
+    keep = (o >= -half) & (o < half)
+    target = base.copy()
+    target[pos[keep]] = ctx.unordered(dt, o[keep])
+    return dt, base, target, np.flatnonzero(base != target)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(2, 3000), period=st.integers(1, 64), seed=st.integers(0, 2**32 - 1),
+       offset=st.integers(0, 10**6), rows=st.booleans(), k=st.integers(1, 4))
+def test_adaptive_signs_match_the_numpy_twins(m, period, seed, offset, rows, k):
+    """ctx-delta-as (SPEC.md §8.8): the same axis chosen, the same range-coded bytes, the same elements
+    back, whatever the block's place and classes."""
+    dt, base, target, pos = _leaning_block(m, period, seed, rows)
+    if not pos.size:
+        return
+    thresholds = [118, 121, 124][:k - 1]
+    axes = ctx.sign_axes(period, offset, m)
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, thresholds=thresholds, axes=axes,
+                                              force_signs=True))
+    assert a.adaptive_signs and b.adaptive_signs
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    p = ctx.Params.unpack(a.params)
+    assert p.signs is not None and len(a.streams[2]) == p.signs[3]
+    _rebuilt_alike(dt, p, a.streams, base, target)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), flips=st.integers(1, 3), cut=st.integers(-2, 2))
+def test_corrupt_adaptive_signs_fail_alike(seed, flips, cut):
+    """A flipped bit in the range-coded signs, or bytes cut off or added (``sbytes`` following): same
+    outcome and message both ways; in place, a rejected block leaves the array untouched."""
+    dt, base, target, pos = _leaning_block(4000, 50, seed)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[118, 121], axes=[(1, 50, seed % 50)], force_signs=True)
+    p = ctx.Params.unpack(enc.params)
+    rng = np.random.default_rng(seed)
+    signs = bytearray(enc.streams[2])
+    for _ in range(flips):
+        bit = int(rng.integers(0, 8 * len(signs)))
+        signs[bit >> 3] ^= 1 << (bit & 7)
+    signs = signs[:len(signs) + cut] if cut < 0 else signs + bytes(cut)
+    assert p.signs is not None
+    p.signs = (*p.signs[:3], len(signs))
+    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], bytes(signs), enc.streams[3]], base)
+    assert outcome == "ok" or outcome.startswith("ctx-delta-as")
 
 
 @settings(max_examples=100, deadline=None)

@@ -80,7 +80,7 @@ from support.data import BF16, write_delta  # noqa: E402
 from support.records import assemble, split, varint  # noqa: E402  (the one record toolkit)
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
-ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta"]
+ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as"]
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
 
@@ -116,11 +116,12 @@ def random_file(rng):
             data = write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
             data = write_delta(base, target, force_encoding="xor", **kw)
-        elif enc == "ctx-delta":  # float tensors as ctx-delta (several classes at effort max), others as chosen
+        elif enc in ("ctx-delta", "ctx-delta-as"):  # float tensors as ctx-delta[-as] (several classes at
+            # effort max), others as chosen
             ctx_ok = {k for k, v in target.items() if v.dtype in (BF16, np.float16, np.float32)
                       and base[k].dtype == v.dtype and base[k].shape == v.shape}
             data = write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
-                                  force_encoding="ctx-delta", effort="max", **kw) if ctx_ok else \
+                                  force_encoding=enc, effort="max", **kw) if ctx_ok else \
                 write_delta(base, target, **kw)
             if ctx_ok:
                 base, target = {k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok}

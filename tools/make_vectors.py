@@ -197,6 +197,7 @@ def valid_vectors():
                     pb, assemble(split(pre), prefixed=False), expect_tensors=pt))
     V += ctx_valid_vectors()
     V += dense_valid_vectors()
+    V += ctxas_valid_vectors()
     return V
 
 
@@ -232,27 +233,35 @@ def ctx_case(seed, dt, m=4096, specials=True):
     return u.view(dt), t.view(dt)
 
 
-def ctx_custom(base, target, thresholds, codec="raw", block_elems=None) -> bytes:
-    """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds."""
-    from arcfmt import encodings
+def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=None) -> bytes:
+    """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds, each stream of
+    ``codec``; with ``signs`` ``(axis, P, phase)``, ctx-delta-as with that sign axis (``phase`` None: the
+    block's place in the tensor, as the reference encoder sets it)."""
+    from arcfmt import codecs, encodings
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
-    d = write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta", force_codec=codec,
-                    block_elems=block_elems or max(1, base.size))
+    be = block_elems or max(1, base.size)
+    name = "ctx-delta" if signs is None else "ctx-delta-as"
+    d = write_delta({"x": base}, {"x": target}, force_encoding=name, force_codec=codec, block_elems=be)
     p = split(d)
     adt = from_numpy(base.dtype)
     bu = base.view(adt.uint).reshape(-1)
     tu = target.view(adt.uint).reshape(-1)
-    be = block_elems or max(1, base.size)
     k = 0
     for rec in p.recs:
         if rec.type != L.BLCK:
             continue
         b, t = bu[k * be:(k + 1) * be], tu[k * be:(k + 1) * be]
         pos = np.flatnonzero(b != t)
-        enc = ctx.encode(adt, b, t, pos, thresholds=thresholds)
-        blk = encodings.EncodedBlock(encodings.CTX_DELTA, enc.params, enc.streams, pos.size)
-        rec.payload = records.build_block(0, k, blk, [(0, bytes(x)) for x in enc.streams])
+        axes = []
+        if signs is not None:
+            axis, period, phase = signs
+            axes = [(axis, period, (k * be) % period if phase is None else phase)]
+        enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), axes=axes, force_signs=bool(axes))
+        assert enc.adaptive_signs == bool(axes)
+        blk = encodings.EncodedBlock(encodings.by_name(name).id, enc.params, enc.streams, pos.size)
+        rec.payload = records.build_block(0, k, blk, [codecs.encode_with(codecs.by_name(codec).id, bytes(x))
+                                                      for x in enc.streams])
         k += 1
     return assemble(p)
 
@@ -1814,6 +1823,196 @@ def ctx_reject_vectors():
     return V
 
 
+# ------------------------------------------------------------------------------------ ctx-delta-as (§8.8)
+
+def ctxas_case(seed, dt, shape=(48, 64), by="rows", specials=True):
+    """``ctx_case``'s data, its steps' signs mostly shared along rows (or columns): what the contexts of
+    ctx-delta-as are for."""
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings.ctx_delta import ordered, unordered
+    m = int(np.prod(shape))
+    b, t = ctx_case(seed, dt, m, specials)
+    r = rng(seed + 2000)
+    adt = from_numpy(np.dtype(dt))
+    u, tv = b.view(adt.uint), t.view(adt.uint)
+    d = ordered(adt, tv) - ordered(adt, u)
+    idx = np.arange(m)
+    group = idx // shape[-1] if by == "rows" else idx % shape[-1]
+    lean = np.where(r.random(group.max() + 1) < 0.5, -1, 1)[group]
+    flip = np.where(r.random(m) < 0.85, lean, -lean)
+    half = 1 << (8 * np.dtype(dt).itemsize - 1)
+    nd = np.where(d != 0, np.abs(d) * flip, 0)
+    if specials:
+        nd[:64] = d[:64]   # ctx_case's special values stay as they were
+    v = np.clip(ordered(adt, u) + nd, -half, half - 1)
+    v = np.where(v == ordered(adt, u), ordered(adt, tv), v)   # a clipped step that vanished: the old one
+    return b.reshape(shape), unordered(adt, v).view(dt).reshape(shape)
+
+
+def ctxas_custom(base, target, axis, period=1, phase=None, thresholds=(), codec="raw", block_elems=None) -> bytes:
+    """:func:`ctx_custom` as ctx-delta-as with the given sign axis."""
+    return ctx_custom(base, target, thresholds, codec, block_elems, signs=(axis, period, phase))
+
+
+def ctxas_valid_vectors():
+    V = []
+
+    def y(name, desc, base, target, data=None, **kw):
+        data = data if data is not None else write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta-as",
+                                                         **kw)
+        V.append(Vector(name, desc, ["8.8"], {"x": base}, data, expect_tensors={"x": target}))
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctxas_case(100 + i, dt)
+        y(f"y_ctxas_{nm}", f"ctx-delta-as on {nm.upper()}: the reference encoder's axis, several classes, specials",
+          b, t, effort="max")
+    b, t = ctxas_case(110, BF16, (40, 75), by="rows")
+    y("y_ctxas_axis0", "one sign context for the block", b, t, data=ctxas_custom(b, t, 0))
+    y("y_ctxas_rows", "a context per row (P = 75)", b, t, data=ctxas_custom(b, t, 1, 75))
+    y("y_ctxas_rows_classes", "a context per row, signs coded in class order across three classes", b, t,
+      data=ctxas_custom(b, t, 1, 75, thresholds=[112, 116, 119]))
+    y("y_ctxas_rows_blocks_phase", "rows in blocks of 700 elements: each block's phase is its offset mod P, "
+      "streams zstd-coded", b, t, data=ctxas_custom(b, t, 1, 75, block_elems=700, codec="zstd"))
+    y("y_ctxas_rows_any_phase", "P and phase the writer's choice, not the tensor's (P = 7, phase 6)", b, t,
+      data=ctxas_custom(b, t, 1, 7, phase=6))
+    b, t = ctxas_case(111, BF16, (40, 75), by="columns")
+    y("y_ctxas_columns", "a context per column (P = 75)", b, t, data=ctxas_custom(b, t, 2, 75))
+    y("y_ctxas_columns_blocks_phase", "columns in blocks of 1000 elements (phases 0, 25, 50, …)", b, t,
+      data=ctxas_custom(b, t, 2, 75, block_elems=1000))
+    y("y_ctxas_period_is_block", "P = m: every element its own context (columns), phase m - 1", b, t,
+      data=ctxas_custom(b, t, 2, 3000, phase=2999))
+    r = rng(112)
+    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
+    su = sb.view(np.uint16).copy().astype(np.int64)
+    ch = r.random(60000) < 0.5
+    o = np.where(su >= 32768, 32767 - su, su)
+    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1), 0)
+    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    y("y_ctxas_halving", "about 30000 signs in one context, 97 % alike: the counts are halved many times and "
+      "the range coder carries", sb, su.view(BF16), data=ctxas_custom(sb, su.view(BF16), 0))
+    return V
+
+
+def _all_ones_bytes(c: int) -> int:
+    """The bytes §8.8's range decoder reads for c signs in one context when its code is never below the
+    bound (an initial code of 2^32 - 1): every sign decodes as 1."""
+    rng, pos, a, b = 0xFFFFFFFF, 5, 0, 0
+    for _ in range(c):
+        rng -= (rng >> 12) * ((2 * a + 1) * 4096 // (2 * (a + b) + 2))
+        while rng < 1 << 24:
+            rng, pos = rng << 8, pos + 1
+        b += 1
+        if a + b == 256:
+            a, b = (a + 1) // 2, (b + 1) // 2
+    return pos
+
+
+def ctxas_reject_vectors():
+    V = []
+    from arcfmt.encodings import ctx_delta as ctx
+    b, t = ctxas_case(120, BF16, (40, 50), by="rows", specials=False)
+    base = {"x": b}
+    rows = ctxas_custom(b, t, 1, 50, thresholds=[112, 116, 119])
+    one = ctxas_custom(b, t, 0)
+    m = b.size
+    one_row = ctxas_custom(b, t, 1, m)   # rows with P = m: one context, as with any P > m would be
+
+    def n(name, desc, fn, error="corrupt", src=None):
+        V.append(Vector(name, desc, ["8.8"], base, _restream(fn, src or rows), error=error))
+
+    def setp(i, v):   # the sign params: axis, P, phase, sbytes are the last four
+        def edit(streams, params):
+            params[len(params) - 4 + i] = v(params) if callable(v) else v
+        return edit
+
+    def sign_bytes(fn):   # stream 2 edited, sbytes kept equal to its length
+        def edit(streams, params):
+            streams[2][1] = fn(bytearray(streams[2][1]))
+            params[-1] = len(streams[2][1])
+        return edit
+
+    c = sum(ctx.Params.unpack(records.parse_block(next(r for r in split(rows).recs if r.type == L.BLCK).payload,
+                                                  records.parse_tensor(split(rows).recs[1].payload, ""), 0, 0,
+                                                  "").params).counts)
+    n("n_ctxas_axis_too_big", "axis = 3", setp(0, 3))
+    n("n_ctxas_one_period", "axis 0 with P = 2", setp(1, 2), src=one)
+    n("n_ctxas_one_phase", "axis 0 with phase = 1", setp(2, 1), src=one)
+    n("n_ctxas_period_zero", "rows with P = 0", setp(1, 0))
+    n("n_ctxas_period_beyond_block", "rows with P = m + 1, the block coded with P = m (one row): a decoder "
+      "that does not check P reads the same signs", setp(1, m + 1), src=one_row)
+    n("n_ctxas_phase_not_below", "phase = P", setp(2, lambda p: p[-3]))
+    n("n_ctxas_sbytes_small", "sbytes = 4, the stream cut to 4 bytes", sign_bytes(lambda d: bytes(d[:4])))
+    n("n_ctxas_sbytes_big", "sbytes = 2c + 9, the stream padded to it",
+      sign_bytes(lambda d: bytes(d) + bytes(2 * c + 9 - len(d))))
+    n("n_ctxas_first_byte", "the range coder's first byte is 1", sign_bytes(lambda d: bytes([1]) + bytes(d[1:])))
+    n("n_ctxas_code_max", "the first code is 2^32 - 1, the stream as long as a decoder that reads on takes "
+      "(code >= range: every sign 1)", sign_bytes(lambda d: b"\x00" + b"\xff" * 4 + bytes(_all_ones_bytes(c) - 5)),
+      src=one)
+    n("n_ctxas_past_end", "the stream's last byte cut (sbytes too): the last signs read past the end",
+      sign_bytes(lambda d: bytes(d[:-1])))
+    n("n_ctxas_bytes_left", "one byte more after the last sign's bytes (sbytes too)",
+      sign_bytes(lambda d: bytes(d) + b"\x00"))
+
+    def step_out(streams, params):
+        k = params[0]
+        _magnitude_out(streams, params, 3 * k + 1, sum(params[k:2 * k]))
+    n("n_ctxas_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
+
+    def then_codec(fn):
+        def edit(streams, params):
+            fn(streams, params)
+            for st in streams:
+                st[0] = 9
+        return edit
+    n("n_ctxas_axis_then_codec", "axis = 3, and every stream of codec 9: the params come first",
+      then_codec(setp(0, 3)))
+    n("n_ctxas_sbytes_then_codec", "sbytes = 4, and every stream of codec 9: the params come first",
+      then_codec(setp(3, 4)))
+
+    # a stream that decodes, to the right length, but to one sign different: the target hash refuses it
+    from arcfmt.dtypes import from_numpy
+    adt = from_numpy(b.dtype)
+    p0 = split(rows)
+    info = records.parse_block(next(r for r in p0.recs if r.type == L.BLCK).payload,
+                               records.parse_tensor(p0.recs[1].payload, ""), 0, 0, "")
+    pp = ctx.Params.unpack(info.params)
+    payload = next(r for r in p0.recs if r.type == L.BLCK).payload
+    off, streams0 = info.data_offset, []
+    for st in info.streams:
+        streams0.append(bytes(payload[off:off + st.stored]))
+        off += st.stored
+    bu, tu = b.view(adt.uint).reshape(-1), t.view(adt.uint).reshape(-1)
+    found = None
+    for bit in range(8 * 5, 8 * len(streams0[2])):
+        d = bytearray(streams0[2])
+        d[bit >> 3] ^= 1 << (bit & 7)
+        out = np.empty_like(bu)
+        try:
+            ctx.decode(adt, pp, [streams0[0], streams0[1], bytes(d), streams0[3]], m, bu, out)
+        except Exception:  # noqa: BLE001 - a corrupt stream: try the next bit
+            continue
+        if int((out != tu).sum()) == 1:
+            found = bit
+            break
+    assert found is not None
+
+    def wrong_sign(streams, params):
+        d = bytearray(streams[2][1])
+        d[found >> 3] ^= 1 << (found & 7)
+        streams[2][1] = bytes(d)
+    n("n_ctxas_verification", "a well-formed ctx-delta-as block that rebuilds a different tensor (one sign)",
+      wrong_sign, error="verification")
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, 7)
+    V.append(Vector("n_ctxas_on_f64", "ctx-delta-as is not defined for F64", ["8", "8.8"], {"x": f64}, assemble(pf),
+                    error="unsupported"))
+    return V
+
+
 # ------------------------------------------------------------------------------------ dense-delta (§8.7)
 
 def dense_case(seed, dt, m=4096, unchanged=0.1, specials=True):
@@ -2261,6 +2460,14 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_dense_position_beyond_block", ["R-DENSE-RANK"]), ("n_dense_step_out_of_range", ["R-DENSE-STEP"]),
     ("n_dense_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_dense_on_f64", ["R-ENCODING.DTYPE"]),
     # -- ctx-delta (§8.6)
+    ("y_ctxas_*", ["R-CTXAS", "R-CTX"]), ("n_ctxas_axis_*", ["R-CTXAS-PARAMS.AXIS"]),
+    ("n_ctxas_one_*", ["R-CTXAS-PARAMS.ONE"]), ("n_ctxas_period_*", ["R-CTXAS-PARAMS.PERIOD"]),
+    ("n_ctxas_phase_*", ["R-CTXAS-PARAMS.PHASE"]), ("n_ctxas_sbytes_*", ["R-CTXAS-PARAMS.SBYTES"]),
+    ("n_ctxas_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxas_first_byte*", ["R-CTXAS-SIGNS.FIRST"]),
+    ("n_ctxas_code_*", ["R-CTXAS-SIGNS.CODE"]), ("n_ctxas_past_end", ["R-CTXAS-SIGNS.PAST-END"]),
+    ("n_ctxas_bytes_left", ["R-CTXAS-SIGNS.LENGTH"]), ("n_ctxas_rank_beyond_class", ["R-CTX-RANK"]),
+("n_ctxas_step_out_of_range", ["R-CTX-STEP"]),
+    ("n_ctxas_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxas_on_f64", ["R-ENCODING.DTYPE"]),
     ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]),
     ("n_ctx_threshold_zero*", ["R-CTX-PARAMS.T-MIN"]), ("n_ctx_thresholds_*", ["R-CTX-PARAMS.T-INCREASING"]),
     ("n_ctx_threshold_too_big*", ["R-CTX-PARAMS.T-MAX"]), ("n_ctx_changed_*", ["R-CTX-PARAMS.C"]),
@@ -2476,9 +2683,10 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.3",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.4",
                 "contract": "see conformance/README.md", "vectors": []}
-    for v in valid_vectors() + reject_vectors() + ctx_reject_vectors() + dense_reject_vectors():
+    for v in (valid_vectors() + reject_vectors() + ctx_reject_vectors() + dense_reject_vectors()
+              + ctxas_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

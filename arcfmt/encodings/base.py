@@ -55,8 +55,11 @@ class Block:
     """
 
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
-                 effort: str | Trials = "default") -> None:
+                 effort: str | Trials = "default", period: int | None = None, offset: int = 0) -> None:
         self.dt, self.base, self.target, self.effort = dt, base, target, effort
+        # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
+        # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
+        self.period, self.offset = period, offset
 
     @cached_property
     def positions(self) -> np.ndarray:

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import backend
+from .. import layout as L
 from ..dtypes import DType
 from ..errors import CorruptError
 from .base import Block, EncodedBlock, Encoding, StreamRole
-from .registry import register
+from .registry import find, register
 
 if TYPE_CHECKING:
     from ..layout import BytesLike
@@ -37,7 +38,25 @@ CLASS_LIMITS = {"fast": 1, "default": 4, "max": 16}  # classes the encoder may u
 _CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of one more class
 _MIN_CHANGES_FOR_CLASSES = 64
 _CHUNK = 1 << 16
+_MIN_ADAPTIVE_SIGNS = 512   # fewer changes: at most a few bytes to gain, against 4 more params
+_MIN_SIGNS_FOR_ROWS = 64
+SIGN_SAMPLE = 1 << 14    # the signs each axis is sized on (the first, in class order): the choice, not the coding
+SIGN_PROMISING = 0.97    # ...and coded only where the best estimate is below this many bits a sign
 _HIST_STRIDE = 8          # blocks of at least _CHUNK elements: the exponent histogram samples every 8th
+
+
+def _sign_costs() -> np.ndarray:
+    """``-log2`` of ctx-delta-as's probability of a 0 sign (row 0) and a 1 sign (row 1), by ``p0``
+    (§8.8): what the encoder sizes each sign axis with."""
+    p0 = np.arange(4097, dtype=np.float64).clip(1, 4095) / 4096.0
+    return np.stack([-np.log2(p0), -np.log2(1.0 - p0)])
+
+
+SIGN_COST = _sign_costs()
+# p0 of §8.8 for every count pair (n0 · 256 + n1; n0 + n1 ≤ 255): the kernels look it up, not divide
+_n0, _n1 = np.divmod(np.arange(1 << 16, dtype=np.int64), 256)
+SIGN_P0 = (((2 * _n0 + 1) * 4096) // (2 * (_n0 + _n1) + 2)).astype(np.uint16)
+del _n0, _n1
 
 
 def defined_for(dt: DType) -> bool:
@@ -52,6 +71,7 @@ class Params:
     qbits: int         # bits in the quotient stream
     mag_width: int     # bytes per magnitude
     dense: bool = False  # a dense-delta block (§8.7): one class, its codes the unchanged elements'
+    signs: tuple[int, int, int, int] | None = None  # ctx-delta-as (§8.8): axis, P, phase, sbytes
 
     @property
     def classes(self) -> int:
@@ -62,12 +82,15 @@ class Params:
         return sum(self.counts)
 
     def pack(self) -> list[int]:
-        return [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
+        head = [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
+        return head if self.signs is None else [*head, *self.signs]
 
     @classmethod
     def unpack(cls, p: Sequence[int]) -> Params:
+        """ctx-delta's params, or ctx-delta-as's (four more: the sign coding, §8.8)."""
         k = p[0]
-        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1])
+        signs = (p[3 * k + 2], p[3 * k + 3], p[3 * k + 4], p[3 * k + 5]) if len(p) > 3 * k + 2 else None
+        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1], signs=signs)
 
 
 def param_count(head: Sequence[int]) -> int:
@@ -98,7 +121,37 @@ def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
     if not 1 <= p.mag_width <= dt.itemsize:
         raise CorruptError(f"ctx-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
     rbits = sum(map(operator.mul, p.counts, p.rice))
-    return [(p.qbits + 7) // 8, (rbits + 7) // 8, (c + 7) // 8, c * p.mag_width]
+    sbytes = (c + 7) // 8 if p.signs is None else sign_stream_length(p.signs, c, m)
+    return [(p.qbits + 7) // 8, (rbits + 7) // 8, sbytes, c * p.mag_width]
+
+
+def sign_stream_length(signs: Sequence[int], c: int, m: int) -> int:
+    """Check ctx-delta-as's sign params (SPEC.md §8.8, in its order); the sign stream's decoded length."""
+    axis, period, phase, sbytes = signs
+    if axis > 2:
+        raise CorruptError(f"ctx-delta-as sign axis {axis} above 2")
+    if axis == 0:
+        if period != 1 or phase != 0:
+            raise CorruptError(f"ctx-delta-as with one sign context has P = {period}, phase = {phase} (not 1, 0)")
+    elif not 1 <= period <= m:
+        raise CorruptError(f"ctx-delta-as sign period {period} outside 1..{m}")
+    elif phase >= period:
+        raise CorruptError(f"ctx-delta-as sign phase {phase} not below the period {period}")
+    if not 5 <= sbytes <= 2 * c + 8:
+        raise CorruptError(f"ctx-delta-as sign stream of {sbytes} bytes outside 5..{2 * c + 8}")
+    return sbytes
+
+
+def sign_axes(period: int | None, offset: int, m: int) -> list[tuple[int, int, int]]:
+    """The sign contexts the encoder sizes for a block of ``m`` elements starting at flat element
+    ``offset`` of a tensor whose last dimension is ``period`` (None: a vector, one context only).
+    Columns only where each sees several changes' worth of elements (8 rows or more)."""
+    axes = [(0, 1, 0)]
+    if period is not None and 1 < period <= m and m >= _MIN_SIGNS_FOR_ROWS:
+        axes.append((1, period, offset % period))
+        if 8 * period <= m:
+            axes.append((2, period, offset % period))
+    return axes
 
 
 # ----------------------------------------------------------------------------------------- shared
@@ -168,20 +221,34 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_cl
 class Encoded:
     params: list[int]
     streams: list[bytes]
+    adaptive_signs: bool = False   # a ctx-delta-as block (§8.8)
 
 
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
-           thresholds: Sequence[int] | None = None, max_classes: int = 4, dense: bool = False) -> Encoded:
+           thresholds: Sequence[int] | None = None, max_classes: int = 4, dense: bool = False,
+           axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
-    ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded)."""
+    ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
+    ``axes``: sign contexts (:func:`sign_axes`) to try: the block is ``ctx-delta-as`` (§8.8) where
+    the best of them codes the signs in fewer bytes than the raw bits and the extra params, or always
+    with ``force_signs``."""
     if dense:
         thresholds = []
     elif thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
-    counts, rice, qbits, mw, streams = backend.selected().ctx_encode(dt, base, target, positions, thresholds,
-                                                                     MAX_RICE, dense)
+    counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
+        dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
-    return Encoded(dense_pack(p) if dense else p.pack(), streams)
+    if dense:
+        return Encoded(dense_pack(p), streams)
+    if signs is not None:
+        i, coded = signs
+        extra = [*axes[i], len(coded)]
+        assert 5 <= len(coded) <= 2 * p.changed + 8, "the range coder wrote more than §8.8 allows"
+        if force_signs or len(coded) + sum(len(L.varint_bytes(v)) for v in extra) < len(streams[2]):
+            p.signs = (extra[0], extra[1], extra[2], extra[3])
+            return Encoded(p.pack(), [streams[0], streams[1], coded, streams[3]], True)
+    return Encoded(p.pack(), streams)
 
 
 def dense_pack(p: Params) -> list[int]:
@@ -220,7 +287,8 @@ def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.
     if status != backend.OK:
         # Worded from the status, the same for every backend: re-running the numpy twin to find the
         # check again cost ~60 bytes of scratch per element (a 1 KB file made 1 GB, per worker).
-        raise CorruptError(f"{'dense-delta' if p.dense else 'ctx-delta'}{_FAILED[status].format(dt=dt.name, m=m)}")
+        name = "dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-as"
+        raise CorruptError(f"{name}{_FAILED[status].format(dt=dt.name, m=m)}")
 
 
 # What each failed check of a backend's ctx_decode is (its status codes, in SPEC.md §8.6 order)
@@ -231,6 +299,10 @@ _FAILED = {
     backend.S_PADDING: " sign stream: padding bits are not zero",
     backend.BEYOND: ": a position beyond the block of {m} elements",
     backend.RANGE: ": a step leaves the range of {dt} bit patterns",
+    backend.S_FIRST: " sign stream: the range coder's first byte is not 0",
+    backend.S_CODE: " sign stream: the range coder's first code is 2^32 - 1",
+    backend.S_PAST: " sign stream: the signs read past the end of the stream",
+    backend.S_LENGTH: " sign stream: bytes left after the last sign",
 }
 
 
@@ -310,18 +382,47 @@ class CtxDelta(Encoding):
     def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         return _ROLES
 
-    def encode(self, block: Block, max_classes: int = 4) -> EncodedBlock | None:
-        """None when nothing changed."""
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "never") -> EncodedBlock | None:
+        """None when nothing changed. ``signs``: ``"never"`` (this encoding), ``"auto"`` (ctx-delta-as
+        where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as)."""
         positions = block.positions
         if positions.size == 0:
             return None
         assert block.base is not None, f"{self.name} needs a base: the registry never offers it a block without"
-        enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged)
-        return EncodedBlock(self.id, enc.params, enc.streams, positions.size, dense=(0, 1, 2))
+        axes = (() if signs == "never" or (signs == "auto" and positions.size < _MIN_ADAPTIVE_SIGNS)
+                else sign_axes(block.period, block.offset, block.m))
+        enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged,
+                     axes=axes, force_signs=signs == "always")
+        return EncodedBlock(CtxDeltaAs.id if enc.adaptive_signs else self.id, enc.params, enc.streams, positions.size,
+                            dense=(0, 1, 2))
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        """ctx-delta, or ctx-delta-as where its signs come out smaller (one candidate: the two share
+        every other stream, so trying both would run the codec trials twice for a few bytes)."""
         effort = block.effort
-        return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4)
+        signs = "auto" if find(CtxDeltaAs.id) is not None else "never"   # (unregistered: bench.py --without)
+        return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4, signs)
+
+
+@register
+class CtxDeltaAs(CtxDelta):
+    """``ctx-delta-as`` (SPEC.md §8.8): ``ctx-delta`` whose sign bits are range-coded, each in the
+    context of its row or column (or one context). Why: a row or column of a weight matrix often moves
+    one way in a step, so its signs are not coin tosses given the position. ``ctx-delta`` proposes it
+    (``signs="auto"``); forced, it always codes the signs."""
+
+    id = 7
+    name = "ctx-delta-as"
+    trial_rank = 12
+
+    def param_count(self, head: Sequence[int]) -> int:
+        return param_count(head) + (4 if head else 0)
+
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "always") -> EncodedBlock | None:
+        return super().encode(block, max_classes, signs)
+
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        return None
 
 
 @register
@@ -339,6 +440,9 @@ class DenseDelta(CtxDelta):
 
     def unpack(self, params: Sequence[int]) -> Params:
         return dense_unpack(params)
+
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "never") -> EncodedBlock | None:
+        return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
         return len(self.param_names)

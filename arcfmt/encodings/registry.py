@@ -116,7 +116,7 @@ NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e:
 # ------------------------------------------------------------------------------------ writing
 
 def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
-               effort: str | Trials = "default") -> list[EncodedBlock]:
+               effort: str | Trials = "default", period: int | None = None, offset: int = 0) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
     no streams ends the trials: nothing is smaller."""
@@ -125,7 +125,7 @@ def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
     trials = cache.get(key)
     if trials is None:
         trials = cache[key] = tuple(e for e in every if (base is not None or not e.needs_base) and e.defined_for(dt))
-    block = Block(dt, base, target, effort)
+    block = Block(dt, base, target, effort, period, offset)
     out: list[EncodedBlock] = []
     for enc in trials:
         cand = enc.propose(block, out)
@@ -136,13 +136,14 @@ def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
     return out
 
 
-def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding_id: int) -> EncodedBlock:
+def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding_id: int,
+                  period: int | None = None, offset: int = 0) -> EncodedBlock:
     """One given encoding (``force_encoding``: tests and conformance vectors); raises if it cannot
     code this block. A block without changes is written with the encoding that keeps the base."""
     enc = for_dtype(encoding_id, dt)
     if enc.needs_base and base is None:
         raise InputError(f"encoding {enc.name} needs a base")
-    block = Block(dt, base, target)
+    block = Block(dt, base, target, period=period, offset=offset)
     out = enc.encode(block)
     if out is None:
         keeper = next(e for e in registered() if e.keeps_base)
