@@ -2459,15 +2459,16 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_dense_quotient_unterminated*", ["R-DENSE-QUOTIENTS.TERMINATED"]),
     ("n_dense_position_beyond_block", ["R-DENSE-RANK"]), ("n_dense_step_out_of_range", ["R-DENSE-STEP"]),
     ("n_dense_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_dense_on_f64", ["R-ENCODING.DTYPE"]),
-    # -- ctx-delta (§8.6)
+    # -- ctx-delta-as (§8.8)
     ("y_ctxas_*", ["R-CTXAS", "R-CTX"]), ("n_ctxas_axis_*", ["R-CTXAS-PARAMS.AXIS"]),
     ("n_ctxas_one_*", ["R-CTXAS-PARAMS.ONE"]), ("n_ctxas_period_*", ["R-CTXAS-PARAMS.PERIOD"]),
     ("n_ctxas_phase_*", ["R-CTXAS-PARAMS.PHASE"]), ("n_ctxas_sbytes_*", ["R-CTXAS-PARAMS.SBYTES"]),
     ("n_ctxas_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxas_first_byte*", ["R-CTXAS-SIGNS.FIRST"]),
     ("n_ctxas_code_*", ["R-CTXAS-SIGNS.CODE"]), ("n_ctxas_past_end", ["R-CTXAS-SIGNS.PAST-END"]),
     ("n_ctxas_bytes_left", ["R-CTXAS-SIGNS.LENGTH"]), ("n_ctxas_rank_beyond_class", ["R-CTX-RANK"]),
-("n_ctxas_step_out_of_range", ["R-CTX-STEP"]),
+    ("n_ctxas_step_out_of_range", ["R-CTX-STEP"]),
     ("n_ctxas_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxas_on_f64", ["R-ENCODING.DTYPE"]),
+    # -- ctx-delta (§8.6)
     ("y_ctx_*", ["R-CTX"]), ("n_ctx_classes_*", ["R-CTX-CLASSES"]),
     ("n_ctx_threshold_zero*", ["R-CTX-PARAMS.T-MIN"]), ("n_ctx_thresholds_*", ["R-CTX-PARAMS.T-INCREASING"]),
     ("n_ctx_threshold_too_big*", ["R-CTX-PARAMS.T-MAX"]), ("n_ctx_changed_*", ["R-CTX-PARAMS.C"]),
