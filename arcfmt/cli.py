@@ -530,7 +530,8 @@ def cmd_inspect(args) -> int:
     base_step = dash if d["base_step"] is None else d["base_step"]
     print(f"arcfmt {d['format_version']} · {d['kind']} · {_fmt_bytes(d['file_bytes'])} · step {base_step} → "
           f"{d['target_step'] if d['target_step'] is not None else dash} · {len(d['tensors'])} tensors · "
-          f"index {_fmt_bytes(d['index_bytes'])}" + (" · names prefixed" if d["prefixed_names"] else ""))
+          f"index {_fmt_bytes(d['index_bytes'])}" + (" compact" if d["compact_index"] else "")
+          + (" · names prefixed" if d["prefixed_names"] else ""))
     print(f"base digest {dash if keyframe else d['base_digest']}  target digest {d['target_digest']}")
     for t in d["tensors"]:
         t["name"] = _shown(t["name"])

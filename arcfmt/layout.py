@@ -65,7 +65,7 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
-MINOR = 4
+MINOR = 5
 NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
 RECORD_TYPE_SIZE = 4   # a record type: four ASCII letters (§5)
 DIGEST_SIZE = 16       # a model digest, xxh3-128 (§13.2), as the index holds it (§10)
@@ -94,6 +94,8 @@ def is_critical(rtype: bytes) -> bool:
     return _CRITICAL_FIRST <= rtype[0] <= _CRITICAL_LAST
 
 
+# Header flags
+COMPACT_INDEX = 0x01   # (1.5) the index lists sizes only: TENS/BLCK offsets derived, no checksum columns (§10.1)
 # TENS flags
 NEEDS_BASE = 0x01
 # META flags
@@ -562,6 +564,16 @@ IndexBody = Struct(
     "other_types" / NumpyColumn(this.other_count, f"S{RECORD_TYPE_SIZE}"),
     "_end" / Tell,
 )
+
+# The columns a compact index (header flag COMPACT_INDEX, §10.1) leaves out: the offsets it derives
+# from the sizes, and the checksums the records carry themselves.
+FULL_INDEX_ONLY = ("tens_offsets", "tens_checksums", "blk_offsets", "blk_checksums")
+CompactIndexBody = Struct(*(sc for sc in IndexBody.subcons if sc.name not in FULL_INDEX_ONLY))
+
+
+def index_body(compact: bool) -> Struct:
+    """The index body's layout: full, or compact (header flag ``COMPACT_INDEX``, §10)."""
+    return CompactIndexBody if compact else IndexBody
 
 
 def parse(struct: Construct, data: bytes, what: str, **params: object) -> Container:

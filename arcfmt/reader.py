@@ -106,16 +106,15 @@ class DeltaReader:
         size = self.source.size
         if size < L.HEADER_SIZE:
             records.check_header(self.source.read(0, size))
-        self.version = records.check_header(self.source.read(0, L.HEADER_SIZE))
+        header = records.check_header(self.source.read(0, L.HEADER_SIZE))
+        self.version = header.version
         if size < L.MIN_FILE_SIZE:
             raise TruncatedError(f"file of {size} bytes is shorter than the smallest arcfmt file ({L.MIN_FILE_SIZE})")
         trailer = records.check_trailer(self.source.read(size - L.TRAILER_SIZE, L.TRAILER_SIZE), size)
-        if (trailer.major, trailer.minor) != self.version:
-            raise CorruptError(f"header says version {self.version[0]}.{self.version[1]}, trailer "
-                               f"{trailer.major}.{trailer.minor}")
+        records.trailer_agrees(trailer, header)
         self.index_offset = trailer.index_offset
         head, payload = self._read_record(trailer.index_offset, trailer.index_size, L.INDX)
-        self.index = records.parse_index(payload, trailer.index_offset)
+        self.index = records.parse_index(payload, trailer.index_offset, header.compact_index)
         for o in self.index.others:  # learn the true type of every record the index lists (§12.1 step 4)
             head = records.parse_record_head(self.source.read(o.offset, L.RECORD_HEADER_SIZE), o.offset)
             if head.type != o.type or head.length != o.size - L.RECORD_HEADER_SIZE:
@@ -365,7 +364,8 @@ class DeltaReader:
                 encodings=sorted({b["encoding"] for b in blocks}), blocks=blocks))
         return dict(
             format_version=f"{self.version[0]}.{self.version[1]}", file_bytes=self.source.size,
-            prefixed_names=self.meta.prefixed_names, base_step=self.base_step, target_step=self.target_step,
+            prefixed_names=self.meta.prefixed_names, compact_index=self.index.compact,
+            base_step=self.base_step, target_step=self.target_step,
             base_digest=self.base_digest.hex(), target_digest=self.target_digest.hex(),
             index_bytes=self.source.size - L.TRAILER_SIZE - self.index_offset, tensors=tensors)
 
@@ -482,7 +482,8 @@ class StreamReader:
                 break
             head += more
         self._pos = len(head)
-        self.version = records.check_header(head)  # a short header is `truncated` or `bad_magic` (§12.1)
+        header = records.check_header(head)  # a short header is `truncated` or `bad_magic` (§12.1)
+        self.version = header.version
         offset, head, payload = self._record()
         if head.type != L.META:
             raise CorruptError(f"first record at offset {offset} is {head.type!r}, not META")
@@ -498,7 +499,7 @@ class StreamReader:
                 raise CorruptError(f"BLCK at offset {offset} before any TENS record, or after its tensor's "
                                    f"last block")
             if head.type == L.INDX:
-                index = records.parse_index(payload, offset)
+                index = records.parse_index(payload, offset, header.compact_index)
                 break
             th = records.parse_tensor(payload, f"TENS at offset {offset}", self.meta.prev_name(seen, len(seen)))
             raw = th.name.encode("utf-8")
@@ -521,8 +522,14 @@ class StreamReader:
         if self._f.read(1):
             raise CorruptError(f"data after the trailer at offset {end}")
         trailer = records.check_trailer(trailer_bytes, end)
-        if (trailer.major, trailer.minor) != self.version or trailer.index_offset != offset:
-            raise CorruptError("trailer does not match the header version or the index position")
+        records.trailer_agrees(trailer, header)
+        if trailer.index_offset != offset:
+            raise CorruptError(f"the trailer places the index at {trailer.index_offset}, not at {offset}")
+        if index.compact:   # a compact index lists no checksums to compare (§12.2 step 6)
+            for e in seen:
+                e.tens_checksum = None
+                for ref in e.blocks:
+                    ref.checksum = None
         if [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in index.entries] != \
                 [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in seen] \
                 or index.others != self._others:

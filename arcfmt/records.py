@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -33,12 +33,24 @@ _CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
 
 # ------------------------------------------------------------------------------------ header/trailer
 
-def build_header() -> bytes:
-    out: bytes = L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=0))
+def build_header(compact_index: bool = True) -> bytes:
+    flags = L.COMPACT_INDEX if compact_index else 0
+    out: bytes = L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=flags))
     return out
 
 
-def check_header(data: BytesLike) -> tuple[int, int]:
+class FileHead(NamedTuple):
+    """A checked file header (§4): the version, and whether the index is compact (§10.1)."""
+    major: int
+    minor: int
+    compact_index: bool
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.major, self.minor
+
+
+def check_header(data: BytesLike) -> FileHead:
     if len(data) < L.HEADER_SIZE:
         if bytes(data[:len(L.MAGIC)]) == L.MAGIC[:len(data)]:
             raise TruncatedError(f"file ends inside the {L.HEADER_SIZE}-byte header (at byte {len(data)})")
@@ -48,14 +60,15 @@ def check_header(data: BytesLike) -> tuple[int, int]:
         raise BadMagicError(f"not an arcfmt file: magic {h.magic!r} at offset 0")
     if h.major != L.MAJOR:
         raise UnsupportedVersionError(f"format version {h.major}.{h.minor}: this decoder reads major version {L.MAJOR}")
-    if h.flags:
-        raise ReservedBitsError(f"header flags 0x{h.flags:08x} at offset 12: reserved bits must be zero")
-    return h.major, h.minor
+    if h.flags & ~L.COMPACT_INDEX:
+        raise ReservedBitsError(f"header flags 0x{h.flags:08x} at offset 12: reserved bits "
+                                f"0x{h.flags & ~L.COMPACT_INDEX:08x} must be zero")
+    return FileHead(h.major, h.minor, bool(h.flags & L.COMPACT_INDEX))
 
 
-def build_trailer(index_offset: int, index_size: int) -> bytes:
+def build_trailer(index_offset: int, index_size: int, compact_index: bool = True) -> bytes:
     fields = dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
-                  flags=0, checksum=0, magic=L.TRAILER_MAGIC)
+                  flags=L.COMPACT_INDEX if compact_index else 0, checksum=0, magic=L.TRAILER_MAGIC)
     fields["checksum"] = record_checksum(L.Trailer.build(fields)[:L.TRAILER_CHECKED_SIZE], b"")
     out: bytes = L.Trailer.build(fields)
     return out
@@ -72,6 +85,15 @@ class TrailerFields(Protocol):
     magic: bytes
 
 
+def trailer_agrees(t: TrailerFields, header: FileHead) -> None:
+    """§11's last checks: the trailer's version and COMPACT_INDEX bit are the header's (``corrupt``)."""
+    if (t.major, t.minor) != header.version:
+        raise CorruptError(f"header says version {header.major}.{header.minor}, trailer {t.major}.{t.minor}")
+    if bool(t.flags & L.COMPACT_INDEX) != header.compact_index:
+        raise CorruptError(f"the header's COMPACT_INDEX bit is {int(header.compact_index)}, the trailer's "
+                           f"{t.flags & L.COMPACT_INDEX}")
+
+
 def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
     t: TrailerFields = L.parse_trailer(data)
     if t.magic != L.TRAILER_MAGIC:
@@ -81,8 +103,9 @@ def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
     if t.major != L.MAJOR:
         raise UnsupportedVersionError(
             f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
-    if t.flags:
-        raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits must be zero")
+    if t.flags & ~L.COMPACT_INDEX:
+        raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits 0x{t.flags & ~L.COMPACT_INDEX:08x} "
+                                f"must be zero")
     if t.index_offset < L.FIRST_RECORD_OFFSET or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
         raise CorruptError(f"trailer points at an index [{t.index_offset}, +{t.index_size}) that does not end "
                            f"where the trailer starts ({file_size - L.TRAILER_SIZE})")
@@ -389,7 +412,7 @@ def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> lis
 class BlockRef:
     offset: int
     size: int
-    checksum: int
+    checksum: int | None   # None: a compact index lists none (§10.1)
     encoding: int
 
 
@@ -398,7 +421,7 @@ class IndexEntry:
     name: str
     tens_offset: int
     tens_size: int
-    tens_checksum: int
+    tens_checksum: int | None   # None: a compact index lists none (§10.1)
     blocks: list[BlockRef]
 
 
@@ -415,12 +438,13 @@ class Index:
     target_digest: bytes
     entries: list[IndexEntry]  # file order
     others: list[OtherRecord] = field(default_factory=list)  # every record that is not META/TENS/BLCK/INDX
+    compact: bool = False      # laid out without offsets and checksums (header flag COMPACT_INDEX, §10.1)
 
 
 def build_index(index: Index) -> bytes:
     names = [e.name.encode("utf-8") for e in index.entries]
     blocks = [b for e in index.entries for b in e.blocks]
-    body = L.IndexBody.build(dict(
+    body = L.index_body(index.compact).build(dict(
         base_digest=index.base_digest, target_digest=index.target_digest,
         tensor_count=len(index.entries), block_count=len(blocks),
         name_lengths=[len(n) for n in names], names=b"".join(names),
@@ -436,7 +460,9 @@ def build_index(index: Index) -> bytes:
     return out
 
 
-def parse_index(payload: BytesLike, index_offset: int) -> Index:
+def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) -> Index:
+    """The index (§10) of a file whose INDX record is at ``index_offset``; ``compact``: the header has
+    COMPACT_INDEX, and the TENS and BLCK offsets are derived from the sizes (§10.1)."""
     where = f"INDX at offset {index_offset}"
     p = L.parse(L.IndexPayload, bytes(payload), where)
     if p.body_length > L.MAX_INDEX_BYTES:
@@ -444,7 +470,7 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
     if p.codec not in codecs.NAMES:
         raise UnsupportedError(f"{where}: unknown codec id {p.codec}")
     body = bytes(codecs.decode(p.codec, p.body, p.body_length))
-    b = L.parse(L.IndexBody, body, where)
+    b = L.parse(L.index_body(compact), body, where)
     if b._end != len(body):
         raise CorruptError(f"{where}: {len(body) - b._end} bytes left over after the index body")
     if b.name_lengths.size and int(b.name_lengths.max()) > L.MAX_NAME_BYTES:
@@ -456,14 +482,21 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
         raise LimitError(f"{where}: a tensor has more than MAX_BLOCKS_PER_TENSOR blocks")
     ends = np.cumsum(counts.astype(np.int64))
     starts = ends - counts.astype(np.int64)
-    check_tiling(b, index_offset, where)
+    if compact:
+        tens_offsets, blk_offsets = derive_offsets(b, starts, index_offset, where)
+        tens_checksums: list[int | None] = [None] * b.tensor_count
+        blk_checksums: list[int | None] = [None] * b.block_count
+    else:
+        check_tiling(b, index_offset, where)
+        tens_offsets, blk_offsets = b.tens_offsets, b.blk_offsets
+        tens_checksums, blk_checksums = b.tens_checksums.tolist(), b.blk_checksums.tolist()
     # File order: TENS(0), its blocks in order, TENS(1), ... (SPEC.md §3)
     T = b.tensor_count
     seq = np.empty(T + b.block_count, np.uint64)
     tens_pos = starts + np.arange(T, dtype=np.int64)
-    seq[tens_pos] = b.tens_offsets
+    seq[tens_pos] = tens_offsets
     owner = np.repeat(np.arange(T, dtype=np.int64), counts.astype(np.int64))
-    seq[np.arange(b.block_count, dtype=np.int64) + owner + 1] = b.blk_offsets
+    seq[np.arange(b.block_count, dtype=np.int64) + owner + 1] = blk_offsets
     if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
         raise CorruptError(f"{where}: tensors and blocks are not located in file order")
     for t in b.other_types.tolist():
@@ -478,10 +511,10 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
     seen = set()
     pos = 0
     # every column as Python ints once (a numpy slice and tolist per tensor cost more than the rest)
-    blk = list(map(BlockRef, b.blk_offsets.tolist(), b.blk_sizes.tolist(), b.blk_checksums.tolist(),
+    blk = list(map(BlockRef, blk_offsets.tolist(), b.blk_sizes.tolist(), blk_checksums,
                    b.blk_encodings.tolist()))
-    bounds = zip(b.name_lengths.tolist(), starts.tolist(), ends.tolist(), b.tens_offsets.tolist(),
-                 b.tens_sizes.tolist(), b.tens_checksums.tolist())
+    bounds = zip(b.name_lengths.tolist(), starts.tolist(), ends.tolist(), tens_offsets.tolist(),
+                 b.tens_sizes.tolist(), tens_checksums)
     # no control character in any name, none empty: each then needs only its UTF-8 and reserved checks
     plain = not _CONTROL_RE.search(names) and not (b.name_lengths == 0).any()
     text = names.decode("ascii") if plain and names.isascii() else None  # all ASCII: names are slices of it
@@ -505,7 +538,7 @@ def parse_index(payload: BytesLike, index_offset: int) -> Index:
         entries.append(IndexEntry(name, to, ts, tc, blk[s0:e0]))
     others = [OtherRecord(int(o), int(z), bytes(t)) for o, z, t in zip(
         b.other_offsets.tolist(), b.other_sizes.tolist(), b.other_types.tolist())]
-    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others)
+    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others, compact)
 
 
 class IndexColumns(Protocol):
@@ -518,12 +551,62 @@ class IndexColumns(Protocol):
     other_sizes: np.ndarray
 
 
+def _check_sizes(sizes: np.ndarray, where: str) -> None:
+    """§10 check 4: every located record's size lies in [16, 16 + MAX_RECORD_PAYLOAD]."""
+    if (sizes < L.RECORD_HEADER_SIZE).any() or (sizes > L.RECORD_HEADER_SIZE + L.MAX_RECORD_PAYLOAD).any():
+        raise CorruptError(f"{where}: a record size is out of range")
+
+
+def derive_offsets(b: Any, starts: np.ndarray, index_offset: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The TENS and BLCK offsets of a compact index (§10.1), and its checks 4 and 5.
+
+    The walk of §10.1 in closed form: in file order the located records' sizes add up to ``cum``;
+    other record ``j`` is reached only where ``cum`` is exactly its offset less 52 and less the other
+    records before it (``reach[j]``), at a place no earlier than the one before it; every located
+    record is then shifted by the other records reached before it.
+    """
+    T, K = b.tensor_count, b.block_count
+    counts = b.tens_block_counts.astype(np.int64)
+    # the located records' sizes in file order: TENS(t), then its blocks
+    sizes = np.empty(T + K, np.int64)
+    tens_pos = starts + np.arange(T, dtype=np.int64)
+    owner = np.repeat(np.arange(T, dtype=np.int64), counts)
+    blk_pos = np.arange(K, dtype=np.int64) + owner + 1
+    sizes[tens_pos] = b.tens_sizes
+    sizes[blk_pos] = b.blk_sizes
+    other_sizes = b.other_sizes.astype(np.int64)
+    _check_sizes(np.concatenate([sizes, other_sizes]), where)
+    cum = np.zeros(T + K + 1, np.int64)   # at most ~2^26 records of at most ~2^28 bytes: no wrap
+    np.cumsum(sizes, out=cum[1:])
+    other_offsets = b.other_offsets
+    if other_offsets.size and int(other_offsets.max()) > index_offset:
+        raise CorruptError(f"{where}: an other record's offset lies past the index")
+    before = np.zeros(other_sizes.size, np.int64)   # the other records' bytes before each one
+    if other_sizes.size:
+        np.cumsum(other_sizes[:-1], out=before[1:])
+    reach = other_offsets.astype(np.int64) - L.FIRST_RECORD_OFFSET - before
+    at = np.searchsorted(cum, reach)          # how many located records come before other record j
+    found = (at <= T + K) & (cum[np.minimum(at, T + K)] == reach)
+    if not found.all() or (at.size > 1 and (np.diff(at) < 0).any()):
+        j = int(np.argmin(found)) if not found.all() else int(np.argmax(np.diff(at) < 0)) + 1
+        raise CorruptError(f"{where}: other record {j} (offset {int(other_offsets[j])}) does not start where "
+                           f"the records before it end (SPEC §10.1)")
+    end = L.FIRST_RECORD_OFFSET + int(cum[-1]) + int(other_sizes.sum())
+    if end != index_offset:
+        raise CorruptError(f"{where}: the records it lists end at {end}, not at the index ({index_offset}) "
+                           f"(SPEC §10.1)")
+    # each located record moves by the other records reached at or before its place
+    shift = np.zeros(T + K + 1, np.int64)
+    np.add.at(shift, at, other_sizes)
+    offsets = L.FIRST_RECORD_OFFSET + cum[:-1] + np.cumsum(shift)[:-1]
+    return offsets[tens_pos].astype(np.uint64), offsets[blk_pos].astype(np.uint64)
+
+
 def check_tiling(b: IndexColumns, index_offset: int, where: str) -> None:
     """The located records (TENS, BLCK, others) must cover [META end, index) exactly: no gap, no overlap."""
     offs = np.concatenate([b.tens_offsets, b.blk_offsets, b.other_offsets]).astype(np.uint64)
     sizes = np.concatenate([b.tens_sizes, b.blk_sizes, b.other_sizes]).astype(np.uint64)
-    if (sizes < L.RECORD_HEADER_SIZE).any() or (sizes > L.RECORD_HEADER_SIZE + L.MAX_RECORD_PAYLOAD).any():
-        raise CorruptError(f"{where}: a record size is out of range")
+    _check_sizes(sizes, where)
     order = np.argsort(offs, kind="stable")
     offs, sizes = offs[order], sizes[order]
     start = L.FIRST_RECORD_OFFSET

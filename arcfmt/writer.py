@@ -204,14 +204,16 @@ class DeltaWriter:
 
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
                  effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
-                 force_codec: str | None = None):
+                 force_codec: str | None = None, compact_index: bool = True):
         """Start a file: its header and META record (``base_step`` → ``target_step``) are written now.
 
         ``block_elems``: elements per block (the unit of parallelism and of random access);
         ``effort``: ``"fast"``, ``"default"`` or ``"max"`` (codec trials per stream); ``workers``:
         encoding threads (default: up to 8); ``note``: a free-text ``NOTE`` record.
         ``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
-        encoding and every stream to one codec: for tests and conformance vectors, not for size."""
+        encoding and every stream to one codec: for tests and conformance vectors, not for size.
+        ``compact_index=False`` writes the index with its offset and checksum columns, as before 1.5
+        (SPEC.md §10): for vectors and for readers of 1.4."""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
                                      or not 0 <= step < L.NO_STEP):
@@ -240,7 +242,8 @@ class DeltaWriter:
         self.stats: list[TensorStats] = []
         self.closed = False
         self.size: int | None = None  # the file's, once closed
-        self._write(records.build_header())
+        self._compact_index = compact_index
+        self._write(records.build_header(compact_index))
         self._meta = records.Meta(base_step, target_step, prefixed_names=True)
         self._record(L.META, records.build_meta(self._meta))
         if note:
@@ -368,9 +371,10 @@ class DeltaWriter:
             assert self.size is not None
             return self.size
         base_digest = model_digest(self._base_entries) if self._base_entries else L.NO_BASE_DIGEST
-        index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others)
+        index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others,
+                              self._compact_index)
         off, size, _ = self._record(L.INDX, records.build_index(index))
-        self._write(records.build_trailer(off, size))
+        self._write(records.build_trailer(off, size, self._compact_index))
         self.closed = True
         self.size = self._pos
         return self._pos

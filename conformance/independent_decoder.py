@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.4 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.5 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -102,6 +102,31 @@ start (first byte 0, then the code below 2^32 - 1) in place of stream 2's paddin
 signs are range-decoded in class order (a byte beyond sbytes `corrupt` when it is needed), then the
 bytes read must be exactly sbytes; then §8.6 steps 4-5.  The header/trailer minor version needs no
 change: any minor is read (§4, §16), 4 included (§4's table still says "3 for this version").
+
+Version 1.5 (header flag COMPACT_INDEX, §4, §10, §10.1): no ASSUMPTION.  check_header tests bit 0 of
+the header's flags as COMPACT_INDEX and refuses only bits 1-31 (`reserved_bits`, R-HEADER-FLAGS), in
+§4's place (after magic and major); the flag is honoured whatever the minor version (§4 now says 5;
+any value is read).  A file without the flag is read exactly as in 1.4.  With it, both ways:
+  - parse_index reads the body without the four columns marked † in §10 (tens_offsets,
+    tens_checksums, blk_offsets, blk_checksums), the others in the same order; checks 1-4 as before;
+    check 5 is the walk of §10.1, made as its pseudo-code writes it (derive_compact_offsets), which
+    derives the TENS and BLCK offsets; its end condition "j = X and p = index_offset, else corrupt"
+    is two checks in that order, R-INDEX-COMPACT.OTHER then R-INDEX-COMPACT.END (both `corrupt`);
+    check 6 is not made (§10 check 6: the derived offsets are in file order by construction, each
+    size being at least 16 by check 4: it could never fail); checks 7-8 as before;
+  - random access (§12.1) locates TENS and BLCK records at the derived offsets and makes §5 check 3
+    without its last comparison (the checksum field against the index: there is no column,
+    R-RECORD-LOCATED.CHECKSUM binds a full index only); §5 check 5 still verifies each record;
+  - streaming (§12.2 step 6) compares the derived TENS / BLCK offsets, the sizes and the encodings
+    with the records seen, and no checksums; these are check sites of their own, beside the full
+    index's, so that the mutation gate (conformance/mutate.py) sees whether a vector of each kind
+    exercises them.
+The trailer repeats the bit (§11, 1.5): check_trailer refuses only its flag bits 1-31
+(`reserved_bits`, R-TRAILER-FLAGS) and, as the last of §11's checks, right after the version
+agreement (R-VERSIONS-AGREE), refuses a trailer COMPACT_INDEX bit that differs from the header's
+(`corrupt`, R-FLAGS-AGREE).  Random access makes it in §12.1 step 3, before the index is read (so the
+index is laid out as both say); streaming lays the index out as the header says (step 4) and makes
+it in step 5, after the index, before the trailer's index_offset is compared with the INDX record's.
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -697,8 +722,13 @@ class BaseCheckpoint:
 # --------------------------------------------------------------------------------------------
 # Header and trailer (SPEC §4, §11, §12.1 steps 1-3)
 
+HEADER_COMPACT_INDEX = 1  # §4 header flag bit 0 (1.5): the index has no offset / checksum columns (§10, §10.1)
+TRAILER_COMPACT_INDEX = 1  # §11 trailer flag bit 0 (1.5): COMPACT_INDEX again, must equal the header's bit 0
+
+
 def check_header(f):
-    """§12.1 step 1 (also §12.2 step 1): short files, then §4 in order."""
+    """§12.1 step 1 (also §12.2 step 1): short files, then §4 in order.  Returns (major, minor,
+    compact): compact is the header's COMPACT_INDEX flag (§4), which says how the index is laid out."""
     if f.size < HEADER_SIZE:
         data = f.read_at(0, f.size)
         if data[:min(f.size, 8)] == MAGIC[:min(f.size, 8)]:
@@ -711,13 +741,16 @@ def check_header(f):
     # Any minor is accepted (§4, §16); only the header/trailer agreement is checked (§11).
     if major != 1:
         fail("unsupported_version", f"major version {major}")
-    if flags != 0:
-        fail("reserved_bits", f"header flags 0x{flags:08x}")
-    return major, minor
+    # §4 (1.5): bit 0 is COMPACT_INDEX; bits 1-31 stay reserved (R-HEADER-FLAGS, `reserved_bits`).
+    if flags & ~HEADER_COMPACT_INDEX:
+        fail("reserved_bits", f"header flags 0x{flags:08x} (reserved bits 0x{flags & ~HEADER_COMPACT_INDEX:08x})")
+    return major, minor, bool(flags & HEADER_COMPACT_INDEX)
 
 
-def check_trailer(data, file_size, header_major, header_minor):
-    """§11 checks, in order, on the 40 trailer bytes; returns (index_offset, index_size)."""
+def check_trailer(data, file_size, header_major, header_minor, header_compact):
+    """§11 checks, in order, on the 40 trailer bytes; returns (index_offset, index_size).
+    header_compact: the header's COMPACT_INDEX bit (§4), which the trailer's bit 0 must equal
+    (R-FLAGS-AGREE, the last check, after the version agreement)."""
     assert len(data) == TRAILER_SIZE
     if data[32:40] != TRAILER_MAGIC:
         fail("truncated", "no trailer magic at the end of the file (cut off or damaged)")
@@ -726,8 +759,9 @@ def check_trailer(data, file_size, header_major, header_minor):
         fail("checksum", "trailer checksum mismatch")
     if major != 1:
         fail("unsupported_version", f"trailer major version {major}")
-    if flags != 0:
-        fail("reserved_bits", f"trailer flags 0x{flags:08x}")
+    # §11 (1.5): bit 0 is COMPACT_INDEX; bits 1-31 stay reserved (R-TRAILER-FLAGS, `reserved_bits`).
+    if flags & ~TRAILER_COMPACT_INDEX:
+        fail("reserved_bits", f"trailer flags 0x{flags:08x} (reserved bits 0x{flags & ~TRAILER_COMPACT_INDEX:08x})")
     if index_size < 16:
         fail("corrupt", f"trailer: index_size {index_size} < 16")
     if index_offset < FIRST_RECORD_OFFSET:
@@ -735,9 +769,14 @@ def check_trailer(data, file_size, header_major, header_minor):
     if index_offset + index_size != file_size - TRAILER_SIZE:
         fail("corrupt", f"trailer: index_offset + index_size = {index_offset + index_size} != "
                         f"file size - 40 = {file_size - TRAILER_SIZE}")
+    # R-VERSIONS-AGREE
     if major != header_major or minor != header_minor:
         fail("corrupt", f"trailer version {major}.{minor} != header version "
                         f"{header_major}.{header_minor}")
+    # R-FLAGS-AGREE (§11, 1.5): "and so does the COMPACT_INDEX bit" -- the last trailer check.
+    trailer_compact = bool(flags & TRAILER_COMPACT_INDEX)
+    if trailer_compact != header_compact:
+        fail("corrupt", f"trailer COMPACT_INDEX bit {int(trailer_compact)} != header's {int(header_compact)}")
     return index_offset, index_size
 
 
@@ -748,7 +787,8 @@ def read_located_record(f, offset, size, expected_type, expected_checksum=None):
     """Random access: read a record located by the index (or trailer / fixed offset) with the
     §5 checks 1-5 in order: type letters (corrupt), length limit (limit), type / length /
     checksum field agree with the locator (corrupt), payload present (truncated), checksum
-    (checksum)."""
+    (checksum).  expected_checksum None: no checksum to compare the field with (INDX, META, and
+    every record of a file with COMPACT_INDEX: §5 check 3 "this last comparison is not made")."""
     what = f"{expected_type.decode()} record at offset {offset}"
     hdr = f.read_at(offset, 16)
     if len(hdr) != 16:
@@ -1400,9 +1440,13 @@ class Index:
     pass
 
 
-def parse_index(payload, index_offset):
+def parse_index(payload, index_offset, compact=False):
     """§10 'Checks, in this order'.  index_offset: where the INDX record is (trailer's value in
-    random access, the record's own offset when streaming, §12.2 step 4)."""
+    random access, the record's own offset when streaming, §12.2 step 4).  compact: the header has
+    COMPACT_INDEX (§4): the body lacks the four columns marked † in §10 (tens_offsets,
+    tens_checksums, blk_offsets, blk_checksums); check 5 is then the walk of §10.1, which derives
+    the TENS and BLCK offsets (ix.tens_offsets, ix.blk_offsets), and ix.tens_checksums /
+    ix.blk_checksums are None (no column to compare a record's checksum field with, §5 check 3)."""
     c = Cursor(payload, "INDX")
     codec = c.u8("codec")
     body_length = c.varint("body_length")
@@ -1426,13 +1470,15 @@ def parse_index(payload, index_offset):
     ix.name_lengths = b.column(T, "I", "name_lengths")
     b.check_column(sum(ix.name_lengths), 1, "names")
     ix.names = [b.take(nl, f"names[{i}]") for i, nl in enumerate(ix.name_lengths)]
-    ix.tens_offsets = b.column(T, "Q", "tens_offsets")
+    # §10: with COMPACT_INDEX the columns marked † are absent; the others follow in the same order.
+    ix.compact = compact
+    ix.tens_offsets = None if compact else b.column(T, "Q", "tens_offsets")           # †
     ix.tens_sizes = b.column(T, "I", "tens_sizes")
-    ix.tens_checksums = b.column(T, "Q", "tens_checksums")
+    ix.tens_checksums = None if compact else b.column(T, "Q", "tens_checksums")       # †
     ix.tens_block_counts = b.column(T, "Q", "tens_block_counts")
-    ix.blk_offsets = b.column(K, "Q", "blk_offsets")
+    ix.blk_offsets = None if compact else b.column(K, "Q", "blk_offsets")             # †
     ix.blk_sizes = b.column(K, "I", "blk_sizes")
-    ix.blk_checksums = b.column(K, "Q", "blk_checksums")
+    ix.blk_checksums = None if compact else b.column(K, "Q", "blk_checksums")         # †
     ix.blk_encodings = b.column(K, "B", "blk_encodings")
     X = b.u32("other_count")
     if X > MAX_OTHER_RECORDS:
@@ -1462,29 +1508,35 @@ def parse_index(payload, index_offset):
         for i, s in enumerate(sizes):
             if not 16 <= s <= 16 + MAX_RECORD_PAYLOAD:
                 fail("corrupt", f"INDX: {label}[{i}] = {s} out of [16, 16 + MAX_RECORD_PAYLOAD]")
+    # 5. With COMPACT_INDEX (1.5): the derivation of §10.1 instead of the tiling (R-INDEX-COMPACT);
+    # it sets ix.tens_offsets and ix.blk_offsets.
+    if compact:
+        derive_compact_offsets(ix, index_offset)
     # 5. Tiling (exact integers: an "overflowing" sum simply fails to tile).
-    spans = sorted(list(zip(ix.tens_offsets, ix.tens_sizes)) + list(zip(ix.blk_offsets, ix.blk_sizes))
-                   + list(zip(ix.other_offsets, ix.other_sizes)))
-    pos = FIRST_RECORD_OFFSET
-    for o, s in spans:
-        if o != pos:
-            fail("corrupt", f"INDX: records do not tile the file (record at {o}, expected {pos})")
-        if o + s >= 2 ** 64:
-            fail("corrupt", f"INDX: record at {o} of size {s} overflows 64 bits")
-        pos = o + s
-    if pos != index_offset:
-        fail("corrupt", f"INDX: records end at {pos}, index is at {index_offset}")
-    # 6. Order.
+    else:
+        spans = sorted(list(zip(ix.tens_offsets, ix.tens_sizes)) + list(zip(ix.blk_offsets, ix.blk_sizes))
+                       + list(zip(ix.other_offsets, ix.other_sizes)))
+        pos = FIRST_RECORD_OFFSET
+        for o, s in spans:
+            if o != pos:
+                fail("corrupt", f"INDX: records do not tile the file (record at {o}, expected {pos})")
+            if o + s >= 2 ** 64:
+                fail("corrupt", f"INDX: record at {o} of size {s} overflows 64 bits")
+            pos = o + s
+        if pos != index_offset:
+            fail("corrupt", f"INDX: records end at {pos}, index is at {index_offset}")
+    # 6. Order.  With COMPACT_INDEX the offsets derived by check 5 are in file order by
+    # construction (§10 check 6, §10.1: every size is at least 16, check 4): nothing to check.
     ix.block_base = []
     k = 0
     prev = -1
     for t in range(T):
         ix.block_base.append(k)
-        if ix.tens_offsets[t] <= prev:
+        if not compact and ix.tens_offsets[t] <= prev:
             fail("corrupt", f"INDX: TENS #{t} is out of file order")
         prev = ix.tens_offsets[t]
         for _ in range(ix.tens_block_counts[t]):
-            if ix.blk_offsets[k] <= prev:
+            if not compact and ix.blk_offsets[k] <= prev:
                 fail("corrupt", f"INDX: BLCK #{k} is out of file order")
             prev = ix.blk_offsets[k]
             k += 1
@@ -1504,6 +1556,42 @@ def parse_index(payload, index_offset):
             fail("corrupt", f"INDX: duplicate tensor name {name!r}")
         seen.add(name)
     return ix
+
+
+def derive_compact_offsets(ix, index_offset):
+    """§10 check 5 with COMPACT_INDEX: the walk of §10.1, as written.  Sets ix.tens_offsets and
+    ix.blk_offsets.  Runs after check 4 (every size in [16, 16 + MAX_RECORD_PAYLOAD]) and check 3
+    (tens_block_counts sum to K), so every offset derived is at least 16 past the one before and
+    the loop reads exactly the K blk_sizes.  Exact integers; §10.1: nothing nears 2^64."""
+    p = FIRST_RECORD_OFFSET
+    j = 0  # the next other record, in index order
+    ix.tens_offsets, ix.blk_offsets = [], []
+    k = 0
+    for t in range(ix.T):  # TENS(0), BLCK(0, 0 .. B_0 - 1), TENS(1), ... in that order
+        while j < ix.X and ix.other_offsets[j] == p:
+            p += ix.other_sizes[j]
+            j += 1
+        ix.tens_offsets.append(p)
+        p += ix.tens_sizes[t]
+        for _ in range(ix.tens_block_counts[t]):
+            while j < ix.X and ix.other_offsets[j] == p:
+                p += ix.other_sizes[j]
+                j += 1
+            ix.blk_offsets.append(p)
+            p += ix.blk_sizes[k]
+            k += 1
+    while j < ix.X and ix.other_offsets[j] == p:
+        p += ix.other_sizes[j]
+        j += 1
+    # "j = X and p = index_offset, else corrupt", in that order (R-INDEX-COMPACT).
+    # R-INDEX-COMPACT.OTHER: every other record starts where the records before it end (all X are
+    # reached); a gap, an overlap, an offset past the index or others out of file order stop the walk.
+    if j != ix.X:
+        fail("corrupt", f"INDX (compact): other record #{j} at offset {ix.other_offsets[j]} is not "
+                        f"where the records before it end ({p})")
+    # R-INDEX-COMPACT.END: the records end at index_offset.
+    if p != index_offset:
+        fail("corrupt", f"INDX (compact): the record sizes end at {p}, index is at {index_offset}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1577,22 +1665,28 @@ def report(tensors):
 
 def decode_random_access(path, base):
     f = InputFile(path)
-    major, minor = check_header(f)                                          # step 1
+    major, minor, compact = check_header(f)                                 # step 1
     if f.size < MIN_FILE_SIZE:                                              # step 2
         fail("truncated", f"file is {f.size} bytes, shorter than the minimum {MIN_FILE_SIZE}")
     trailer = f.read_at(f.size - TRAILER_SIZE, TRAILER_SIZE)                # step 3
-    index_offset, index_size = check_trailer(trailer, f.size, major, minor)
+    # §11, before the index (§12.1 step 3 < step 4): R-FLAGS-AGREE is checked here, so the index is
+    # laid out as header and trailer both say.
+    index_offset, index_size = check_trailer(trailer, f.size, major, minor, compact)
     payload = read_located_record(f, index_offset, index_size, b"INDX")     # step 4
-    ix = parse_index(payload, index_offset)
+    ix = parse_index(payload, index_offset, compact)
     check_other_headers(f, ix)
     payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
     prefixed = parse_meta(payload)
     # The payloads of the other records are not read (§5: a random-access decoder need not read
     # the payload of records it does not use); their headers were checked in step 4.
+    # §5 check 3: with COMPACT_INDEX the index holds no checksums and the record's checksum field is
+    # not compared with it (R-RECORD-LOCATED.CHECKSUM binds a full index only); ix.*_checksums are
+    # None then, and read_located_record skips that comparison.  Type and length are still compared,
+    # and §5 check 5 still verifies the record's own checksum.  The offsets are those derived (§10.1).
     tensors = []                                                            # step 6
     for t in range(ix.T):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
-                                      ix.tens_checksums[t])
+                                      None if ix.compact else ix.tens_checksums[t])
         # §7: in random access the previous name is the index's (checked, §10 check 8)
         ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"")
         if ti.name_bytes != ix.names[t]:
@@ -1608,7 +1702,7 @@ def decode_random_access(path, base):
         for b in range(ti.B):
             k = ix.block_base[t] + b
             payload = read_located_record(f, ix.blk_offsets[k], ix.blk_sizes[k], b"BLCK",
-                                          ix.blk_checksums[k])
+                                          None if ix.compact else ix.blk_checksums[k])
             builder.add_block(t, payload, ix.blk_encodings[k])
         builders.append(builder)
     for builder in builders:                                                # step 8
@@ -1622,7 +1716,8 @@ def check_other_headers(f, ix):
     lists, in index order: §5 checks 1 (type letters, `corrupt`) and 2 (length limit, `limit`),
     then its type must equal other_types[i] and its length other_sizes[i] - 16 (`corrupt`). The
     checksum field and payload are not read. The tiling check (§10 check 5) put every such header
-    inside [52, index_offset), so it is present."""
+    inside [52, index_offset), so it is present; with COMPACT_INDEX the walk of §10.1 (check 5
+    then) did the same: it reached every other record, between 52 and index_offset."""
     for i in range(ix.X):
         offset, size, expected = ix.other_offsets[i], ix.other_sizes[i], ix.other_types[i]
         hdr = f.read_at(offset, 16)
@@ -1665,7 +1760,7 @@ class SeqReader:
 
 def decode_streaming(path, base):
     f = InputFile(path)
-    major, minor = check_header(f)                                          # step 1
+    major, minor, compact = check_header(f)                                 # step 1
     r = SeqReader(path)
     r.read_exact(HEADER_SIZE, "the header")
     tensors = []
@@ -1741,14 +1836,17 @@ def decode_streaming(path, base):
                 builder.verify()
             continue
         assert typ == b"INDX"
-        ix = parse_index(payload, offset)                                   # step 4
-        check_trailer_streaming(r, f, offset, major, minor)                 # step 5
+        ix = parse_index(payload, offset, compact)                          # step 4
+        check_trailer_streaming(r, f, offset, major, minor, compact)        # step 5
         check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)  # step 6
         check_digests(ix, tensors)                                          # step 7
         return tensors
 
 
-def check_trailer_streaming(r, f, index_offset, major, minor):
+def check_trailer_streaming(r, f, index_offset, major, minor, compact):
+    """§12.2 step 5: the index was parsed (step 4) as the header's COMPACT_INDEX bit says; the
+    trailer's bit is compared with it here, after the index (R-FLAGS-AGREE, in check_trailer), then
+    the trailer's index_offset with the INDX record's offset."""
     trailer_at = r.pos
     left = f.size - trailer_at
     if left < TRAILER_SIZE:
@@ -1756,13 +1854,16 @@ def check_trailer_streaming(r, f, index_offset, major, minor):
     if left > TRAILER_SIZE:
         fail("corrupt", f"{left - TRAILER_SIZE} bytes follow the trailer")
     data = r.read_exact(TRAILER_SIZE, "the trailer")
-    t_off, _ = check_trailer(data, trailer_at + TRAILER_SIZE, major, minor)
+    t_off, _ = check_trailer(data, trailer_at + TRAILER_SIZE, major, minor, compact)
     if t_off != index_offset:
         fail("corrupt", f"trailer index_offset {t_off} != offset of the INDX record {index_offset}")
 
 
 def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
-    """§12.2 step 6, with §10 "Later": each TENS record's B equals tens_block_counts[t]."""
+    """§12.2 step 6, with §10 "Later": each TENS record's B equals tens_block_counts[t].  With
+    COMPACT_INDEX (1.5) the TENS and BLCK offsets compared are those derived by §10.1 (parse_index,
+    check 5), and there are no checksums to compare: those entries are compared by checks of their
+    own (R-STREAM-CROSSCHECK.TENS / .BLCK without the checksum)."""
     if ix.T != len(tensors):
         fail("corrupt", f"INDX: {ix.T} tensors, {len(tensors)} TENS records seen")
     if ix.K != len(seen_blck):
@@ -1772,12 +1873,22 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
     for t, ti in enumerate(tensors):
         if ix.names[t] != ti.name_bytes:
             fail("corrupt", f"INDX: names[{t}] != {ti.name!r}")
-        if (ix.tens_offsets[t], ix.tens_sizes[t], ix.tens_checksums[t]) != seen_tens[t]:
+        if ix.compact:
+            # R-STREAM-CROSSCHECK.TENS, compact index: derived offset and size, no checksum.
+            if (ix.tens_offsets[t], ix.tens_sizes[t]) != seen_tens[t][0:2]:
+                fail("corrupt", f"INDX (compact): entry of TENS {ti.name!r} does not match the record")
+        # R-STREAM-CROSSCHECK.TENS, full index: offset, size and checksum.
+        elif (ix.tens_offsets[t], ix.tens_sizes[t], ix.tens_checksums[t]) != seen_tens[t]:
             fail("corrupt", f"INDX: entry of TENS {ti.name!r} does not match the record")
         if ix.tens_block_counts[t] != ti.B:
             fail("corrupt", f"INDX: block count of {ti.name!r} does not match")
     for k, (off, size, csum, enc) in enumerate(seen_blck):
-        if (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_checksums[k], ix.blk_encodings[k]) != \
+        if ix.compact:
+            # R-STREAM-CROSSCHECK.BLCK, compact index: derived offset, size and encoding, no checksum.
+            if (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_encodings[k]) != (off, size, enc):
+                fail("corrupt", f"INDX (compact): entry of BLCK #{k} does not match the record")
+        # R-STREAM-CROSSCHECK.BLCK, full index: offset, size, checksum and encoding.
+        elif (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_checksums[k], ix.blk_encodings[k]) != \
                 (off, size, csum, enc):
             fail("corrupt", f"INDX: entry of BLCK #{k} does not match the record")
     for i, (off, size, typ) in enumerate(seen_other):

@@ -43,7 +43,17 @@ from arcfmt.errors import (
     WrongBaseError,
 )
 from support.data import StreamReader, assert_bit_exact, stream_decode
-from support.records import Rec, assemble, fix_trailer_checksum, parse_file, patch_trailer, tens_payload, u64, varint
+from support.records import (
+    FULL_INDEX_HEADER,
+    Rec,
+    assemble,
+    fix_trailer_checksum,
+    parse_file,
+    patch_trailer,
+    tens_payload,
+    u64,
+    varint,
+)
 
 # The categories of SPEC.md §15: a failure must be one of these exact classes (not ArcError itself).
 SPEC_CLASSES = {
@@ -293,6 +303,8 @@ def flip_expectations(d):
         ra_exp[i] = sr_exp[i] = {CorruptError}
     for i in range(12, 16):
         ra_exp[i] = sr_exp[i] = {ReservedBitsError}
+    if p.index.compact:  # bit 0 cleared: the compact body read as a full one (§10) does not fit it
+        ra_exp[12] = sr_exp[12] = {ReservedBitsError, CorruptError, LimitError}
     for r in p.recs:
         o, n = r.offset, r.size - 16   # as in the file (split gives whole TENS names)
         # a random-access reader reads only the 16-byte header of an ancillary record, and checks its
@@ -305,8 +317,9 @@ def flip_expectations(d):
         for i in range(o + 4, o + 8):  # length
             ra_exp[i] = {CorruptError, LimitError}
             sr_exp[i] = {ChecksumError, TruncatedError, LimitError, CorruptError}
-        for i in range(o + 8, o + 16):  # checksum field (TENS/BLCK: also compared with the index)
-            ra_exp[i] = ({ChecksumError} if r.type in (L.META, L.INDX) else {CorruptError}) if used else None
+        for i in range(o + 8, o + 16):  # checksum field (TENS/BLCK: also compared with a full index)
+            compared = r.type not in (L.META, L.INDX) and not p.index.compact
+            ra_exp[i] = ({CorruptError} if compared else {ChecksumError}) if used else None
             sr_exp[i] = {ChecksumError}
         for i in range(o + 16, o + 16 + n):  # payload: caught by the record checksum (§15)
             ra_exp[i] = {ChecksumError} if used else None
@@ -411,20 +424,49 @@ def test_trailer_checksum_is_xxh3_of_first_24_bytes(small_file):
 
 # ------------------------------------------------------------------------------------- reserved bits
 
-@pytest.mark.parametrize("bit", [0, 1, 7, 8, 31])
+def full_index(d: bytes):
+    """``d`` taken apart with a full index (offset and checksum columns, no COMPACT_INDEX, SPEC.md §10)."""
+    return parse_file(assemble(parse_file(d), header=FULL_INDEX_HEADER))
+
+
+@pytest.mark.parametrize("bit", [1, 7, 8, 31])
 @pytest.mark.parametrize("reader", READERS)
 def test_reserved_bits_header_flags(small_file, reader, bit):
     base, _, d = small_file
     f = bytearray(d)
-    f[12:16] = (1 << bit).to_bytes(4, "little")
+    f[12:16] = (1 << bit | 1).to_bytes(4, "little")
     expect(ReservedBitsError, reader, bytes(f), base)
 
 
-@pytest.mark.parametrize("bit", [0, 1, 7, 8, 31])
+@pytest.mark.parametrize("reader", READERS)
+def test_compact_index_flag_says_how_the_index_is_laid_out(small_file, reader):
+    """COMPACT_INDEX (header bit 0, §4, §10.1): both layouts decode the same; the flag on the other layout
+    leaves an index body that does not fit, refused before any tensor is decoded."""
+    base, target, d = small_file
+    assert parse_file(d).index.compact
+    full = assemble(full_index(d))
+    assert len(full) > len(d)
+    assert_bit_exact(reader(full, base), target)
+    for f, flags in ((d, 0), (full, 1)):
+        bad = bytearray(f)
+        bad[12:16] = flags.to_bytes(4, "little")
+        expect({CorruptError, LimitError}, reader, bytes(bad), base)
+
+
+@pytest.mark.parametrize("bit", [1, 7, 8, 31])   # bit 0 is COMPACT_INDEX (1.5), as in the header
 @pytest.mark.parametrize("reader", READERS)
 def test_reserved_bits_trailer_flags(small_file, reader, bit):
     base, _, d = small_file
-    expect(ReservedBitsError, reader, patch_trailer(d, 20, (1 << bit).to_bytes(4, "little")), base)
+    expect(ReservedBitsError, reader, patch_trailer(d, 20, (1 << bit | 1).to_bytes(4, "little")), base)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_trailer_compact_index_bit_must_be_the_headers(small_file, reader):
+    """§11: the trailer repeats the header's COMPACT_INDEX bit (a reader of the tail alone has only it)."""
+    base, _, d = small_file
+    expect(CorruptError, reader, patch_trailer(d, 20, bytes(4)), base)
+    full = assemble(full_index(d))
+    expect(CorruptError, reader, patch_trailer(full, 20, (1).to_bytes(4, "little")), base)
 
 
 @pytest.mark.parametrize("bit", [1, 5, 31])   # bit 0 is PREFIXED_NAMES (1.3)
@@ -481,10 +523,38 @@ def test_every_record_must_be_in_the_index(small_file, reader):
     expect(CorruptError, reader, f, base)
 
 
+def test_compact_offsets_are_the_full_index_offsets(medium_file):
+    """§10.1: the offsets a compact index derives are those a full index lists, wherever ancillary records
+    stand (none, first, between a TENS and its blocks, in runs, last); one listed a byte off is refused."""
+    base, target, d = medium_file
+    rng = np.random.default_rng(7)
+    p = parse_file(d)
+    for trial in range(40):
+        recs = [r for r in p.recs if r.type not in (L.NOTE, L.INDX)]
+        for _ in range(int(rng.integers(0, 6))):
+            recs.insert(int(rng.integers(1, len(recs) + 1)), Rec(b"note", bytes(int(rng.integers(0, 40)))))
+        compact, full = assemble(p, recs), assemble(p, recs, header=FULL_INDEX_HEADER)
+        pc, pf = parse_file(compact), parse_file(full)
+        assert pc.index.compact and not pf.index.compact
+        assert [(e.tens_offset, e.tens_size, [(b.offset, b.size) for b in e.blocks]) for e in pc.index.entries] == \
+            [(e.tens_offset, e.tens_size, [(b.offset, b.size) for b in e.blocks]) for e in pf.index.entries]
+        assert pc.index.others == pf.index.others
+        if trial % 8 == 0:
+            assert_bit_exact(ra(compact, base), target)
+            assert_bit_exact(sr(compact, base), target)
+        if pc.index.others:
+            j = int(rng.integers(0, len(pc.index.others)))
+
+            def off_by_one(ix, j=j):
+                ix.others[j].offset += int(rng.choice([-1, 1]))
+            with pytest.raises(CorruptError, match="10.1"):
+                parse_file(assemble(pc, index_fn=off_by_one))
+
+
 @pytest.mark.parametrize("reader", READERS)
 def test_index_other_records_checked(small_file, reader):
     base, _, d = small_file
-    p = parse_file(d)
+    p = full_index(d)
     idx = p.index
     note = idx.others[0]
     for bad_type, exc in ((b"no e", CorruptError), (b"TENS", CorruptError), (b"BLCK", CorruptError),
@@ -692,7 +762,7 @@ def _huge_tensor_file(elems: int, dtype_code: int = 9) -> bytes:
     """A keyframe tensor of ``elems`` elements in blocks of MAX_BLOCK_ELEMS, declared but not stored: the
     index locates one 16-byte BLCK stub per block (they are never reached)."""
     tp = tens_payload("big", dtype_code, [elems], L.MAX_BLOCK_ELEMS, 0, target_hash=0)
-    out = bytearray(records.build_header())
+    out = bytearray(records.build_header(compact_index=False))   # the index built below lists offsets
     out += records.build_record(L.META, records.build_meta(records.Meta(None, None)))
     toff = len(out)
     trec = records.build_record(L.TENS, tp)
@@ -704,7 +774,7 @@ def _huge_tensor_file(elems: int, dtype_code: int = 9) -> bytes:
     entry = records.IndexEntry("big", toff, len(trec), int.from_bytes(trec[8:16], "little"), blocks)
     ioff = len(out)
     irec = records.build_record(L.INDX, records.build_index(records.Index(bytes(16), bytes(16), [entry], [])))
-    out += irec + records.build_trailer(ioff, len(irec))
+    out += irec + records.build_trailer(ioff, len(irec), compact_index=False)
     return bytes(out)
 
 
@@ -1075,7 +1145,7 @@ def test_target_digest_mismatch(small_file, reader):
 
 def test_index_inconsistent_with_records(small_file):
     base, _, d = small_file
-    p = parse_file(d)
+    p = full_index(d)
     idx = p.index
     good = records.build_index(idx)
     assert good == p.recs[-1].payload

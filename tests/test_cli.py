@@ -41,6 +41,7 @@ def test_encode_inspect_apply(ckpts, tmp_path):
     info = json.loads(p.stdout)
     assert info["format_version"] == "{}.{}".format(*arcfmt.FORMAT_VERSION) and info["target_step"] == 8
     assert info["prefixed_names"] is True   # the writer sets PREFIXED_NAMES (SPEC.md §6, 1.3)
+    assert info["compact_index"] is True    # and COMPACT_INDEX (§4, §10.1, 1.5)
     assert {t["dtype"] for t in info["tensors"]} == {"BF16", "F32"}
     assert all("streams" in t for t in info["tensors"])
     p = run("inspect", delta, "--blocks", check_rc=0)
@@ -120,7 +121,7 @@ def test_versions_have_one_source():
                                 f"stream layout {STREAM_VERSION[0]}.{STREAM_VERSION[1]})")
     assert importlib.metadata.version("arcfmt") == arcfmt.__version__
     data = arcfmt.encode(None, {"a": np.zeros(3, np.float32)})
-    assert records.check_header(data[:16]) == arcfmt.FORMAT_VERSION
+    assert records.check_header(data[:16]).version == arcfmt.FORMAT_VERSION
     assert arcfmt.DeltaReader(data).describe()["format_version"] == f"{major}.{minor}"
 
 

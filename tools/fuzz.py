@@ -77,7 +77,7 @@ from arcfmt import layout as L  # noqa: E402
 from arcfmt.errors import CorruptError, LimitError, WrongBaseError  # noqa: E402
 from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
 from support.data import BF16, write_delta  # noqa: E402
-from support.records import assemble, split, varint  # noqa: E402  (the one record toolkit)
+from support.records import FULL_INDEX_HEADER, assemble, split, varint  # noqa: E402  (the one record toolkit)
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
 ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as"]
@@ -155,13 +155,17 @@ def mutate_struct(rng, data):
     if choice < 0.85:
         def fn(index):
             blocks = [b for e in index.entries for b in e.blocks]
-            if blocks:
+            if index.others and rng.random() < 0.3:   # what a compact index derives the rest from (§10.1)
+                o = index.others[int(rng.integers(len(index.others)))]
+                setattr(o, ["offset", "size"][int(rng.integers(2))], int(rng.integers(0, 1 << 12)))
+            elif blocks:
                 b = blocks[int(rng.integers(len(blocks)))]
                 field = ["offset", "size", "encoding"][int(rng.integers(3))]
                 setattr(b, field, int(rng.integers(0, 256 if field == "encoding" else 1 << 12)))
-        return assemble(p, index_fn=fn)
+        # either index layout (header flag COMPACT_INDEX, §10): a full one carries offsets and checksums
+        return assemble(p, index_fn=fn, header=FULL_INDEX_HEADER if rng.random() < 0.5 else None)
     # the index body, bytes changed, codec raw
-    body = bytearray(L.IndexBody.build(_index_dict(p)))
+    body = bytearray(L.index_body(p.index.compact).build(_index_dict(p)))
     if body:
         k = int(rng.integers(len(body)))
         body[k] = int(rng.integers(256))
@@ -172,7 +176,7 @@ def _index_dict(p):
     payload = records.build_index(p.index)
     q = L.IndexPayload.parse(payload)
     raw = records.codecs.decode(q.codec, q.body, q.body_length)
-    return L.IndexBody.parse(bytes(raw))
+    return L.index_body(p.index.compact).parse(bytes(raw))
 
 
 def mutate_bytes(rng, data):

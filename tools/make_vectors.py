@@ -38,6 +38,7 @@ from arcfmt.safetensors_io import write_file  # noqa: E402
 # (``mv.split``, ``mv.assemble``, ``mv.BF16``, ``mv.write_delta``, ... for tools/fuzz.py).
 from support.data import BF16, write_delta  # noqa: E402, F401
 from support.records import (  # noqa: E402, F401
+    FULL_INDEX_HEADER,
     Parts,
     Rec,
     assemble,
@@ -73,6 +74,12 @@ def rng(seed):
 
 def bits(dtype, values):
     return np.array(values, dtype=f"<u{np.dtype(dtype).itemsize}").view(dtype)
+
+
+def write_full(base, target, **kw):
+    """``write_delta`` with the full index of SPEC.md §10 (offset and checksum columns, no
+    COMPACT_INDEX): the must-reject vectors that change those columns, and those built beside them."""
+    return write_delta(base, target, compact_index=False, **kw)
 
 
 def rl_step(seed, shape, density=0.05, exc=0.1):
@@ -195,9 +202,108 @@ def valid_vectors():
                     pb, pre, expect_tensors=pt))
     V.append(Vector("y_whole_names", "a 1.3 file without PREFIXED_NAMES: every name stored whole", ["6", "7"],
                     pb, assemble(split(pre), prefixed=False), expect_tensors=pt))
+    V += compact_valid_vectors()
     V += ctx_valid_vectors()
     V += dense_valid_vectors()
     V += ctxas_valid_vectors()
+    return V
+
+
+# ------------------------------------------------------------------------------------ COMPACT_INDEX (§10.1)
+
+def _noted_file(compact: bool) -> tuple[dict, dict, Parts]:
+    """Two BF16 tensors of two blocks each with note records everywhere one can stand: before the first
+    TENS, between a TENS and its first block, between blocks, between tensors, two in a row, and last."""
+    base = {nm: rl_step(90 + i, (8, 10))[0] for i, nm in enumerate(("a", "b"))}
+    target = {nm: rl_step(90 + i, (8, 10))[1] for i, nm in enumerate(("a", "b"))}
+    p = split(write_delta(base, target, block_elems=40, compact_index=compact))
+    recs = []
+    for k, r in enumerate(p.recs):
+        recs += [r, Rec(b"note", b"n%d" % k)]
+    recs.insert(1, Rec(b"note", b"twice"))
+    p.recs = recs
+    return base, target, p
+
+
+def compact_valid_vectors():
+    V = []
+    base, target, p = _noted_file(True)
+    assert p.index.compact and len(p.find(b"note")) == 8
+    V.append(Vector("y_compact_index_notes", "COMPACT_INDEX: TENS and BLCK offsets derived from the sizes around "
+                    "note records everywhere they can stand (first, between a TENS and its blocks, between blocks "
+                    "and tensors, two in a row, last)", ["4", "10", "10.1"], base, assemble(p), expect_tensors=target))
+    base, target, q = _noted_file(False)
+    V.append(Vector("y_full_index", "a 1.5 file without COMPACT_INDEX: the index with its offset and checksum "
+                    "columns, as 1.4 wrote it", ["4", "10"], base, assemble(q), expect_tensors=target))
+    e = write_delta(None, {"e": np.zeros((0, 3), np.float32)}, note="only")
+    assert split(e).index.compact
+    V.append(Vector("y_compact_index_no_blocks", "COMPACT_INDEX: a tensor without blocks after a note record",
+                    ["10.1"], {}, e, expect_tensors={"e": np.zeros((0, 3), np.float32)}))
+    return V
+
+
+def compact_reject_vectors():
+    V = []
+    base, _, p = _noted_file(True)
+
+    def n(name, desc, index_fn, covers=("10.1",), src=p):
+        V.append(Vector(name, desc, list(covers), base, assemble(src, index_fn=index_fn), error="corrupt"))
+
+    def misplaced(ix):
+        ix.others[3].offset += 1
+    n("n_compact_other_misplaced", "COMPACT_INDEX: a note record listed one byte after where the records before "
+      "it end", misplaced)
+
+    def unordered(ix):
+        ix.others[1], ix.others[2] = ix.others[2], ix.others[1]
+    n("n_compact_others_out_of_order", "COMPACT_INDEX: two note records listed in reverse file order", unordered)
+
+    def past(ix):
+        ix.others[-1].offset = 1 << 62
+    n("n_compact_other_past_index", "COMPACT_INDEX: a note record listed at offset 2^62, past the index", past)
+
+    def past_fit(ix):
+        moved = ix.others[-1]           # the note between the last block and the index
+        ix.entries[-1].blocks[-1].size += moved.size
+        moved.offset = (1 << 40) + 52
+    n("n_compact_other_past_index_sizes_fit", "COMPACT_INDEX: the last note record listed past the end of the file, "
+      "its size added to the block before it: the sizes end at the index, but the walk never reaches that note",
+      past_fit)
+
+    def unlisted(ix):
+        del ix.others[-1]
+    n("n_compact_end_short", "COMPACT_INDEX: the last note record not listed, so the records listed end before "
+      "the index", unlisted)
+
+    def longer(ix):
+        ix.others[-1].size += 1
+    n("n_compact_end_long", "COMPACT_INDEX: the last note record's size one byte too large, so the records end "
+      "past the index", longer)
+
+    def shifted(ix):
+        ix.entries[0].blocks[0].size += 4
+        ix.entries[0].blocks[1].size -= 4
+    plain = split(write_delta(base, {nm: rl_step(90 + i, (8, 10))[1] for i, nm in enumerate(base)}, block_elems=40))
+
+    ee = split(write_delta(None, {"e": np.zeros((0, 3), np.float32), "f": np.arange(6, dtype=np.float32)}))
+
+    def tens_sizes_swapped(ix):
+        a, b = ix.entries
+        a.tens_size, b.tens_size = b.tens_size, a.tens_size
+    assert ee.index.entries[0].tens_size != ee.index.entries[1].tens_size
+    n("n_compact_adjacent_tens_sizes", "COMPACT_INDEX: the sizes of two adjacent TENS records (the first tensor has "
+      "no blocks) swapped: the sum is right, both derived offsets are wrong", tens_sizes_swapped,
+      covers=("10.1", "5", "12.2"), src=ee)
+
+    def flip_trailer_bit(t):
+        t[20] ^= L.COMPACT_INDEX
+        fix_trailer_checksum(t)
+    for src, what in ((plain, "compact"), (split(assemble(plain, header=FULL_INDEX_HEADER)), "full")):
+        V.append(Vector(f"n_flags_disagree_{what}", f"a {what} index: the trailer's COMPACT_INDEX bit differs from the "
+                        f"header's", ["4", "11"], base, assemble(src, trailer_fn=flip_trailer_bit), error="corrupt"))
+    n("n_compact_sizes_shifted", "COMPACT_INDEX: two blocks' sizes 4 bytes off in opposite directions: the sum "
+      "is right, the second block's derived offset is not a record's (random access: its header does not match; "
+      "streaming: the cross-check)", shifted, covers=("10.1", "5", "12.2"), src=plain)
     return V
 
 
@@ -325,9 +431,9 @@ def renamed_keyframe(name: bytes) -> bytes:
     p.index.target_digest = model_digest([(name, th.dtype.code, th.shape, th.target_hash)])
     # a placeholder name of the same length in the index, then the index body rebuilt by hand with the real one
     probe = assemble(p, index_fn=lambda ix: setattr(ix.entries[0], "name", "x" * len(name)))
-    d = dict(_index_dict_of_payload(probe[int.from_bytes(probe[-40:-32], "little") + 16:-40]))
+    d = dict(_index_dict_of_payload(probe[int.from_bytes(probe[-40:-32], "little") + 16:-40], p.index.compact))
     d.update(name_lengths=[len(name)], names=name)
-    body = L.IndexBody.build(d)
+    body = L.index_body(p.index.compact).build(d)
     return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
 
 
@@ -386,7 +492,7 @@ def reject_vectors():
     V = []
     b, t = rl_step(20, (24, 16))
     base = {"w": b}
-    good = write_delta(base, {"w": t}, block_elems=200, force_encoding="bf16-delta")
+    good = write_full(base, {"w": t}, block_elems=200, force_encoding="bf16-delta")
     P = split(good)
 
     def n(name, desc, covers, data, error, modes=None, base_=None):
@@ -428,9 +534,9 @@ def reject_vectors():
     n("n_future_major", "major version 2 in header and trailer", ["4", "11", "16"],
       assemble(split(good), header=bytes(hdr), trailer_fn=tr_major), "unsupported_version")
     hdr = bytearray(P.header)
-    hdr[12] = 1
-    n("n_reserved_header_flags", "a reserved header flag bit set", ["4"], assemble(split(good), header=bytes(hdr)),
-      "reserved_bits")
+    hdr[12] = 2
+    n("n_reserved_header_flags", "a reserved header flag bit set (bit 1; bit 0 is COMPACT_INDEX)", ["4"],
+      assemble(split(good), header=bytes(hdr)), "reserved_bits")
 
     def tr_flags(tb):
         tb[20] = 0x80
@@ -537,7 +643,7 @@ def reject_vectors():
       assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit")
     # -- zstd frame rules, bombs
     bz, tz = rl_step(21, (40, 40), density=0.3)
-    zfile = write_delta({"w": bz}, {"w": tz}, force_codec="zstd", force_encoding="bf16-delta")
+    zfile = write_full({"w": bz}, {"w": tz}, force_codec="zstd", force_encoding="bf16-delta")
 
     def restream(fn, src=zfile):
         p = split(src)
@@ -616,11 +722,11 @@ def reject_vectors():
     bn, tn = rl_step(22, (40, 40), density=0.3, exc=0.0)
     n("n_empty_stream_not_raw", "a stream marked zstd whose stored bytes are empty (its decoded length is not 0: "
       "no frame magic; n_empty_stream_zstd_frame tests an empty stream)", ["9"],
-      restream(empty_zstd, write_delta({"w": bn}, {"w": tn}, force_codec="zstd", force_encoding="bf16-delta")),
+      restream(empty_zstd, write_full({"w": bn}, {"w": tn}, force_codec="zstd", force_encoding="bf16-delta")),
       "corrupt", base_={"w": bn})
 
     # -- block contents (raw streams so the bytes are easy to change)
-    rawfile = write_delta(base, {"w": t}, force_codec="raw", force_encoding="bf16-delta")
+    rawfile = write_full(base, {"w": t}, force_codec="raw", force_encoding="bf16-delta")
 
     def rs(fn):
         return restream(fn, rawfile)
@@ -693,7 +799,7 @@ def reject_vectors():
 
     b2_wrong = b.copy()
     b2_wrong.view(np.uint16).reshape(-1)[5] ^= 1
-    two_raw = write_delta({"a": b, "b": b}, {"a": t, "b": t}, force_codec="raw", force_encoding="bf16-delta")
+    two_raw = write_full({"a": b, "b": b}, {"a": t, "b": t}, force_codec="raw", force_encoding="bf16-delta")
     V.append(Vector("n_verification_then_wrong_base", "tensor a (one block) rebuilds a different tensor, and tensor "
                     "b's base does not match: front to back, a is verified as soon as its block is in (§12.2 step 3); "
                     "random access checks every base first (§12.1 step 6)", ["12.1", "12.2", "12.3"],
@@ -772,7 +878,7 @@ def reject_vectors():
         index.entries[0].name = "other"
     n("n_index_name_mismatch", "the index names a tensor differently than its TENS record", ["10"],
       assemble(split(good), index_fn=name), "corrupt")
-    two = write_delta({"a": b, "b": b}, {"a": t, "b": t})
+    two = write_full({"a": b, "b": b}, {"a": t, "b": t})
 
     def dup(index):
         index.entries[1].name = index.entries[0].name
@@ -821,7 +927,7 @@ def reject_vectors():
       "random access expects META there (a decoder that skips the type compare reads it as META and accepts); "
       "front to back the first record is not META", ["3", "5", "12.1", "12.2"],
       mod(meta_as_note, list_others=False), "corrupt")
-    noted = write_delta(base, {"w": t}, note="x")
+    noted = write_full(base, {"w": t}, note="x")
 
     def other_type(index):
         index.others[0].type = b"TENS"
@@ -843,7 +949,7 @@ def reject_vectors():
         streams[2][1] = bytes(d)
     n("n_exception_index_beyond_changed", "an exception index ≥ c", ["8.3"], rs(exc_index_out), "corrupt")
     kf = {"k": bits(np.float16, list(range(0, 60000, 1000)))}
-    kraw = write_delta(None, kf, force_codec="raw")
+    kraw = write_full(None, kf, force_codec="raw")
 
     def kf_range(streams, params):
         d = bytearray(streams[0][1])
@@ -1142,7 +1248,7 @@ def base_file_vectors(good, b, mod, tens_edit, tp):
     n("n_base_file_offsets_outside", "a base file whose tensor's data_offsets [2, 770] end 2 bytes past its "
       "768-byte data section", safetensors_bytes({"w": dict(entry, data_offsets=[2, len(raw) + 2])}, raw))
     # a file that needs no base: the base file is checked all the same, when it is opened
-    kf = write_delta(None, {"k": np.arange(6, dtype=np.uint8)})
+    kf = write_full(None, {"k": np.arange(6, dtype=np.uint8)})
     n("n_base_file_offsets_outside_unused", "a keyframe file (it needs no base) and a base file whose only "
       "tensor (U8 [10], not used) has data_offsets [0, 10] in an 8-byte data section",
       safetensors_bytes({"u": {"dtype": "U8", "shape": [10], "data_offsets": [0, 10]}}, bytes(8)), kf)
@@ -1289,7 +1395,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         p.recs[j].name = "a"
     V.append(Vector("n_duplicate_tens_names_then_wrong_base", "two TENS records named a, the second with the base "
                     "hash of another tensor: the duplicate is found before the base", ["7", "12.2"],
-                    {"a": b, "b": b2}, _assemble_mod(write_delta({"a": b, "b": b2}, {"a": t, "b": t}), dup_wrong_base),
+                    {"a": b, "b": b2}, _assemble_mod(write_full({"a": b, "b": b2}, {"a": t, "b": t}), dup_wrong_base),
                     error="corrupt", modes=["stream"]))
 
     def second_tens_flags(p):
@@ -1299,7 +1405,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
                     "tensor b, after it, has a reserved flag bit set: each tensor's base is checked right after its "
                     "own TENS record, both ways (§12.1 step 6, §12.2 step 3), so a's base fails first",
                     ["7", "12.1", "12.2", "12.3"], {"a": b2, "b": b},
-                    _assemble_mod(write_delta({"a": b, "b": b}, {"a": t, "b": t}), second_tens_flags),
+                    _assemble_mod(write_full({"a": b, "b": b}, {"a": t, "b": t}), second_tens_flags),
                     error="wrong_base"))
     # -- the streaming cross-check of the index (§12.2 step 6)
     n("n_index_tens_checksum_mismatch", "the index's checksum for the TENS record differs from the record's",
@@ -1310,7 +1416,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         ix.others[0].type = b"zzzz"
     n("n_index_other_type_mismatch", "the index lists the note record as zzzz", ["5", "10", "12.2"],
       assemble(split(noted), index_fn=other_renamed), "corrupt")
-    e0 = write_delta(None, {"e": np.zeros((0, 3), np.float32), "w": np.arange(6, dtype=np.float32)})
+    e0 = write_full(None, {"e": np.zeros((0, 3), np.float32), "w": np.arange(6, dtype=np.float32)})
 
     def tens_as_other(ix):
         ent = ix.entries.pop(0)
@@ -1420,7 +1526,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
     eb = np.full(64, 1.5, np.float32).astype(BF16)
     et = eb.copy()
     et.view(np.uint16)[::5] += 1
-    efile = write_delta({"w": eb}, {"w": et}, force_codec="raw", force_encoding="bf16-delta")
+    efile = write_full({"w": eb}, {"w": et}, force_codec="raw", force_encoding="bf16-delta")
 
     def empty_zstd(streams, params):
         assert params[1] == 0 and streams[2][1] == b""
@@ -1470,7 +1576,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
     fb = np.arange(8, dtype=np.float16)
     ft = fb.copy()
     ft[2] = 9
-    ffile = write_delta({"x": fb}, {"x": ft}, force_encoding="float-delta", force_codec="raw")
+    ffile = write_full({"x": fb}, {"x": ft}, force_encoding="float-delta", force_codec="raw")
     pf = split(ffile)
     set_first_encoding(pf, 2)
     n("n_bf16_delta_on_f16", "bf16-delta used on an F16 tensor", ["8", "8.3"], assemble(pf), "unsupported",
@@ -1522,7 +1628,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         body = L.IndexBody.build(d)
         out = bytearray(data[:ioff])
         rec = raw_record(L.INDX, bytes([0]) + varint(len(body)) + body)
-        tr = records.build_trailer(ioff, len(rec))
+        tr = records.build_trailer(ioff, len(rec), compact_index=False)
         return bytes(out + rec + tr)
     V.append(Vector("n_index_record_size_then_limit", "two other records of index size 8 tiling a 16-byte header "
                     "that declares 2^32-1 payload bytes: the index's size check (corrupt) comes before the "
@@ -1539,7 +1645,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
                     "its checksum fails", ["5", "10", "12.1"], base, fake_others([16], length=5), error="corrupt",
                     errors={"stream": "checksum"}))
     # -- index order and the base: the index (step 4) is checked before the base (step 6)
-    ee = write_delta(None, {"e": np.zeros((0, 3), np.float32), "f": np.zeros((3, 0), np.float32)})
+    ee = write_full(None, {"e": np.zeros((0, 3), np.float32), "f": np.zeros((3, 0), np.float32)})
 
     def swap_tens(ix):
         ix.entries.reverse()
@@ -1562,13 +1668,13 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
 
 
 def _index_dict_of(p):
-    return _index_dict_of_payload(records.build_index(p.index))
+    return _index_dict_of_payload(records.build_index(p.index), p.index.compact)
 
 
-def _index_dict_of_payload(payload):
+def _index_dict_of_payload(payload, compact=False):
     q = L.IndexPayload.parse(payload)
     from arcfmt import codecs as _codecs
-    body = L.IndexBody.parse(bytes(_codecs.decode(q.codec, q.body, q.body_length)))
+    body = L.index_body(compact).parse(bytes(_codecs.decode(q.codec, q.body, q.body_length)))
     return {k: (list(v) if hasattr(v, "tolist") else v) for k, v in body.items() if not k.startswith("_")}
 
 
@@ -2496,7 +2602,13 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_truncated_*", ["R-TRAILER-MAGIC", "R-RECORD-PRESENT"]), ("n_empty_file", ["R-SHORT.TRUNCATED"]),
     ("n_bad_magic_short", ["R-SHORT.BAD-MAGIC"]), ("n_bad_magic*", ["R-MAGIC"]), ("n_future_major", ["R-MAJOR"]),
     ("n_header_future_major", ["R-MAJOR", "R-CHECK-ORDER"]),
-    ("n_reserved_header_flags", ["R-HEADER-FLAGS"]), ("n_reserved_trailer_flags", ["R-TRAILER-FLAGS"]),
+    ("n_reserved_header_flags", ["R-HEADER-FLAGS"]),
+    ("y_compact_index_*", ["R-INDEX-COMPACT"]), ("y_full_index", ["R-INDEX-TILING", "R-RECORD-LOCATED"]),
+    ("n_compact_other_*", ["R-INDEX-COMPACT.OTHER"]), ("n_compact_others_*", ["R-INDEX-COMPACT.OTHER"]),
+    ("n_compact_end_*", ["R-INDEX-COMPACT.END"]), ("n_flags_disagree_*", ["R-FLAGS-AGREE"]),
+    ("n_compact_sizes_shifted", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.BLCK"]),
+    ("n_compact_adjacent_tens_sizes", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.TENS"]),
+    ("n_reserved_trailer_flags", ["R-TRAILER-FLAGS"]),
     ("n_version_mismatch", ["R-VERSIONS-AGREE"]), ("n_trailer_checksum", ["R-TRAILER-CHECKSUM"]),
     ("n_trailer_bad_index_offset", ["R-TRAILER-OFFSETS.END"]), ("n_trailer_future_major", ["R-TRAILER-MAJOR"]),
     ("n_trailer_index_size_small*", ["R-TRAILER-OFFSETS.INDEX-SIZE"]),
@@ -2684,10 +2796,10 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.4",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.5",
                 "contract": "see conformance/README.md", "vectors": []}
-    for v in (valid_vectors() + reject_vectors() + ctx_reject_vectors() + dense_reject_vectors()
-              + ctxas_reject_vectors()):
+    for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + ctx_reject_vectors()
+              + dense_reject_vectors() + ctxas_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

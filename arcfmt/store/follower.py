@@ -1057,7 +1057,9 @@ def _parse_tail(tail: bytes, obj) -> records.Index:
         raise CorruptError(f"{obj.name}: no INDX record of the trailer's size at offset {obj.index_offset}")
     payload = memoryview(tail)[FL.RECORD_HEADER_SIZE: trailer.index_size]
     records.verify_record(head, tail[:FL.RECORD_HEADER_SIZE], payload, obj.index_offset)
-    return records.parse_index(payload, obj.index_offset)
+    # the header is not in the tail: the trailer repeats its COMPACT_INDEX bit (§11), checked against
+    # the header when the records are read (a DeltaReader over the ranges)
+    return records.parse_index(payload, obj.index_offset, bool(trailer.flags & FL.COMPACT_INDEX))
 
 
 def _read_regular(path: str, limit: int) -> bytes:

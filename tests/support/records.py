@@ -27,7 +27,12 @@ from arcfmt.integrity import record_checksum
 __all__ = [
     "Rec", "Parts", "split", "parse_file", "assemble", "raw_record", "blck_encoding", "set_first_encoding",
     "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "u32", "varint", "read_varint", "prefix_names",
+    "FULL_INDEX_HEADER",
 ]
+
+# A valid file header without COMPACT_INDEX: ``assemble(p, header=FULL_INDEX_HEADER)`` writes the index
+# with its offset and checksum columns (SPEC.md §10), for changes to those columns.
+FULL_INDEX_HEADER = records.build_header(compact_index=False)
 
 # ------------------------------------------------------------------------------------ integers
 
@@ -174,7 +179,8 @@ def split(data: bytes, *, keep_index: bool = False) -> Parts:
             assert pos + 16 + head.length + L.TRAILER_SIZE == len(data), "split needs a valid file"
             if keep_index:
                 recs.append(rec)
-            return Parts(data[:L.HEADER_SIZE], recs, records.parse_index(payload, pos), payload,
+            compact = records.check_header(data[:L.HEADER_SIZE]).compact_index
+            return Parts(data[:L.HEADER_SIZE], recs, records.parse_index(payload, pos, compact), payload,
                          data[pos + 16 + head.length:], prefixed)
         if head.type == L.META and pos == L.HEADER_SIZE and records.parse_meta(payload).prefixed_names:
             prefixed = True
@@ -238,9 +244,12 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
     ``index_payload`` replaces the INDX payload verbatim. ``trailer_fn(t: bytearray)`` may change the
     40-byte trailer in place (:func:`fix_trailer_checksum` then, to keep its checksum right).
     ``prefixed``: write the names as a file with PREFIXED_NAMES has them (:func:`prefix_names`);
-    default: as the file ``p`` came from had them.
+    default: as the file ``p`` came from had them. The index is compact (§10.1) when the header written
+    has COMPACT_INDEX (``FULL_INDEX_HEADER``: a valid header without it, for the index's offset and
+    checksum columns).
     """
     out = bytearray(header if header is not None else p.header)
+    compact = bool(int.from_bytes(out[12:16], "little") & L.COMPACT_INDEX)
     entries, others = [], []
     recs = p.recs if recs is None else recs
     for r in prefix_names(p, recs) if (p.prefixed if prefixed is None else prefixed) else recs:
@@ -258,13 +267,14 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
         elif (r.type != L.META or off != L.HEADER_SIZE) and list_others:
             others.append(records.OtherRecord(off, len(rec), r.type))
     index = records.Index(p.index.base_digest if base_digest is None else base_digest,
-                          p.index.target_digest if target_digest is None else target_digest, entries, others)
+                          p.index.target_digest if target_digest is None else target_digest, entries, others,
+                          compact)
     if index_fn is not None:
         index_fn(index)
     index_offset = len(out)
     index_rec = raw_record(L.INDX, records.build_index(index) if index_payload is None else index_payload)
     out += index_rec
-    trailer = bytearray(records.build_trailer(index_offset, len(index_rec)))
+    trailer = bytearray(records.build_trailer(index_offset, len(index_rec), compact))
     if trailer_fn is not None:
         trailer_fn(trailer)
     out += trailer
