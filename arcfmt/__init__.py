@@ -37,6 +37,11 @@ Errors
   hash), ``InputError`` (a caller's mistake; ``MissingTensorError`` is also a ``KeyError``) and
   ``FileAccessError`` (an OS error, naming the path).
 
+First use
+  The ctx-delta kernels compile once per install (numba caches them; 15-25 s on 2 cores). The first
+  call that needs them warns (``FirstCompileWarning``); ``arcfmt.warm_up()`` or ``arcfmt warm-up``
+  at install or image-build time compiles them all beforehand.
+
 More: README.md (a tour, the command line, streams), SPEC.md (Part I the file format, Part II streams),
 ``help(arcfmt.store)``. ``FORMAT_VERSION`` is the version files are written in.
 """
@@ -74,10 +79,13 @@ _LAZY = dict(
     encode="api", decode="api", apply_in_place="api", encode_files="api", apply_files="api",
     DeltaReader="reader", StreamReader="reader", BufferSource="reader", FileSource="reader",
     DeltaWriter="writer", KeyframeWarning="writer", Publisher="store", Follower="store",
+    warm_up="encodings.ctx_delta", FirstCompileWarning="backend",
 )
 
 if TYPE_CHECKING:
     from .api import apply_files, apply_in_place, decode, encode, encode_files
+    from .backend import FirstCompileWarning
+    from .encodings.ctx_delta import warm_up
     from .reader import BufferSource, DeltaReader, FileSource, StreamReader
     from .store import Follower, Publisher
     from .writer import DeltaWriter, KeyframeWarning
@@ -123,6 +131,7 @@ def main() -> int:
 
 __all__ = [
     "encode", "decode", "apply_in_place", "encode_files", "apply_files", "KeyframeWarning",
+    "warm_up", "FirstCompileWarning",
     "Publisher", "Follower", "DeltaWriter", "DeltaReader", "StreamReader",
     "BufferSource", "FileSource", "ArcError", "FormatError",
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",

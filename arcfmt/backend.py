@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,6 +55,16 @@ OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 
 S_FIRST, S_CODE, S_PAST, S_LENGTH = 7, 8, 9, 10   # ctx-delta-as's range-coded signs (§8.8)
 
 NAMES = ("numba", "numpy")
+
+# What a process that is about to compile the kernels says, once (issue 19, "first use"): the command
+# line prints it before the command starts, the Python API warns with it (FirstCompileWarning).
+FIRST_COMPILE = ("compiling the ctx-delta kernels, once per install (15-25 s on 2 cores; cached for every "
+                 "later run; 'arcfmt warm-up' does it ahead of time)")
+
+
+class FirstCompileWarning(UserWarning):
+    """The kernels compile now, inside this call: once per install (numba caches them), seconds long.
+    ``arcfmt warm-up`` (or :func:`arcfmt.warm_up`) at install or image-build time does it beforehand."""
 
 
 class Backend(Protocol):
@@ -82,6 +93,7 @@ class _Selection:
 
     def __init__(self) -> None:
         self.chosen: Backend | None = None
+        self.announced: set[str] = set()   # kernels whose first compile was said (or found cached)
         self._lock = threading.Lock()
 
     def get(self) -> Backend:
@@ -114,21 +126,52 @@ def compiled() -> Backend | None:
     return kernels
 
 
-def first_compile_pending() -> bool:
-    """Whether the compiled backend will be chosen and numba has no cached build of its kernels yet:
-    the first call then compiles them (seconds, once per install), which a command says beforehand.
-    Looks for numba's cache index files only; imports nothing."""
+def cache_dir() -> str:
+    """Where numba caches the compiled kernels: ``NUMBA_CACHE_DIR``, else the package's ``__pycache__``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.environ.get("NUMBA_CACHE_DIR") or os.path.join(here, "__pycache__")
+
+
+def first_compile_pending(kernel: str | None = None) -> bool:
+    """Whether the compiled backend will be chosen and numba has no cached build of ``kernel`` (any
+    kernel when None) yet: the first call then compiles it (seconds, once per install), which a
+    command says beforehand. Looks for numba's cache index files only; imports nothing."""
     if os.environ.get("ARCFMT_JIT", "1") == "0":
         return False
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
-    here = os.path.dirname(os.path.abspath(__file__))
-    place = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(here, "__pycache__")
-    for _root, _dirs, files in os.walk(place):
-        if any(f.startswith("kernels.") and f.endswith(".nbi") for f in files):
+    start = "kernels." if kernel is None else f"kernels._{kernel}-"
+    for _root, _dirs, files in os.walk(cache_dir()):
+        if any(f.startswith(start) and f.endswith(".nbi") for f in files):
             return False
     return True
+
+
+ENCODE, DECODE = "ctx_encode", "ctx_decode"   # the kernels a first call compiles (with what they call)
+
+
+def announce_first_compile(kernels: Sequence[str] = (ENCODE, DECODE)) -> str | None:
+    """:data:`FIRST_COMPILE` when one of ``kernels`` will be compiled in this process and nobody has
+    said so yet (it counts as said then: later calls give None); None where numba has them cached or
+    numpy is the backend. The command line calls it before a command starts; the encoder and the
+    decoder through :func:`warn_first_compile` before their first kernel call."""
+    new = [k for k in kernels if k not in _selection.announced]
+    if not new:
+        return None
+    _selection.announced.update(new)
+    if _selection.chosen is not None and _selection.chosen is twins():   # numpy in use (tests: using())
+        return None
+    return FIRST_COMPILE if any(first_compile_pending(k) for k in new) else None
+
+
+def warn_first_compile(kernel: str) -> None:
+    """Warn (:class:`FirstCompileWarning`) before ``kernel`` compiles inside a user's call, once."""
+    if kernel not in _selection.announced:
+        line = announce_first_compile((kernel,))
+        if line is not None:
+            warnings.warn(line, FirstCompileWarning, stacklevel=3)
+
 
 
 def twins() -> Backend:

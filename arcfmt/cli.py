@@ -600,6 +600,32 @@ def cmd_report(args) -> int:
     return 1 if wrong else 0
 
 
+def cmd_warm_up(args) -> int:
+    import time
+
+    from . import backend
+    from .encodings.ctx_delta import warm_up
+
+    backend.announce_first_compile()   # this command's whole point: no warning about it
+    if backend.compiled() is None:
+        result = dict(backend="numpy", compiled=False, seconds=0.0, cache=None)
+    else:
+        pending = any(backend.first_compile_pending(k) for k in (backend.ENCODE, backend.DECODE))
+        t0 = time.perf_counter()
+        warm_up()
+        result = dict(backend="numba", compiled=pending, seconds=round(time.perf_counter() - t0, 2),
+                      cache=backend.cache_dir())
+    if args.json:
+        print(json.dumps(result))
+    elif result["backend"] == "numpy":
+        print("arcfmt: numba is not installed or ARCFMT_JIT=0: the numpy backend needs no compilation")
+    else:
+        verb = "compiled" if result["compiled"] else "loaded from the cache"
+        print(f"arcfmt: the ctx-delta kernels are ready: {verb} in {result['seconds']:.1f} s "
+              f"(cache: {result['cache']})")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
     from .errors import InputError, os_error
@@ -1126,6 +1152,16 @@ def build_parser() -> argparse.ArgumentParser:
     storage(pr)
     common(pr)
     pr.set_defaults(func=cmd_prune)
+    wu = sub.add_parser("warm-up", help="compile the ctx-delta kernels now (once per install), not in a first call",
+                        description="Compiles every ctx-delta kernel for every dtype, or loads them from numba's "
+                                    "cache, and says which and how long it took. Run it where arcfmt is installed "
+                                    "(a container image build, a provisioning step) so that no later command or "
+                                    "API call pays the compilation (15-25 s on 2 cores). Without numba, or with "
+                                    "ARCFMT_JIT=0, there is nothing to compile.",
+                        epilog="example: pip install arcfmt && arcfmt warm-up",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(wu)
+    wu.set_defaults(func=cmd_warm_up)
     kg = sub.add_parser("keygen", help="make an Ed25519 key pair for signed streams",
                         description="Writes a new private key to PATH (PEM, mode 0600) and its public key to "
                                     "PATH.pub, and prints the key id (SPEC.md S15). The trainer signs with "
@@ -1188,9 +1224,6 @@ def _os_error_text(exc: OSError, args) -> str:
     return f"cannot {verb} {path}: {reason}"
 
 
-_DECODING = {"demo", "encode", "apply", "publish", "follow", "report", "inspect"}   # may reach the kernels
-
-
 def _settle_switches(args) -> None:
     """-q / ARCFMT_QUIET, and --progress's default (a terminal on stderr, unless quiet or
     ARCFMT_NO_PROGRESS): an explicit --progress or --no-progress always wins."""
@@ -1217,16 +1250,20 @@ def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _settle_switches(args)
-    from .backend import first_compile_pending
+    from .backend import DECODE, ENCODE, announce_first_compile
     from .store import retry
+
+    reaches = {"demo": (ENCODE, DECODE), "encode": (ENCODE,), "publish": (ENCODE,), "apply": (DECODE,),
+               "follow": (DECODE,)}   # the kernels each command can reach
 
     previous = retry.set_notifier(None if args.quiet else _retry_line)
     shown_before = warnings.showwarning
     warnings.showwarning = _warning_line(args)
     try:
-        if args.cmd in _DECODING and not getattr(args, "quiet", False) and first_compile_pending():
-            print("arcfmt: compiling the ctx-delta kernels, once per install (15-25 s on 2 cores; cached for every "
-                  "later run)", file=sys.stderr, flush=True)
+        if args.cmd in reaches:   # said once, before the command starts (the API would warn later)
+            line = announce_first_compile(reaches[args.cmd])
+            if line is not None:
+                _note(args, line)
         rc = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away is seen as one (below)
         return rc

@@ -236,6 +236,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         thresholds = []
     elif thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
+    backend.warn_first_compile(backend.ENCODE)
     counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
         dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
@@ -283,6 +284,7 @@ def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.
     is written (in place), and before any changed value reaches a separate ``out`` (which, being the
     decoder's private buffer, may already hold part of the base's copy when a check fails).
     ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes."""
+    backend.warn_first_compile(backend.DECODE)
     status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions)
     if status != backend.OK:
         # Worded from the status, the same for every backend: re-running the numpy twin to find the

@@ -1,0 +1,87 @@
+"""First use (issue 19): the kernels' one-time compilation is said before it happens — one line from the
+command, one ``FirstCompileWarning`` from the Python API — never silently inside a call a user times;
+``arcfmt warm-up`` does it ahead of time."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import arcfmt
+from arcfmt import backend
+from arcfmt.demo import make_model_pair, save_sharded
+from support.cli import run
+
+
+@pytest.fixture
+def nothing_cached(monkeypatch):
+    """This process as if numba had cached no kernel yet, and nothing had been said."""
+    monkeypatch.setattr(backend, "first_compile_pending", lambda kernel=None: True)
+    monkeypatch.setattr(backend._selection, "announced", set())
+
+
+def test_said_once_per_kernel(nothing_cached):
+    with pytest.warns(backend.FirstCompileWarning, match="once per install"):
+        backend.warn_first_compile(backend.ENCODE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend.warn_first_compile(backend.ENCODE)   # said already: silent
+    assert backend.announce_first_compile((backend.ENCODE, backend.DECODE)) == backend.FIRST_COMPILE  # decode's
+    assert backend.announce_first_compile() is None
+
+
+def test_not_said_where_cached_or_on_numpy(monkeypatch):
+    monkeypatch.setattr(backend._selection, "announced", set())
+    monkeypatch.setattr(backend, "first_compile_pending", lambda kernel=None: False)
+    assert backend.announce_first_compile() is None
+    monkeypatch.setattr(backend._selection, "announced", set())
+    monkeypatch.setattr(backend, "first_compile_pending", lambda kernel=None: True)
+    with backend.using(backend.twins()):
+        assert backend.announce_first_compile() is None
+
+
+def test_the_api_warns_before_its_first_kernel_call(nothing_cached):
+    rng = np.random.default_rng(3)
+    base = {"w": rng.standard_normal((512, 512)).astype(np.float32)}
+    t = base["w"].view(np.uint32).reshape(-1).copy()
+    t[rng.random(t.size) < 0.02] += 1
+    target = {"w": t.view(np.float32).reshape(512, 512)}
+    with pytest.warns(backend.FirstCompileWarning):
+        delta = arcfmt.encode(base, target, workers=1)
+    with pytest.warns(backend.FirstCompileWarning):
+        out = arcfmt.decode(base, delta, workers=1)
+    assert out["w"].tobytes() == target["w"].tobytes()
+
+
+def test_warm_up_command():
+    p = run("warm-up", "--json", env={"ARCFMT_JIT": "0"}, rc=0)
+    assert json.loads(p.stdout) == {"backend": "numpy", "compiled": False, "seconds": 0.0, "cache": None}
+    p = run("warm-up", rc=0)   # the suite's cache: what is missing is compiled now, the rest loaded
+    assert p.stdout.startswith("arcfmt: the ctx-delta kernels are ready: ") and "compiling" not in p.stderr
+    p = run("warm-up", "--json", rc=0)
+    res = json.loads(p.stdout)
+    assert res["backend"] == "numba" and res["compiled"] is False and res["cache"] == backend.cache_dir()
+
+
+@pytest.mark.slow
+def test_a_fresh_install_says_so_once(tmp_path):
+    """A fresh numba cache (NUMBA_CACHE_DIR): the command says it compiles, once, on stderr (no second
+    line from the API); a Python call that compiles other kernels warns; once cached, nothing is said."""
+    base, target = make_model_pair(seed=5, layers=1, d=64, vocab=300)
+    save_sharded(tmp_path / "a", base)
+    save_sharded(tmp_path / "b", target)
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    p = run("encode", tmp_path / "a", tmp_path / "b", "-o", tmp_path / "d.arc", env=env, rc=0)
+    assert p.stderr.count("compiling the ctx-delta kernels") == 1 and "warning" not in p.stderr
+    code = ("import warnings, arcfmt; warnings.simplefilter('always');"
+            f"arcfmt.apply_files({str(tmp_path / 'a')!r}, {str(tmp_path / 'd.arc')!r}, {str(tmp_path / 'c')!r})")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**__import__("os").environ, **env})
+    assert child.returncode == 0, child.stderr
+    assert "FirstCompileWarning" in child.stderr   # the decoder's kernels were not cached yet
+    p = run("encode", tmp_path / "a", tmp_path / "b", "-o", tmp_path / "e.arc", env=env, rc=0)
+    assert "compiling" not in p.stderr
