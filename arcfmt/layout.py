@@ -34,6 +34,7 @@ from typing import Any, BinaryIO, TypeAlias
 import numpy as np
 import numpy.typing as npt
 from construct import (
+    Adapter,
     Bytes,
     Construct,
     Container,
@@ -80,6 +81,7 @@ MAX_TENSORS = 1 << 20
 MAX_OTHER_RECORDS = 1 << 20
 MAX_RECORD_PAYLOAD = 1 << 28
 MAX_INDEX_BYTES = 1 << 26
+MAX_BLOCKS = MAX_INDEX_BYTES // 21   # block_count of a compact index: what a full one's columns can hold (§14)
 MAX_WINDOW = 1 << 27
 MAX_XZ_MEMORY = 1 << 27
 
@@ -568,7 +570,29 @@ IndexBody = Struct(
 # The columns a compact index (header flag COMPACT_INDEX, §10.1) leaves out: the offsets it derives
 # from the sizes, and the checksums the records carry themselves.
 FULL_INDEX_ONLY = ("tens_offsets", "tens_checksums", "blk_offsets", "blk_checksums")
-CompactIndexBody = Struct(*(sc for sc in IndexBody.subcons if sc.name not in FULL_INDEX_ONLY))
+
+
+class _AtMost(Adapter):  # type: ignore[misc]  # subclassing Adapter, which mypy sees as Any
+    """An integer field refused (``limit``) past ``limit`` as soon as it is read, before what it counts."""
+
+    def __init__(self, subcon: Construct, limit: int, what: str) -> None:
+        super().__init__(subcon)
+        self.limit, self.what = limit, what
+
+    def _decode(self, obj: int, context: Container, path: str) -> int:
+        if obj > self.limit:
+            raise LimitError(f"{self.what} {obj} exceeds its limit {self.limit}")
+        return obj
+
+    def _encode(self, obj: int, context: Container, path: str) -> int:
+        return obj
+
+
+# Five bytes a block: without a count bound a few KB of compressed body could declare 13M blocks
+# (§14 MAX_BLOCKS, R-INDEX-COUNTS.BLOCKS)
+CompactIndexBody = Struct(*(
+    "block_count" / _AtMost(Int64ul, MAX_BLOCKS, "block_count") if sc.name == "block_count" else sc
+    for sc in IndexBody.subcons if sc.name not in FULL_INDEX_ONLY))
 
 
 def index_body(compact: bool) -> Struct:

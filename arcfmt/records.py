@@ -499,6 +499,8 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) ->
     seq[np.arange(b.block_count, dtype=np.int64) + owner + 1] = blk_offsets
     if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
         raise CorruptError(f"{where}: tensors and blocks are not located in file order")
+    if b.other_offsets.size > 1 and not (b.other_offsets[1:] > b.other_offsets[:-1]).all():
+        raise CorruptError(f"{where}: the other records are not listed in file order")
     for t in b.other_types.tolist():
         if not L.RECORD_TYPE_RE.match(t):
             raise CorruptError(f"{where}: record type {t!r} is not four ASCII letters")

@@ -106,14 +106,21 @@ change: any minor is read (§4, §16), 4 included (§4's table still says "3 for
 Version 1.5 (header flag COMPACT_INDEX, §4, §10, §10.1): no ASSUMPTION.  check_header tests bit 0 of
 the header's flags as COMPACT_INDEX and refuses only bits 1-31 (`reserved_bits`, R-HEADER-FLAGS), in
 §4's place (after magic and major); the flag is honoured whatever the minor version (§4 now says 5;
-any value is read).  A file without the flag is read exactly as in 1.4.  With it, both ways:
+any value is read).  A file without the flag is read as in 1.4, save one check 1.5 adds to §10
+check 6 for every index: each other_offsets entry is greater than the one before it (the other
+records are listed in file order, R-INDEX-ORDER.OTHER, `corrupt`), made after the tensors' and
+blocks' order, before check 7.  With the flag, both ways:
   - parse_index reads the body without the four columns marked † in §10 (tens_offsets,
-    tens_checksums, blk_offsets, blk_checksums), the others in the same order; checks 1-4 as before;
+    tens_checksums, blk_offsets, blk_checksums), the others in the same order; block_count above
+    MAX_BLOCKS (floor(2^26 / 21) = 3 195 660, §14) is `limit` as soon as it is read, before
+    name_lengths (R-INDEX-COUNTS.BLOCKS: 5 bytes a block no longer bound it; a full index needs no
+    such check, its column check refuses more, §1.1); checks 1-4 as before;
     check 5 is the walk of §10.1, made as its pseudo-code writes it (derive_compact_offsets), which
     derives the TENS and BLCK offsets; its end condition "j = X and p = index_offset, else corrupt"
     is two checks in that order, R-INDEX-COMPACT.OTHER then R-INDEX-COMPACT.END (both `corrupt`);
     check 6 is not made (§10 check 6: the derived offsets are in file order by construction, each
-    size being at least 16 by check 4: it could never fail); checks 7-8 as before;
+    size being at least 16 by check 4, and so are the other records, which the walk reaches in
+    index order: it could never fail); checks 7-8 as before;
   - random access (§12.1) locates TENS and BLCK records at the derived offsets and makes §5 check 3
     without its last comparison (the checksum field against the index: there is no column,
     R-RECORD-LOCATED.CHECKSUM binds a full index only); §5 check 5 still verifies each record;
@@ -225,6 +232,7 @@ MAX_INDEX_BYTES = 2 ** 26
 MAX_WINDOW = 2 ** 27
 MAX_XZ_MEMORY = 2 ** 27
 MAX_OTHER_RECORDS = 2 ** 20
+MAX_BLOCKS = MAX_INDEX_BYTES // 21  # 3 195 660: block_count of a compact index (§14, §10, §1.1)
 
 # SPEC §7: the one reserved tensor name (safetensors' header key), compared as exact bytes.
 RESERVED_NAME = b"__metadata__"
@@ -1466,6 +1474,11 @@ def parse_index(payload, index_offset, compact=False):
     if T > MAX_TENSORS:
         fail("limit", f"INDX: tensor_count {T} exceeds MAX_TENSORS")
     K = b.u64("block_count")
+    # R-INDEX-COUNTS.BLOCKS (1.5): with COMPACT_INDEX a block takes 5 bytes of the body, so the
+    # columns no longer bound K; it is checked when it is read, before any column (`limit`).  A full
+    # index cannot list more than MAX_BLOCKS blocks (21 bytes each): its column check refuses them.
+    if compact and K > MAX_BLOCKS:
+        fail("limit", f"INDX (compact): block_count {K} exceeds MAX_BLOCKS ({MAX_BLOCKS})")
     ix.T, ix.K = T, K
     ix.name_lengths = b.column(T, "I", "name_lengths")
     b.check_column(sum(ix.name_lengths), 1, "names")
@@ -1525,8 +1538,10 @@ def parse_index(payload, index_offset, compact=False):
             pos = o + s
         if pos != index_offset:
             fail("corrupt", f"INDX: records end at {pos}, index is at {index_offset}")
-    # 6. Order.  With COMPACT_INDEX the offsets derived by check 5 are in file order by
-    # construction (§10 check 6, §10.1: every size is at least 16, check 4): nothing to check.
+    # 6. Order (R-INDEX-ORDER).  With COMPACT_INDEX the offsets derived by check 5 are in file order
+    # by construction (§10 check 6, §10.1: every size is at least 16, check 4), and so are the other
+    # records (the walk reaches them in index order at increasing p): nothing to check.
+    # R-INDEX-ORDER.TENS / R-INDEX-ORDER.BLCK: tensors and their blocks, in file order.
     ix.block_base = []
     k = 0
     prev = -1
@@ -1540,6 +1555,11 @@ def parse_index(payload, index_offset, compact=False):
                 fail("corrupt", f"INDX: BLCK #{k} is out of file order")
             prev = ix.blk_offsets[k]
             k += 1
+    # R-INDEX-ORDER.OTHER (1.5): each other_offsets entry is greater than the one before it (the
+    # other records are listed in file order, as streaming reads them, §12.2 step 6).
+    for i in range(1, X):
+        if not compact and ix.other_offsets[i] <= ix.other_offsets[i - 1]:
+            fail("corrupt", f"INDX: other record #{i} is out of file order")
     # 7. Other records' types.
     for i, typ in enumerate(ix.other_types):
         if not is_letters(typ):

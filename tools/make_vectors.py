@@ -295,6 +295,33 @@ def compact_reject_vectors():
       "no blocks) swapped: the sum is right, both derived offsets are wrong", tens_sizes_swapped,
       covers=("10.1", "5", "12.2"), src=ee)
 
+    def trailer_checksum(t):
+        t[24] ^= 1
+    for name, fn in (("other_misplaced", misplaced), ("end_short", unlisted)):
+        V.append(Vector(f"n_compact_{name}_then_trailer_checksum", f"COMPACT_INDEX: as n_compact_{name}, and the "
+                        "trailer's checksum wrong: random access checks the trailer first (checksum), streaming "
+                        "the index first (corrupt)", ["10.1", "11", "12"], base,
+                        assemble(p, index_fn=fn, trailer_fn=trailer_checksum), error="checksum",
+                        errors={"stream": "corrupt"}))
+
+    def many_blocks(payload):
+        d = dict(_index_dict_of_payload(payload, True))
+        d["block_count"] = L.MAX_BLOCKS + 1
+        body = L.CompactIndexBody.build(d)
+        return bytes([0]) + varint(len(body)) + body
+    probe = assemble(p)
+    ioff = int.from_bytes(probe[-40:-32], "little")
+    V.append(Vector("n_compact_limit_block_count", "COMPACT_INDEX: block_count MAX_BLOCKS + 1 (5 bytes a block: "
+                    "a few KB of compressed body could declare it), refused when it is read", ["10", "14"], base,
+                    assemble(p, index_payload=many_blocks(probe[ioff + 16:-40])), error="limit"))
+    fbase, _, fp = _noted_file(False)
+
+    def others_reversed(ix):
+        ix.others[1], ix.others[2] = ix.others[2], ix.others[1]
+    V.append(Vector("n_index_others_out_of_order", "a full index listing two note records in reverse file order "
+                    "(they still tile the file)", ["10", "12.2"], fbase, assemble(fp, index_fn=others_reversed),
+                    error="corrupt"))
+
     def flip_trailer_bit(t):
         t[20] ^= L.COMPACT_INDEX
         fix_trailer_checksum(t)
@@ -2606,6 +2633,9 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("y_compact_index_*", ["R-INDEX-COMPACT"]), ("y_full_index", ["R-INDEX-TILING", "R-RECORD-LOCATED"]),
     ("n_compact_other_*", ["R-INDEX-COMPACT.OTHER"]), ("n_compact_others_*", ["R-INDEX-COMPACT.OTHER"]),
     ("n_compact_end_*", ["R-INDEX-COMPACT.END"]), ("n_flags_disagree_*", ["R-FLAGS-AGREE"]),
+    ("n_compact_*_then_trailer_checksum", ["R-TRAILER-CHECKSUM", "R-CHECK-ORDER"]),
+    ("n_compact_limit_block_count", ["R-INDEX-COUNTS.BLOCKS"]),
+    ("n_index_others_out_of_order", ["R-INDEX-ORDER.OTHER"]),
     ("n_compact_sizes_shifted", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.BLCK"]),
     ("n_compact_adjacent_tens_sizes", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.TENS"]),
     ("n_reserved_trailer_flags", ["R-TRAILER-FLAGS"]),
