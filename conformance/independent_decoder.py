@@ -101,7 +101,7 @@ R-CTXAS-PARAMS, in its order); §8.6 step 2 checks stream 1's padding, then stre
 start (first byte 0, then the code below 2^32 - 1) in place of stream 2's padding; after step 3 the c
 signs are range-decoded in class order (a byte beyond sbytes `corrupt` when it is needed), then the
 bytes read must be exactly sbytes; then §8.6 steps 4-5.  The header/trailer minor version needs no
-change: any minor is read (§4, §16), 4 included (§4's table still says "3 for this version").
+change: any minor is read (§4, §16), 4 included.
 
 Version 1.5 (header flag COMPACT_INDEX, §4, §10, §10.1): no ASSUMPTION.  check_header tests bit 0 of
 the header's flags as COMPACT_INDEX and refuses only bits 1-31 (`reserved_bits`, R-HEADER-FLAGS), in
