@@ -64,7 +64,7 @@ def as_framework(arrays: dict, base: Any, framework: str | None = None, device: 
 
 def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step=None,
            block_elems: int = DEFAULT_BLOCK_ELEMS, effort: str = "default", workers=None,
-           keyframe: bool = False, on_mismatch: str = "warn") -> bytes:
+           keyframe: bool = False, on_mismatch: str = "warn", compact_index: bool = True) -> bytes:
     """Encode ``target`` as a delta from ``base`` (name → array: numpy, ml_dtypes or torch) to bytes.
 
     ``base=None`` or ``keyframe=True`` writes a full lossless snapshot that needs no base. A target
@@ -73,6 +73,8 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
     :class:`arcfmt.KeyframeWarning` naming them), ``"error"`` (:class:`arcfmt.InputError`, before
     anything is encoded) or ``"ignore"``. ``base_step``/``target_step`` label the file (a reader can
     refuse a delta against the wrong step); ``effort``: ``"fast"``, ``"default"`` or ``"max"``.
+    ``compact_index=False`` writes the index as format 1.4 did (SPEC.md §10): a file 1.4 decoders read,
+    for a fleet whose followers are not all upgraded yet.
     """
     if not isinstance(target, Mapping) or (base is not None and not isinstance(base, Mapping)):
         raise InputError("base and target must be mappings of tensor name to array")
@@ -82,7 +84,7 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
         check_mismatches({}, {}, on_mismatch)  # only the value is checked
     buf = io.BytesIO()
     with DeltaWriter(buf, base_step=base_step, target_step=target_step, block_elems=block_elems,
-                     effort=effort, workers=workers) as w:
+                     effort=effort, workers=workers, compact_index=compact_index) as w:
         w.write_tensors(((name, None if base is None else base.get(name), arr) for name, arr in target.items()),
                         keyframe=keyframe)
     return buf.getvalue()
@@ -154,14 +156,16 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
 def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out, *, base_step: int | None = None,
                  target_step: int | None = None, block_elems: int = DEFAULT_BLOCK_ELEMS, effort: str = "default",
                  workers: int | None = None, keyframe: bool = False, force: bool = False,
-                 on_mismatch: str = "warn", progress: Callable[[int], object] | None = None) -> DeltaWriter:
+                 on_mismatch: str = "warn", progress: Callable[[int], object] | None = None,
+                 compact_index: bool = True) -> DeltaWriter:
     """Write the delta between two safetensors checkpoints (a ``.safetensors`` file or a sharded folder
     with its ``model.safetensors.index.json``) to ``out``: what ``arcfmt encode BASE TARGET -o OUT`` does.
 
     ``base=None`` (or ``keyframe=True``) writes a keyframe of ``target``. ``out`` is a path, written
     atomically (an existing file is refused unless ``force``; an input never), or a binary file
     object. Tensors are read memory-mapped, so checkpoints larger than memory stream through.
-    ``on_mismatch`` as for :func:`encode`; ``progress(nbytes)`` is called as target tensors are read.
+    ``on_mismatch`` and ``compact_index`` as for :func:`encode`; ``progress(nbytes)`` is called as target
+    tensors are read.
     Returns the closed :class:`DeltaWriter` (``.size``: bytes written; ``.stats``: per tensor).
     """
     from .checkpoint import encode_checkpoints
@@ -169,7 +173,7 @@ def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out,
     return encode_checkpoints(None if base is None else os.fspath(base), os.fspath(target), out,
                               base_step=base_step, target_step=target_step, block_elems=block_elems,
                               effort=effort, workers=workers, keyframe=keyframe, progress=progress, force=force,
-                              on_mismatch=on_mismatch, stacklevel=3)
+                              on_mismatch=on_mismatch, stacklevel=3, compact_index=compact_index)
 
 
 def apply_files(base: str | os.PathLike, delta, out: str | os.PathLike | None = None, *, in_place: bool = False,

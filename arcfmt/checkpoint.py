@@ -22,7 +22,8 @@ from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
 
 def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_step=None, target_step=None,
                        block_elems=DEFAULT_BLOCK_ELEMS, effort="default", workers=None, keyframe=False,
-                       progress=None, force=False, on_mismatch: str = "warn", stacklevel: int = 2) -> DeltaWriter:
+                       progress=None, force=False, on_mismatch: str = "warn", stacklevel: int = 2,
+                       compact_index: bool = True) -> DeltaWriter:
     """Write the delta from the checkpoint at ``base_path`` to the one at ``target_path`` into ``out``
     (a path, written atomically, or a binary file object). Returns the closed writer (sizes, stats).
     The one implementation behind ``arcfmt encode`` and :func:`arcfmt.encode_files`.
@@ -59,7 +60,7 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
 
     def write(f):
         w = DeltaWriter(f, base_step=base_step, target_step=target_step, block_elems=block_elems, effort=effort,
-                        workers=workers)
+                        workers=workers, compact_index=compact_index)
         w.write_tensors(items(), keyframe=keyframe)
         w.close()
         return w

@@ -395,7 +395,8 @@ def cmd_encode(args) -> int:
     try:
         w = encode_checkpoints(base, target, out, base_step=base_step, target_step=target_step,
                                block_elems=args.block_elems, effort=effort, workers=args.workers,
-                               keyframe=args.keyframe, progress=update, force=args.force)
+                               keyframe=args.keyframe, progress=update, force=args.force,
+                               compact_index=not args.full_index)
     finally:
         close()
     if to_stdout:
@@ -697,7 +698,7 @@ def cmd_publish(args) -> int:
                     sign_key=args.sign_key, stream_id=args.stream_id,
                     storage_options=_storage_options(args.storage_option), effort=args.effort,
                     workers=args.workers, remember=False, state_dir=args.state, writer=args.writer,
-                    on_commit=args.on_commit, keep_last=args.keep_last)
+                    on_commit=args.on_commit, keep_last=args.keep_last, compact_index=not args.full_index)
     res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
                       file_name=args.file_name)
     out = res.as_dict()
@@ -906,6 +907,10 @@ def cmd_keygen(args) -> int:
     return 0
 
 
+FULL_INDEX_HELP = ("write the index with its offset and checksum columns, as format 1.4 did (SPEC.md §10): "
+                   "files 1.4 decoders read, while a fleet's followers are being upgraded")
+
+
 PROGRESS_HELP = ("show a progress bar on stderr (default: when stderr is a terminal, unless -q, ARCFMT_QUIET=1 "
                  "or ARCFMT_NO_PROGRESS=1)")
 
@@ -977,6 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--block-elems", type=_block_elems, default=DEFAULT_BLOCK_ELEMS,
                    help=f"elements per block, {MIN_BLOCK_ELEMS}..16777216 (default {DEFAULT_BLOCK_ELEMS})")
     e.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
+    e.add_argument("--full-index", action="store_true", help=FULL_INDEX_HELP)
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(e)
     e.set_defaults(func=cmd_encode)
@@ -1056,6 +1062,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "so its steps cannot be replayed into another stream")
     pb.add_argument("--effort", choices=["fast", "default", "max"], default="default")
     pb.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
+    pb.add_argument("--full-index", action="store_true", help=FULL_INDEX_HELP)
     storage(pb)
     common(pb)
     pb.set_defaults(func=cmd_publish)

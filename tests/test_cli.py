@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import arcfmt
@@ -50,6 +51,22 @@ def test_encode_inspect_apply(ckpts, tmp_path):
     assert json.loads(p.stdout)["verified"] is True
     for n in os.listdir(ckpts / "step0008"):
         assert (tmp_path / "out" / n).read_bytes() == (ckpts / "step0008" / n).read_bytes()
+
+
+def test_full_index_for_fleets_not_yet_upgraded(ckpts, tmp_path):
+    """``--full-index`` (and ``compact_index=False``): the index as format 1.4 wrote it, read the same."""
+    delta = tmp_path / "f.arc"
+    run("encode", ckpts / "step0007", ckpts / "step0008", "-o", delta, "--full-index", check_rc=0)
+    assert json.loads(run("inspect", delta, "--json", check_rc=0).stdout)["compact_index"] is False
+    assert delta.read_bytes()[12:16] == bytes(4)
+    run("apply", ckpts / "step0007", delta, "-o", tmp_path / "out", check_rc=0)
+    for n in os.listdir(ckpts / "step0008"):
+        assert (tmp_path / "out" / n).read_bytes() == (ckpts / "step0008" / n).read_bytes()
+    base = {"w": np.arange(64, dtype=np.float32)}
+    target = {"w": base["w"] + 1}
+    full, compact = (arcfmt.encode(base, target, compact_index=c) for c in (False, True))
+    assert len(full) > len(compact) and full[12] == 0 and compact[12] == 1
+    assert arcfmt.decode(base, full)["w"].tobytes() == target["w"].tobytes()
 
 
 def test_keyframe(ckpts, tmp_path):

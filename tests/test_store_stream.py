@@ -574,3 +574,19 @@ def test_publish_warns_when_the_head_stays_ahead_of_the_step(tmp_path):
     assert p.returncode == 0 and "head at step 100" in p.stdout
     warn = [x for x in p.stderr.splitlines() if x.startswith("arcfmt: warning:")]
     assert len(warn) == 1 and "stays at step 100, ahead of step 2" in warn[0], p.stderr
+
+
+def test_a_full_index_publisher_for_fleets_not_yet_upgraded(tmp_path, traj):
+    """``compact_index=False`` (``publish --full-index``): data objects whose header leaves COMPACT_INDEX
+    clear (SPEC.md §4, §10; what a 1.4 follower reads), followed like any other."""
+    url = str(tmp_path / "stream")
+    (pub,) = publishers(url, 1, compact_index=False)
+    for step in (0, 1):
+        res = pub.publish(step, traj[step])
+        for obj in (res.delta, res.keyframe):
+            if obj is not None:
+                with open(os.path.join(url, obj.name), "rb") as f:
+                    head = f.read(16)
+                assert int.from_bytes(head[12:16], "little") == 0
+    Follower(url, tmp_path / "f").sync()
+    assert_folder(tmp_path / "f", traj[1])

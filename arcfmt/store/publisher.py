@@ -153,7 +153,7 @@ class Publisher:
                  retries: int = 5, writer: str | None = None, on_commit=None, on_commit_timeout: float = 60.0,
                  on_mismatch: str = "warn",
                  sign_key=None, stream_id: str | None = None, keep_last: int | None = None,
-                 keep_keyframes: int = 0):
+                 keep_keyframes: int = 0, compact_index: bool = True):
         N.check_shard(shard, num_shards)
         self.writer = N.check_writer(writer)
         # sign_key: an Ed25519 private key (object or PEM/raw file): every step this publisher commits or
@@ -174,6 +174,7 @@ class Publisher:
         self.effort = effort
         self.keyframe_effort = keyframe_effort
         self.block_elems = block_elems
+        self.compact_index = compact_index   # False: data objects a 1.4 follower reads (SPEC.md §10)
         self.workers = workers
         self.remember = remember
         self.state_dir = state_dir
@@ -470,6 +471,7 @@ class Publisher:
         with os.fdopen(fd, "wb") as f:
             hw = _HashingWriter(f)
             w = DeltaWriter(hw, base_step=base_step, target_step=step, block_elems=self.block_elems,
+                            compact_index=self.compact_index,
                             effort=self.effort if base is not None else self.keyframe_effort, workers=self.workers)
             w.write_tensors((n, None if base is None else base.get(n), a) for n, a in target.items())
             w.close()
