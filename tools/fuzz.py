@@ -533,8 +533,11 @@ def check_names(rng, tmpdir, cached):
         if mode == "dup":
             want = CorruptError
         for rmode, exc, _ in _both_readers(cbase, data):
-            # a streaming reader meets the renamed tensor before its namesake, whose base it may fail on
-            w = (CorruptError, WrongBaseError) if mode == "dup" and rmode == "stream" else want
+            # a streaming reader meets the renamed tensor before its namesake, whose base it may fail on;
+            # and, names being prefixed (§7), with only the index's name changed it joins the next TENS
+            # name onto the record's own name, not the index's: a name the base may lack (§12.2 step 3
+            # checks that base before step 4 reads the index)
+            w = (want, WrongBaseError) if mode in ("dup", "indx") and rmode == "stream" else want
             fail = _expect_class(exc, w, f"names ({mode} {rmode}, {raw[:40]!r})")
             if fail:
                 return fail, data
