@@ -28,8 +28,8 @@ On rejection it prints exactly one line ``error: CATEGORY: message`` to stdout
 and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
 
 By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
-(header, size, trailer, INDX, META, every TENS with its base, every BLCK, then the
-tensor hashes and the digests).  In that mode it reads only the 16-byte header of each
+(header, size, trailer, INDX, META, every TENS with its base and then the model digests, every
+BLCK, then the tensor hashes).  In that mode it reads only the 16-byte header of each
 record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream``
 decodes front to back (SPEC §12.2, steps 1-7) and only uses the index at the end, to cross-check it
 against the records seen; before it, step 3 bounds the names it remembers (R-STREAM-NAMES): a
@@ -134,6 +134,14 @@ agreement (R-VERSIONS-AGREE), refuses a trailer COMPACT_INDEX bit that differs f
 (`corrupt`, R-FLAGS-AGREE).  Random access makes it in §12.1 step 3, before the index is read (so the
 index is laid out as both say); streaming lays the index out as the header says (step 4) and makes
 it in step 5, after the index, before the trailer's index_offset is compared with the INDX record's.
+Also in 1.5 (§12.1 step 6, §16, R-DIGEST-EARLY): this decoder's random access always reads every
+tensor (a whole-file decode), so it checks the model digests (§12.3 step 4: target_digest,
+`verification`, then base_digest, `corrupt`) at the end of step 6, after every TENS record and every
+base was checked, before any block is read; step 8 then makes only the tensor hashes (§12.3 step 3).
+Streaming is unchanged (§12.2 step 7, after the cross-check).  Both ways call the one check_digests,
+which computes target_digest from the TENS records' target_hash values: a tensor that passes §12.3
+step 3 hashes to exactly its target_hash, so this is the same check (and streaming has verified every
+tensor before its step 7).
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -1629,10 +1637,16 @@ def model_digest(entries):
 
 
 def check_digests(ix, tensors):
-    # §12.3 step 4: target_digest first, then base_digest.
-    target = model_digest([(ti.name_bytes, ti.dtype, ti.dims, ti.actual_hash) for ti in tensors])
+    """§12.3 step 4: target_digest first (`verification`), then base_digest (`corrupt`).
+
+    Computed from the TENS records' names, dtypes, shapes and hashes, never from rebuilt data: a
+    rebuilt tensor that passes §12.3 step 3 hashes to exactly its target_hash, so the digest of the
+    target_hash values is the digest of the reconstructed tensors.  That lets random access make the
+    check at the end of §12.1 step 6, before any block (R-DIGEST-EARLY); streaming makes it at §12.2
+    step 7, after every tensor was verified."""
+    target = model_digest([(ti.name_bytes, ti.dtype, ti.dims, ti.target_hash) for ti in tensors])
     if ix.target_digest != target:
-        fail("verification", "target_digest does not match the reconstructed tensors")
+        fail("verification", "target_digest does not match the tensors (the TENS records' target_hash values)")
     base_entries = [(ti.name_bytes, ti.dtype, ti.dims, ti.base_hash) for ti in tensors if ti.needs_base]
     expected_base = model_digest(base_entries) if base_entries else bytes(16)
     if ix.base_digest != expected_base:
@@ -1716,6 +1730,10 @@ def decode_random_access(path, base):
         if ti.needs_base:
             base.check(ti)
         tensors.append(ti)
+    # R-DIGEST-EARLY (§12.1 step 6, 1.5): every tensor is read, so the model digests (§12.3 step 4,
+    # target_digest then base_digest) are checked now, from the TENS records, after every TENS record
+    # and every base was checked and before any block is read or decoded.
+    check_digests(ix, tensors)
     builders = []                                                           # step 7
     for t, ti in enumerate(tensors):
         builder = TensorBuilder(ti, base)
@@ -1726,8 +1744,7 @@ def decode_random_access(path, base):
             builder.add_block(t, payload, ix.blk_encodings[k])
         builders.append(builder)
     for builder in builders:                                                # step 8
-        builder.verify()
-    check_digests(ix, tensors)
+        builder.verify()   # §12.3 step 3 only; step 4 was made in step 6 (R-DIGEST-EARLY)
     return tensors
 
 

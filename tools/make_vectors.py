@@ -322,6 +322,19 @@ def compact_reject_vectors():
                     "(they still tile the file)", ["10", "12.2"], fbase, assemble(fp, index_fn=others_reversed),
                     error="corrupt"))
 
+    # R-DIGEST-EARLY: a tensor's TENS record left out (the index rebuilt, its digests kept): the later
+    # tensors' BLCK records name the wrong ordinals (corrupt, §8 check 2), and the digest no longer
+    # matches (verification) -- random access checks the digest at the end of §12.1 step 6, before
+    # any block; streaming meets the blocks first
+    dropped = split(write_delta(None, {nm: rl_step(95 + i, (3, 4))[1] for i, nm in enumerate("abc")}, block_elems=6))
+    first_b = next(i for i, r in enumerate(dropped.recs) if r.type == L.TENS and r.name == "b")
+    kept = dropped.recs[:1] + dropped.recs[first_b:]   # META, then tensors b and c with their blocks
+    V.append(Vector("n_target_digest_then_block_ordinal", "a keyframe file with its first tensor's records "
+                    "left out and the digests kept: random access refuses the target digest at the end of "
+                    "step 6 (verification), streaming the next block's tensor ordinal (corrupt)",
+                    ["12.1", "12.2", "12.3", "8"], {}, assemble(dropped, kept),
+                    error="verification", errors={"stream": "corrupt"}))
+
     def flip_trailer_bit(t):
         t[20] ^= L.COMPACT_INDEX
         fix_trailer_checksum(t)
@@ -2635,6 +2648,7 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_compact_end_*", ["R-INDEX-COMPACT.END"]), ("n_flags_disagree_*", ["R-FLAGS-AGREE"]),
     ("n_compact_*_then_trailer_checksum", ["R-TRAILER-CHECKSUM", "R-CHECK-ORDER"]),
     ("n_compact_limit_block_count", ["R-INDEX-COUNTS.BLOCKS"]),
+    ("n_target_digest_then_block_ordinal", ["R-DIGEST-EARLY", "R-TARGET-DIGEST", "R-CHECK-ORDER"]),
     ("n_index_others_out_of_order", ["R-INDEX-ORDER.OTHER"]),
     ("n_compact_sizes_shifted", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.BLCK"]),
     ("n_compact_adjacent_tens_sizes", ["R-RECORD-LOCATED.HEADER", "R-STREAM-CROSSCHECK.TENS"]),
