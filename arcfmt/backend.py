@@ -132,16 +132,16 @@ def cache_dir() -> str:
     return os.environ.get("NUMBA_CACHE_DIR") or os.path.join(here, "__pycache__")
 
 
-def first_compile_pending(kernel: str | None = None) -> bool:
-    """Whether the compiled backend will be chosen and numba has no cached build of ``kernel`` (any
-    kernel when None) yet: the first call then compiles it (seconds, once per install), which a
-    command says beforehand. Looks for numba's cache index files only; imports nothing."""
+def first_compile_pending(kernel: str) -> bool:
+    """Whether the compiled backend will be chosen and numba has no cached build of ``kernel`` yet:
+    the first call then compiles it (seconds, once per install), which a command says beforehand.
+    Looks for numba's cache index files only; imports nothing."""
     if os.environ.get("ARCFMT_JIT", "1") == "0":
         return False
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
-    start = "kernels." if kernel is None else f"kernels._{kernel}-"
+    start = f"kernels._{kernel}-"
     for _root, _dirs, files in os.walk(cache_dir()):
         if any(f.startswith(start) and f.endswith(".nbi") for f in files):
             return False
@@ -171,7 +171,6 @@ def warn_first_compile(kernel: str) -> None:
         line = announce_first_compile((kernel,))
         if line is not None:
             warnings.warn(line, FirstCompileWarning, stacklevel=3)
-
 
 
 def twins() -> Backend:

@@ -451,6 +451,10 @@ class StreamReader:
             one = {name: self._torch_base[name]} if name in self._torch_base else self._torch_first
             yield name, as_framework({name: arr}, one, "pt", self._device)[name]
 
+    def _listed(self, head) -> int | None:
+        """A record's checksum as its index lists it: none in a compact index (§10.1, §12.2 step 6)."""
+        return None if self._compact else head.checksum
+
     def _critical(self):
         """The next critical record (ancillary ones are noted and skipped, §12.2 step 2)."""
         while True:
@@ -470,7 +474,7 @@ class StreamReader:
                                    f"still needs blocks {b}..{th.block_count - 1}")
             where = f"BLCK at offset {offset} (tensor {th.name!r} block {b})"
             info = records.parse_block(payload, th, ordinal, b, where)
-            entry.blocks.append(records.BlockRef(offset, head.length + L.RECORD_HEADER_SIZE, head.checksum,
+            entry.blocks.append(records.BlockRef(offset, head.length + L.RECORD_HEADER_SIZE, self._listed(head),
                                                  info.encoding))
             yield functools.partial(tuple, (info, payload))
 
@@ -484,6 +488,7 @@ class StreamReader:
         self._pos = len(head)
         header = records.check_header(head)  # a short header is `truncated` or `bad_magic` (§12.1)
         self.version = header.version
+        self._compact = header.compact_index
         offset, head, payload = self._record()
         if head.type != L.META:
             raise CorruptError(f"first record at offset {offset} is {head.type!r}, not META")
@@ -510,7 +515,7 @@ class StreamReader:
                 raise LimitError(f"TENS at offset {offset}: the names read add up to more than MAX_INDEX_BYTES "
                                  f"({L.MAX_INDEX_BYTES}), more than an index can hold")
             names.add(raw)
-            entry = records.IndexEntry(th.name, offset, head.length + L.RECORD_HEADER_SIZE, head.checksum, [])
+            entry = records.IndexEntry(th.name, offset, head.length + L.RECORD_HEADER_SIZE, self._listed(head), [])
             seen.append(entry)
             headers.append(th)
             base_u = pipeline.check_base(th, self._base.get(th.name) if th.needs_base else None)
@@ -525,11 +530,6 @@ class StreamReader:
         records.trailer_agrees(trailer, header)
         if trailer.index_offset != offset:
             raise CorruptError(f"the trailer places the index at {trailer.index_offset}, not at {offset}")
-        if index.compact:   # a compact index lists no checksums to compare (§12.2 step 6)
-            for e in seen:
-                e.tens_checksum = None
-                for ref in e.blocks:
-                    ref.checksum = None
         if [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in index.entries] != \
                 [(e.name, e.tens_offset, e.tens_size, e.tens_checksum, e.blocks) for e in seen] \
                 or index.others != self._others:

@@ -482,21 +482,22 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) ->
         raise LimitError(f"{where}: a tensor has more than MAX_BLOCKS_PER_TENSOR blocks")
     ends = np.cumsum(counts.astype(np.int64))
     starts = ends - counts.astype(np.int64)
+    # File order: TENS(0), its blocks in order, TENS(1), ... (SPEC.md §3): each record's place in it
+    T = b.tensor_count
+    tens_pos = starts + np.arange(T, dtype=np.int64)
+    owner = np.repeat(np.arange(T, dtype=np.int64), counts.astype(np.int64))
+    blk_pos = np.arange(b.block_count, dtype=np.int64) + owner + 1
     if compact:
-        tens_offsets, blk_offsets = derive_offsets(b, starts, index_offset, where)
+        tens_offsets, blk_offsets = derive_offsets(b, tens_pos, blk_pos, index_offset, where)
         tens_checksums: list[int | None] = [None] * b.tensor_count
         blk_checksums: list[int | None] = [None] * b.block_count
     else:
         check_tiling(b, index_offset, where)
         tens_offsets, blk_offsets = b.tens_offsets, b.blk_offsets
         tens_checksums, blk_checksums = b.tens_checksums.tolist(), b.blk_checksums.tolist()
-    # File order: TENS(0), its blocks in order, TENS(1), ... (SPEC.md §3)
-    T = b.tensor_count
     seq = np.empty(T + b.block_count, np.uint64)
-    tens_pos = starts + np.arange(T, dtype=np.int64)
     seq[tens_pos] = tens_offsets
-    owner = np.repeat(np.arange(T, dtype=np.int64), counts.astype(np.int64))
-    seq[np.arange(b.block_count, dtype=np.int64) + owner + 1] = blk_offsets
+    seq[blk_pos] = blk_offsets
     if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
         raise CorruptError(f"{where}: tensors and blocks are not located in file order")
     if b.other_offsets.size > 1 and not (b.other_offsets[1:] > b.other_offsets[:-1]).all():
@@ -559,8 +560,10 @@ def _check_sizes(sizes: np.ndarray, where: str) -> None:
         raise CorruptError(f"{where}: a record size is out of range")
 
 
-def derive_offsets(b: Any, starts: np.ndarray, index_offset: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """The TENS and BLCK offsets of a compact index (§10.1), and its checks 4 and 5.
+def derive_offsets(b: Any, tens_pos: np.ndarray, blk_pos: np.ndarray, index_offset: int,
+                   where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The TENS and BLCK offsets of a compact index (§10.1), and its checks 4 and 5 (``tens_pos``,
+    ``blk_pos``: each record's place in file order).
 
     The walk of §10.1 in closed form: in file order the located records' sizes add up to ``cum``;
     other record ``j`` is reached only where ``cum`` is exactly its offset less 52 and less the other
@@ -568,12 +571,7 @@ def derive_offsets(b: Any, starts: np.ndarray, index_offset: int, where: str) ->
     record is then shifted by the other records reached before it.
     """
     T, K = b.tensor_count, b.block_count
-    counts = b.tens_block_counts.astype(np.int64)
-    # the located records' sizes in file order: TENS(t), then its blocks
-    sizes = np.empty(T + K, np.int64)
-    tens_pos = starts + np.arange(T, dtype=np.int64)
-    owner = np.repeat(np.arange(T, dtype=np.int64), counts)
-    blk_pos = np.arange(K, dtype=np.int64) + owner + 1
+    sizes = np.empty(T + K, np.int64)   # the located records' sizes in file order
     sizes[tens_pos] = b.tens_sizes
     sizes[blk_pos] = b.blk_sizes
     other_sizes = b.other_sizes.astype(np.int64)

@@ -27,7 +27,7 @@ from arcfmt import records
 from arcfmt.errors import ArcError, CorruptError, InputError, LimitError, VerificationError
 from arcfmt.integrity import model_digest
 from support.data import StreamReader, assert_bit_exact, stream_decode
-from support.records import Rec, assemble, parse_file
+from support.records import Rec, assemble, index_fields, parse_file, raw_index_payload
 
 RESERVED = "__metadata__"
 
@@ -305,15 +305,9 @@ def test_index_block_counts_that_wrap_are_corrupt(reader):
     target = {"a": np.ones(8, np.float32), "b": np.ones(8, np.float32)}
     data = arcfmt.encode(base, target, block_elems=4, workers=1)
     p = parse_file(data)
-    body = records.build_index(p.index)
-    q = L.IndexPayload.parse(body)
-    from arcfmt import codecs
-    layout = L.index_body(p.index.compact)
-    fields = dict(layout.parse(bytes(codecs.decode(q.codec, q.body, q.body_length))))
-    fields = {k: v for k, v in fields.items() if not k.startswith("_")}
-    fields["tens_block_counts"] = [int(c) + (1 << 63) for c in fields["tens_block_counts"]]
-    raw = layout.build(fields)
-    bad = assemble(p, index_payload=bytes([0]) + L.varint_bytes(len(raw)) + raw)
+    fields = index_fields(records.build_index(p.index), p.index.compact)
+    fields["tens_block_counts"] = [c + (1 << 63) for c in fields["tens_block_counts"]]
+    bad = assemble(p, index_payload=raw_index_payload(L.index_body(p.index.compact).build(fields)))
     raises(CorruptError, reader, bad, base)
 
 

@@ -77,7 +77,13 @@ from arcfmt import layout as L  # noqa: E402
 from arcfmt.errors import CorruptError, LimitError, WrongBaseError  # noqa: E402
 from arcfmt.reader import DeltaReader, StreamReader  # noqa: E402
 from support.data import BF16, write_delta  # noqa: E402
-from support.records import FULL_INDEX_HEADER, assemble, split, varint  # noqa: E402  (the one record toolkit)
+from support.records import (  # noqa: E402  (the one record toolkit)
+    FULL_INDEX_HEADER,
+    assemble,
+    index_fields,
+    raw_index_payload,
+    split,
+)
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
 ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as"]
@@ -165,18 +171,11 @@ def mutate_struct(rng, data):
         # either index layout (header flag COMPACT_INDEX, §10): a full one carries offsets and checksums
         return assemble(p, index_fn=fn, header=FULL_INDEX_HEADER if rng.random() < 0.5 else None)
     # the index body, bytes changed, codec raw
-    body = bytearray(L.index_body(p.index.compact).build(_index_dict(p)))
+    body = bytearray(L.index_body(p.index.compact).build(index_fields(records.build_index(p.index), p.index.compact)))
     if body:
         k = int(rng.integers(len(body)))
         body[k] = int(rng.integers(256))
-    return assemble(p, index_payload=bytes([0]) + varint(len(body)) + bytes(body))
-
-
-def _index_dict(p):
-    payload = records.build_index(p.index)
-    q = L.IndexPayload.parse(payload)
-    raw = records.codecs.decode(q.codec, q.body, q.body_length)
-    return L.index_body(p.index.compact).parse(bytes(raw))
+    return assemble(p, index_payload=raw_index_payload(body))
 
 
 def mutate_bytes(rng, data):

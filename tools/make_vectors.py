@@ -43,7 +43,9 @@ from support.records import (  # noqa: E402, F401
     Rec,
     assemble,
     fix_trailer_checksum,
+    index_fields,
     prefix_names,
+    raw_index_payload,
     raw_record,
     read_varint,
     set_first_encoding,
@@ -305,10 +307,10 @@ def compact_reject_vectors():
                         errors={"stream": "corrupt"}))
 
     def many_blocks(payload):
-        d = dict(_index_dict_of_payload(payload, True))
+        d = index_fields(payload, True)
         d["block_count"] = L.MAX_BLOCKS + 1
         body = L.CompactIndexBody.build(d)
-        return bytes([0]) + varint(len(body)) + body
+        return raw_index_payload(body)
     probe = assemble(p)
     ioff = int.from_bytes(probe[-40:-32], "little")
     V.append(Vector("n_compact_limit_block_count", "COMPACT_INDEX: block_count MAX_BLOCKS + 1 (5 bytes a block: "
@@ -471,10 +473,10 @@ def renamed_keyframe(name: bytes) -> bytes:
     p.index.target_digest = model_digest([(name, th.dtype.code, th.shape, th.target_hash)])
     # a placeholder name of the same length in the index, then the index body rebuilt by hand with the real one
     probe = assemble(p, index_fn=lambda ix: setattr(ix.entries[0], "name", "x" * len(name)))
-    d = dict(_index_dict_of_payload(probe[int.from_bytes(probe[-40:-32], "little") + 16:-40], p.index.compact))
+    d = index_fields(probe[int.from_bytes(probe[-40:-32], "little") + 16:-40], p.index.compact)
     d.update(name_lengths=[len(name)], names=name)
     body = L.index_body(p.index.compact).build(d)
-    return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
+    return assemble(p, index_payload=raw_index_payload(body))
 
 
 def stream_names_past_index_limit() -> Vector:
@@ -680,7 +682,7 @@ def reject_vectors():
         blk_sizes=[], blk_checksums=[], blk_encodings=[], other_count=0, other_offsets=[], other_sizes=[],
         other_types=[]))
     n("n_limit_tensor_count", "an index declaring 2^20+1 tensors", ["10", "14"],
-      assemble(split(good), index_payload=bytes([0]) + varint(len(raw_body)) + raw_body), "limit")
+      assemble(split(good), index_payload=raw_index_payload(raw_body)), "limit")
     # -- zstd frame rules, bombs
     bz, tz = rl_step(21, (40, 40), density=0.3)
     zfile = write_full({"w": bz}, {"w": tz}, force_codec="zstd", force_encoding="bf16-delta")
@@ -1164,7 +1166,7 @@ def reject_vectors():
         d = dict(_index_dict_of(p))
         fn(d)
         body = L.IndexBody.build(d)
-        return assemble(p, index_payload=bytes([0]) + varint(len(body)) + body)
+        return assemble(p, index_payload=raw_index_payload(body))
 
     def many_others(d):
         d["other_count"] = (1 << 20) + 1
@@ -1191,7 +1193,7 @@ def reject_vectors():
     p_ = split(good)
     body = L.IndexBody.build(dict(_index_dict_of(p_))) + b"\0"
     n("n_index_extra_bytes", "a byte after the index body's columns", ["10"],
-      assemble(p_, index_payload=bytes([0]) + varint(len(body)) + body), "corrupt")
+      assemble(p_, index_payload=raw_index_payload(body)), "corrupt")
     body = L.IndexBody.build(dict(_index_dict_of(split(good))))
     n("n_index_unknown_codec", "index body codec 9", ["10"],
       assemble(split(good), index_payload=bytes([9]) + varint(len(body)) + body), "unsupported")
@@ -1376,7 +1378,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         fix_trailer_checksum(tb)
     n("n_trailer_index_size_small_then_limit", "index_size 8 (< 16); the 16 bytes at index_offset read as a record "
       "header would declare 0x68676665 payload bytes (limit)", ["11", "12.1"],
-      assemble(q2, index_payload=bytes([0]) + varint(len(body2)) + body2, trailer_fn=tr_small_index_letters),
+      assemble(q2, index_payload=raw_index_payload(body2), trailer_fn=tr_small_index_letters),
       "corrupt")
     p3 = split(good)
     p3.recs[0].payload = bytes(4) + bytes(4) + b"abcd" + b"\xff\xff\xff\xff" + bytes(4)
@@ -1667,7 +1669,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         d.update(other_count=len(sizes), other_offsets=offs, other_sizes=sizes, other_types=[b"zzzz"] * len(sizes))
         body = L.IndexBody.build(d)
         out = bytearray(data[:ioff])
-        rec = raw_record(L.INDX, bytes([0]) + varint(len(body)) + body)
+        rec = raw_record(L.INDX, raw_index_payload(body))
         tr = records.build_trailer(ioff, len(rec), compact_index=False)
         return bytes(out + rec + tr)
     V.append(Vector("n_index_record_size_then_limit", "two other records of index size 8 tiling a 16-byte header "
@@ -1708,14 +1710,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
 
 
 def _index_dict_of(p):
-    return _index_dict_of_payload(records.build_index(p.index), p.index.compact)
-
-
-def _index_dict_of_payload(payload, compact=False):
-    q = L.IndexPayload.parse(payload)
-    from arcfmt import codecs as _codecs
-    body = L.index_body(compact).parse(bytes(_codecs.decode(q.codec, q.body, q.body_length)))
-    return {k: (list(v) if hasattr(v, "tolist") else v) for k, v in body.items() if not k.startswith("_")}
+    return index_fields(records.build_index(p.index), p.index.compact)
 
 
 def _assemble_fn(data, fn, index_fn):

@@ -27,7 +27,7 @@ from arcfmt.integrity import record_checksum
 __all__ = [
     "Rec", "Parts", "split", "parse_file", "assemble", "raw_record", "blck_encoding", "set_first_encoding",
     "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "u32", "varint", "read_varint", "prefix_names",
-    "FULL_INDEX_HEADER",
+    "FULL_INDEX_HEADER", "index_fields", "raw_index_payload",
 ]
 
 # A valid file header without COMPACT_INDEX: ``assemble(p, header=FULL_INDEX_HEADER)`` writes the index
@@ -279,6 +279,22 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
         trailer_fn(trailer)
     out += trailer
     return bytes(out)
+
+
+# ------------------------------------------------------------------------------------ the index body
+
+
+def index_fields(payload: bytes, compact: bool) -> dict:
+    """An INDX payload's decoded body (§10; ``compact``: laid out as COMPACT_INDEX says) as its fields,
+    columns as lists: change them, then :func:`raw_index_payload`."""
+    q = L.IndexPayload.parse(bytes(payload))
+    body = L.index_body(compact).parse(bytes(records.codecs.decode(q.codec, q.body, q.body_length)))
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in body.items() if not k.startswith("_")}
+
+
+def raw_index_payload(body: bytes) -> bytes:
+    """An INDX payload holding ``body`` (built by hand, any fault in it) with the raw codec."""
+    return bytes([0]) + varint(len(body)) + bytes(body)
 
 
 # ------------------------------------------------------------------------------------ the trailer
