@@ -73,8 +73,8 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
     :class:`arcfmt.KeyframeWarning` naming them), ``"error"`` (:class:`arcfmt.InputError`, before
     anything is encoded) or ``"ignore"``. ``base_step``/``target_step`` label the file (a reader can
     refuse a delta against the wrong step); ``effort``: ``"fast"``, ``"default"`` or ``"max"``.
-    ``compact_index=False`` writes the index as format 1.4 did (SPEC.md §10): a file 1.4 decoders read,
-    for a fleet whose followers are not all upgraded yet.
+    ``compact_index=False`` writes the index as format 1.4 did, and no inline blocks (SPEC.md §10, §7): a
+    file 1.4 and 1.5 decoders read, for a fleet whose followers are not all upgraded yet.
     """
     if not isinstance(target, Mapping) or (base is not None and not isinstance(base, Mapping)):
         raise InputError("base and target must be mappings of tensor name to array")

@@ -506,6 +506,7 @@ def cmd_inspect(args) -> int:
             raise
     keyframe = not any(t["needs_base"] for t in d["tensors"])
     d["kind"] = "keyframe" if keyframe else "delta"
+    inline = sum(b["inline"] for t in d["tensors"] for b in t["blocks"])
     for t in d["tensors"]:
         for b in t["blocks"]:
             for role, s in zip(_roles(b["encoding"], t["dtype"], len(b["streams"])), b["streams"]):
@@ -532,13 +533,14 @@ def cmd_inspect(args) -> int:
     print(f"arcfmt {d['format_version']} · {d['kind']} · {_fmt_bytes(d['file_bytes'])} · step {base_step} → "
           f"{d['target_step'] if d['target_step'] is not None else dash} · {len(d['tensors'])} tensors · "
           f"index {_fmt_bytes(d['index_bytes'])}" + (" compact" if d["compact_index"] else "")
-          + (" · names prefixed" if d["prefixed_names"] else ""))
+          + (" · names prefixed" if d["prefixed_names"] else "")
+          + (f" · {inline} blocks inline" if d["inline_blocks"] else ""))
     print(f"base digest {dash if keyframe else d['base_digest']}  target digest {d['target_digest']}")
     for t in d["tensors"]:
         t["name"] = _shown(t["name"])
     width = max([len("tensor"), len("total"), *(len(t["name"]) for t in d["tensors"])])
     if args.blocks:
-        width = max(width, len("  block 0000000"))
+        width = max(width, len("  block 0000000 (inline)"))
     encs = sorted({e for t in d["tensors"] for e in t["encodings"]})
     ew = max([len("encoding"), *(len(",".join(t["encodings"])) for t in d["tensors"])])
     print(f"{'tensor':{width}s} {'dtype':8s} {'shape':>16s} {'changed':>9s} {'bytes':>10s}  {'encoding':{ew}s}  "
@@ -557,7 +559,8 @@ def cmd_inspect(args) -> int:
                 hi = min(t["elements"], lo + t["block_elems"])
                 streams = "  ".join(f"{s['role']} {s['codec']}:{s['stored']}" for s in b["streams"])
                 ch = changed_text(b["changed"], t["needs_base"])
-                print(f"{'  block ' + str(k):{width}s} {'':8s} {f'{lo}..{hi}':>16s} {ch:>9s} "
+                label = "  block " + str(k) + (" (inline)" if b["inline"] else "")
+                print(f"{label:{width}s} {'':8s} {f'{lo}..{hi}':>16s} {ch:>9s} "
                       f"{b['record_bytes']:>10d}  {b['encoding']:{ew}s}  {streams}")
     tot = d["totals"]
     ch = dash if keyframe else "?" if tot["changed"] is None else str(tot["changed"])
@@ -907,8 +910,9 @@ def cmd_keygen(args) -> int:
     return 0
 
 
-FULL_INDEX_HELP = ("write the index with its offset and checksum columns, as format 1.4 did (SPEC.md §10): "
-                   "files 1.4 decoders read, while a fleet's followers are being upgraded")
+FULL_INDEX_HELP = ("write the index with its offset and checksum columns and every block as its own record, as "
+                   "format 1.4 did (SPEC.md §10, §7): files 1.4 and 1.5 decoders read, while a fleet's followers "
+                   "are being upgraded")
 
 
 PROGRESS_HELP = ("show a progress bar on stderr (default: when stderr is a terminal, unless -q, ARCFMT_QUIET=1 "

@@ -66,7 +66,7 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
-MINOR = 5
+MINOR = 6
 NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
 RECORD_TYPE_SIZE = 4   # a record type: four ASCII letters (§5)
 DIGEST_SIZE = 16       # a model digest, xxh3-128 (§13.2), as the index holds it (§10)
@@ -98,8 +98,11 @@ def is_critical(rtype: bytes) -> bool:
 
 # Header flags
 COMPACT_INDEX = 0x01   # (1.5) the index lists sizes only: TENS/BLCK offsets derived, no checksum columns (§10.1)
+INLINE_BLOCKS = 0x02   # (1.6, only with COMPACT_INDEX) a tensor of one block carries it in its TENS record (§7)
+HEADER_FLAGS = COMPACT_INDEX | INLINE_BLOCKS   # the header's and the trailer's defined flag bits (§4, §11)
 # TENS flags
 NEEDS_BASE = 0x01
+INLINE_BLOCK = 0x02   # (1.6, with the header's INLINE_BLOCKS) the tensor's only block ends its payload (§7)
 # META flags
 PREFIXED_NAMES = 0x01  # (1.3) each TENS name is stored after the bytes it shares with the previous name
 
@@ -400,6 +403,8 @@ def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_ele
 # The definition of a BLCK payload's head (the stream data follows it):
 #   tensor varint | block varint | encoding u8 | params: varints, as many as the encoding says |
 #   streams: one (codec u8, stored length varint) per stream, as many as the encoding and dtype say
+# An inline block (1.6, §7) is the same from ``encoding`` on, at the end of a TENS payload: read from
+# ``start`` with ``ordinals=False`` (``tensor`` and ``block`` are then None).
 # The counts come from the caller: ``param_count(encoding, params read so far)`` (called before the
 # first param, and again each time as many params as it last gave have been read — so after the
 # last, and wherever the count depends on a param just read; it rejects an unknown or unfit encoding
@@ -409,16 +414,17 @@ def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_ele
 class BlockFields:
     __slots__ = ("tensor", "block", "encoding", "params", "streams", "_end")
 
-    def __init__(self, tensor: int, block: int, encoding: int, params: list[int], streams: list[tuple[int, int]],
-                 end: int) -> None:
+    def __init__(self, tensor: int | None, block: int | None, encoding: int, params: list[int],
+                 streams: list[tuple[int, int]], end: int) -> None:
         self.tensor, self.block, self.encoding, self.params, self.streams, self._end = \
             tensor, block, encoding, params, streams, end
 
 
 def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, list[int]], int],
-                     stream_count: Callable[[int, list[int]], int]) -> BlockFields:
-    """The head of a BLCK payload, its counts given by ``param_count`` and ``stream_count``; errors are
-    prefixed with ``what``."""
+                     stream_count: Callable[[int, list[int]], int], start: int = 0,
+                     ordinals: bool = True) -> BlockFields:
+    """The head of a BLCK payload (from ``start``; an inline block: ``ordinals=False``), its counts given
+    by ``param_count`` and ``stream_count``; errors are prefixed with ``what``."""
     # read in place: a block's payload holds its stream data too (megabytes), which a copy would move
     if isinstance(payload, (bytes, bytearray)):
         buf: BytesLike = payload
@@ -426,8 +432,12 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
         mv = memoryview(payload)
         buf = mv.cast("B") if mv.c_contiguous else mv.tobytes()
     n = len(buf)
-    tensor, pos = _varint_at(buf, 0, what)
-    block, pos = _varint_at(buf, pos, what)
+    tensor: int | None = None
+    block: int | None = None
+    pos = start
+    if ordinals:
+        tensor, pos = _varint_at(buf, pos, what)
+        block, pos = _varint_at(buf, pos, what)
     if pos >= n:
         raise CorruptError(f"{what}: structure runs past the end of its bytes")
     encoding = buf[pos]
@@ -453,10 +463,12 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
     return BlockFields(tensor, block, encoding, params, streams, pos)
 
 
-def build_block_head(tensor: int, block: int, encoding: int, params: Iterable[int],
+def build_block_head(tensor: int | None, block: int | None, encoding: int, params: Iterable[int],
                      streams: Iterable[tuple[int, int]]) -> bytes:
-    """The head of a BLCK payload: these fields, params and ``(codec, stored length)`` streams as given."""
-    parts = [varint_bytes(tensor), varint_bytes(block), bytes((encoding,))]
+    """The head of a BLCK payload: these fields, params and ``(codec, stored length)`` streams as given;
+    an inline block's (``tensor`` and ``block`` None) starts at ``encoding``."""
+    parts = [] if tensor is None or block is None else [varint_bytes(tensor), varint_bytes(block)]
+    parts.append(bytes((encoding,)))
     parts += [varint_bytes(p) for p in params]
     for codec, length in streams:
         parts += [bytes((codec,)), varint_bytes(length)]

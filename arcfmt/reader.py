@@ -114,7 +114,9 @@ class DeltaReader:
         records.trailer_agrees(trailer, header)
         self.index_offset = trailer.index_offset
         head, payload = self._read_record(trailer.index_offset, trailer.index_size, L.INDX)
-        self.index = records.parse_index(payload, trailer.index_offset, header.compact_index)
+        self.index = records.parse_index(payload, trailer.index_offset, header.compact_index,
+                                         header.inline_blocks)
+        self._inline_blocks = header.inline_blocks
         for o in self.index.others:  # learn the true type of every record the index lists (§12.1 step 4)
             head = records.parse_record_head(self.source.read(o.offset, L.RECORD_HEADER_SIZE), o.offset)
             if head.type != o.type or head.length != o.size - L.RECORD_HEADER_SIZE:
@@ -125,6 +127,7 @@ class DeltaReader:
         self.entries = {e.name: e for e in self.index.entries}
         self._ordinal = {e.name: i for i, e in enumerate(self.index.entries)}
         self._headers: dict[str, records.TensorHeader] = {}
+        self._inline: dict[str, LoadedBlock] = {}   # inline blocks read with their TENS, until loaded
 
     # -- identity
     @property
@@ -175,16 +178,30 @@ class DeltaReader:
         MissingTensorError for a name the file does not have."""
         th = self._headers.get(name)
         if th is None:
-            e = self._entry(name)
-            _, payload = self._read_record(e.tens_offset, e.tens_size, L.TENS, e.tens_checksum)
-            prev = self.meta.prev_name(self.index.entries, self._ordinal[name])
-            th = records.parse_tensor(payload, f"TENS at offset {e.tens_offset}", prev)
-            if th.name != name:
-                raise CorruptError(f"TENS at offset {e.tens_offset} names {th.name!r}, the index {name!r}")
-            if th.block_count != len(e.blocks):
-                raise CorruptError(f"tensor {name!r} has {th.block_count} blocks, the index lists {len(e.blocks)}")
+            th, inline = self._read_tensor(name)
+            if inline is not None:
+                self._inline[name] = inline
             self._headers[name] = th
         return th
+
+    def _read_tensor(self, name: str) -> tuple[records.TensorHeader, LoadedBlock | None]:
+        """The tensor's TENS record, read and checked (§7, §10 "Later"), and its inline block (§7)."""
+        e = self._entry(name)
+        _, payload = self._read_record(e.tens_offset, e.tens_size, L.TENS, e.tens_checksum)
+        t = self._ordinal[name]
+        where = f"TENS at offset {e.tens_offset}"
+        th = records.parse_tensor(payload, where, self.meta.prev_name(self.index.entries, t), self._inline_blocks)
+        if th.name != name:
+            raise CorruptError(f"{where} names {th.name!r}, the index {name!r}")
+        if th.block_count != len(e.blocks):
+            raise CorruptError(f"tensor {name!r} has {th.block_count} blocks, the index lists {len(e.blocks)}")
+        if self._inline_blocks and (th.inline_at is not None) != (len(e.blocks) == 1 and e.blocks[0].size == 0):
+            raise CorruptError(f"{where}: INLINE_BLOCK is {int(th.inline_at is not None)}, but the index "
+                               f"{'does not give' if th.inline_at is not None else 'gives'} its block the size 0")
+        if th.inline_at is None:
+            return th, None
+        info = records.parse_block(payload, th, t, 0, f"{where} (tensor {name!r} inline block)", e.blocks[0].encoding)
+        return th, LoadedBlock(info, payload)
 
     def _entry(self, name):
         try:
@@ -196,6 +213,8 @@ class DeltaReader:
         """Block ``b`` of a tensor, read and checked (checksum, header fields), not decoded."""
         e = self._entry(name)
         th = self.header(name)
+        if th.inline_at is not None:   # read with the header (held until first loaded), or again
+            return self._inline.pop(name, None) or cast(LoadedBlock, self._read_tensor(name)[1])
         ref = e.blocks[b]
         _, payload = self._read_record(ref.offset, ref.size, L.BLCK, ref.checksum)
         where = f"BLCK at offset {ref.offset} (tensor {name!r} block {b})"
@@ -350,9 +369,11 @@ class DeltaReader:
             blocks: list[dict[str, Any]] = []  # JSON-like, as describe() returns it
             for b in range(th.block_count):
                 lb = self.load_block(name, b)
+                inline = th.inline_at is not None
                 blocks.append(dict(
-                    encoding=encodings.get(lb.info.encoding).name, changed=lb.info.changed,
-                    record_bytes=e.blocks[b].size,
+                    encoding=encodings.get(lb.info.encoding).name, changed=lb.info.changed, inline=inline,
+                    # an inline block's bytes are those it takes of its TENS record
+                    record_bytes=len(lb.payload) - th.inline_at if th.inline_at is not None else e.blocks[b].size,
                     streams=[dict(codec=codecs.get(s.codec).name, stored=s.stored, decoded=s.decoded)
                              for s in lb.info.streams]))
             changed = [b["changed"] for b in blocks]
@@ -365,6 +386,7 @@ class DeltaReader:
         return dict(
             format_version=f"{self.version[0]}.{self.version[1]}", file_bytes=self.source.size,
             prefixed_names=self.meta.prefixed_names, compact_index=self.index.compact,
+            inline_blocks=self.index.inline_blocks,
             base_step=self.base_step, target_step=self.target_step,
             base_digest=self.base_digest.hex(), target_digest=self.target_digest.hex(),
             index_bytes=self.source.size - L.TRAILER_SIZE - self.index_offset, tensors=tensors)
@@ -465,8 +487,12 @@ class StreamReader:
                 return offset, head, payload
             self._others.append(records.OtherRecord(offset, head.length + L.RECORD_HEADER_SIZE, head.type))
 
-    def _blocks(self, th, entry, ordinal):
-        """Loaders of a tensor's blocks, each read from the stream when the pipeline asks for it."""
+    def _blocks(self, th, entry, ordinal, inline):
+        """Loaders of a tensor's blocks, each read from the stream when the pipeline asks for it; an
+        inline block (``(info, payload)``, read with the TENS record) needs no read."""
+        if inline is not None:
+            yield functools.partial(tuple, inline)
+            return
         for b in range(th.block_count):
             offset, head, payload = self._critical()
             if head.type != L.BLCK:
@@ -504,9 +530,10 @@ class StreamReader:
                 raise CorruptError(f"BLCK at offset {offset} before any TENS record, or after its tensor's "
                                    f"last block")
             if head.type == L.INDX:
-                index = records.parse_index(payload, offset, header.compact_index)
+                index = records.parse_index(payload, offset, header.compact_index, header.inline_blocks)
                 break
-            th = records.parse_tensor(payload, f"TENS at offset {offset}", self.meta.prev_name(seen, len(seen)))
+            th = records.parse_tensor(payload, f"TENS at offset {offset}", self.meta.prev_name(seen, len(seen)),
+                                      header.inline_blocks)
             raw = th.name.encode("utf-8")
             if raw in names:
                 raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")
@@ -518,10 +545,16 @@ class StreamReader:
             entry = records.IndexEntry(th.name, offset, head.length + L.RECORD_HEADER_SIZE, self._listed(head), [])
             seen.append(entry)
             headers.append(th)
+            inline = None
+            if th.inline_at is not None:   # §7: checked with its TENS record, before the base
+                info = records.parse_block(payload, th, len(seen) - 1, 0,
+                                           f"TENS at offset {offset} (tensor {th.name!r} inline block)")
+                entry.blocks.append(records.BlockRef(offset, 0, None, info.encoding))
+                inline = (info, payload)
             base_u = pipeline.check_base(th, self._base.get(th.name) if th.needs_base else None)
             if self._backed and th.needs_base:
                 sink.budget[0] += th.size * th.dtype.itemsize  # as large as the base the caller holds
-            yield pipeline.Item(th, base_u, self._blocks(th, entry, len(seen) - 1))
+            yield pipeline.Item(th, base_u, self._blocks(th, entry, len(seen) - 1, inline))
         trailer_bytes = self._read(L.TRAILER_SIZE, "the trailer")
         end = self._pos
         if self._f.read(1):

@@ -33,21 +33,37 @@ _CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
 
 # ------------------------------------------------------------------------------------ header/trailer
 
-def build_header(compact_index: bool = True) -> bytes:
-    flags = L.COMPACT_INDEX if compact_index else 0
+def header_flags(compact_index: bool = True, inline_blocks: bool = True) -> int:
+    """The header's (and the trailer's) flags: INLINE_BLOCKS only with COMPACT_INDEX (§4)."""
+    return (L.COMPACT_INDEX | (L.INLINE_BLOCKS if inline_blocks else 0)) if compact_index else 0
+
+
+def build_header(flags: int) -> bytes:
     out: bytes = L.FileHeader.build(dict(magic=L.MAGIC, major=L.MAJOR, minor=L.MINOR, flags=flags))
     return out
 
 
 class FileHead(NamedTuple):
-    """A checked file header (§4): the version, and whether the index is compact (§10.1)."""
+    """A checked file header (§4): the version, whether the index is compact (§10.1) and whether
+    one-block tensors carry their block (§7)."""
     major: int
     minor: int
     compact_index: bool
+    inline_blocks: bool = False
 
     @property
     def version(self) -> tuple[int, int]:
         return self.major, self.minor
+
+
+def _check_flags(flags: int, where: str, inline_needs_compact: bool = True) -> None:
+    """The flag checks of the header (§4): reserved bits, then INLINE_BLOCKS without COMPACT_INDEX; the
+    trailer's (§11) reserved bits only, unless its reader has no header (S9.3)."""
+    if flags & ~L.HEADER_FLAGS:
+        raise ReservedBitsError(f"{where} flags 0x{flags:08x}: reserved bits 0x{flags & ~L.HEADER_FLAGS:08x} "
+                                f"must be zero")
+    if inline_needs_compact and flags & L.INLINE_BLOCKS and not flags & L.COMPACT_INDEX:
+        raise CorruptError(f"{where} flags 0x{flags:08x}: INLINE_BLOCKS is only defined with COMPACT_INDEX")
 
 
 def check_header(data: BytesLike) -> FileHead:
@@ -60,15 +76,13 @@ def check_header(data: BytesLike) -> FileHead:
         raise BadMagicError(f"not an arcfmt file: magic {h.magic!r} at offset 0")
     if h.major != L.MAJOR:
         raise UnsupportedVersionError(f"format version {h.major}.{h.minor}: this decoder reads major version {L.MAJOR}")
-    if h.flags & ~L.COMPACT_INDEX:
-        raise ReservedBitsError(f"header flags 0x{h.flags:08x} at offset 12: reserved bits "
-                                f"0x{h.flags & ~L.COMPACT_INDEX:08x} must be zero")
-    return FileHead(h.major, h.minor, bool(h.flags & L.COMPACT_INDEX))
+    _check_flags(h.flags, "header (offset 12)")
+    return FileHead(h.major, h.minor, bool(h.flags & L.COMPACT_INDEX), bool(h.flags & L.INLINE_BLOCKS))
 
 
-def build_trailer(index_offset: int, index_size: int, compact_index: bool = True) -> bytes:
+def build_trailer(index_offset: int, index_size: int, flags: int) -> bytes:
     fields = dict(index_offset=index_offset, index_size=index_size, major=L.MAJOR, minor=L.MINOR,
-                  flags=L.COMPACT_INDEX if compact_index else 0, checksum=0, magic=L.TRAILER_MAGIC)
+                  flags=flags, checksum=0, magic=L.TRAILER_MAGIC)
     fields["checksum"] = record_checksum(L.Trailer.build(fields)[:L.TRAILER_CHECKED_SIZE], b"")
     out: bytes = L.Trailer.build(fields)
     return out
@@ -86,12 +100,14 @@ class TrailerFields(Protocol):
 
 
 def trailer_agrees(t: TrailerFields, header: FileHead) -> None:
-    """§11's last checks: the trailer's version and COMPACT_INDEX bit are the header's (``corrupt``)."""
+    """§11's last checks: the trailer's version, COMPACT_INDEX and INLINE_BLOCKS bits are the header's
+    (``corrupt``)."""
     if (t.major, t.minor) != header.version:
         raise CorruptError(f"header says version {header.major}.{header.minor}, trailer {t.major}.{t.minor}")
-    if bool(t.flags & L.COMPACT_INDEX) != header.compact_index:
-        raise CorruptError(f"the header's COMPACT_INDEX bit is {int(header.compact_index)}, the trailer's "
-                           f"{t.flags & L.COMPACT_INDEX}")
+    for bit, name, mine in ((L.COMPACT_INDEX, "COMPACT_INDEX", header.compact_index),
+                            (L.INLINE_BLOCKS, "INLINE_BLOCKS", header.inline_blocks)):
+        if bool(t.flags & bit) != mine:
+            raise CorruptError(f"the header's {name} bit is {int(mine)}, the trailer's {int(not mine)}")
 
 
 def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
@@ -103,9 +119,7 @@ def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
     if t.major != L.MAJOR:
         raise UnsupportedVersionError(
             f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
-    if t.flags & ~L.COMPACT_INDEX:
-        raise ReservedBitsError(f"trailer flags 0x{t.flags:08x}: reserved bits 0x{t.flags & ~L.COMPACT_INDEX:08x} "
-                                f"must be zero")
+    _check_flags(t.flags, "trailer", inline_needs_compact=False)   # the header comparison finds it (§11)
     if t.index_offset < L.FIRST_RECORD_OFFSET or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
         raise CorruptError(f"trailer points at an index [{t.index_offset}, +{t.index_size}) that does not end "
                            f"where the trailer starts ({file_size - L.TRAILER_SIZE})")
@@ -270,6 +284,8 @@ class TensorHeader:
     # once made (functools.cached_property takes a lock per first read on Python 3.11).
     size: int = field(init=False, repr=False, compare=False)
     block_count: int = field(init=False, repr=False, compare=False)
+    # where its inline block starts in the TENS payload (INLINE_BLOCKS and one block, §7); else None
+    inline_at: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = 1
@@ -291,20 +307,29 @@ class TensorHeader:
         return e - s
 
 
-def build_tensor(h: TensorHeader, prev: bytes | None = None) -> bytes:
-    """``prev``: the previous tensor's name (b"" for the first) in a file with PREFIXED_NAMES."""
-    return L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems,
-                                  L.NEEDS_BASE if h.needs_base else 0, h.base_hash, h.target_hash, prev)
+def build_tensor(h: TensorHeader, prev: bytes | None = None, inline: bytes | None = None) -> bytes:
+    """``prev``: the previous tensor's name (b"" for the first) in a file with PREFIXED_NAMES;
+    ``inline``: its only block (:func:`build_block` without ordinals), carried in the record (§7)."""
+    flags = (L.NEEDS_BASE if h.needs_base else 0) | (L.INLINE_BLOCK if inline is not None else 0)
+    fields = L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems, flags,
+                                    h.base_hash, h.target_hash, prev)
+    return fields if inline is None else fields + inline
 
 
-def parse_tensor(payload: BytesLike, where: str, prev: bytes | None = None) -> TensorHeader:
+def parse_tensor(payload: BytesLike, where: str, prev: bytes | None = None,
+                 inline_blocks: bool = False) -> TensorHeader:
     """A checked TENS record (§7). ``prev``: the previous tensor's name (b"" for the first) in a file
-    whose META has PREFIXED_NAMES, None in one without (see :meth:`Meta.prev_name`)."""
+    whose META has PREFIXED_NAMES, None in one without (see :meth:`Meta.prev_name`). ``inline_blocks``:
+    the header has INLINE_BLOCKS: a tensor with the flag INLINE_BLOCK ends in its only block
+    (``inline_at``), checked by :func:`parse_block` once the caller has compared the record with the
+    index (§7, §10)."""
     t = L.parse_tensor_payload(payload, f"{where}: TENS", prev)
-    if t._end != len(payload):
+    defined = L.NEEDS_BASE | (L.INLINE_BLOCK if inline_blocks else 0)
+    inline = bool(t.flags & defined & L.INLINE_BLOCK)
+    if not inline and t._end != len(payload):
         raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
     name = check_name(t.name, where)
-    if t.flags & ~L.NEEDS_BASE:
+    if t.flags & ~defined:
         raise ReservedBitsError(f"{where}: TENS flags 0x{t.flags:02x}: reserved bits must be zero")
     dt = from_code(t.dtype)
     element_count(t.dims, f"{where}: tensor {name!r}")
@@ -315,6 +340,10 @@ def parse_tensor(payload: BytesLike, where: str, prev: bytes | None = None) -> T
     h = TensorHeader(name, dt, tuple(t.dims), t.block_elems, t.base_hash, t.target_hash)
     if h.block_count > L.MAX_BLOCKS_PER_TENSOR:
         raise LimitError(f"{where}: tensor {name!r} has {h.block_count} blocks, more than MAX_BLOCKS_PER_TENSOR")
+    if inline:
+        if h.block_count != 1:   # R-INLINE.COUNT
+            raise CorruptError(f"{where}: tensor {name!r} has {h.block_count} blocks; INLINE_BLOCK needs one")
+        h.inline_at = t._end
     return h
 
 
@@ -341,15 +370,19 @@ class BlockInfo:
         return encodings.get(self.encoding).changed(self.params)
 
 
-def build_block(tensor: int, block: int, enc: encodings.EncodedBlock, coded: Sequence[tuple[int, BytesLike]]) -> bytes:
-    """``coded``: one ``(codec, stored_bytes)`` per stream."""
+def build_block(tensor: int | None, block: int | None, enc: encodings.EncodedBlock,
+                coded: Sequence[tuple[int, BytesLike]]) -> bytes:
+    """``coded``: one ``(codec, stored_bytes)`` per stream; ``tensor`` and ``block`` None: an inline
+    block (§7), to follow its TENS fields."""
     head = L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
     return b"".join([head] + [bytes(s) for _, s in coded])
 
 
 def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, where: str,
                 expected_encoding: int | None = None) -> BlockInfo:
-    """Parse and check a BLCK header and stream table against the tensor it belongs to."""
+    """Parse and check a BLCK header and stream table against the tensor it belongs to; with
+    ``th.inline_at`` set, ``payload`` is the tensor's TENS payload and the block is the one it ends
+    in (§7: no ordinals to check, the data runs to the payload's end)."""
     m = th.block_len(block)
     dt = th.dtype
     found: list[Any] = []   # the block's encoding (looked up and checked once), then its stream lengths
@@ -367,11 +400,13 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
         found.append(lengths)
         return len(lengths)
 
+    inline = th.inline_at is not None
     try:
-        head = L.parse_block_head(payload, "BLCK", param_count, stream_count)
+        head = L.parse_block_head(payload, "BLCK", param_count, stream_count,
+                                  *((th.inline_at, False) if th.inline_at is not None else ()))
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
-    if head.tensor != tensor or head.block != block:
+    if not inline and (head.tensor != tensor or head.block != block):
         raise CorruptError(f"{where}: BLCK is for tensor {head.tensor} block {head.block}, "
                            f"expected tensor {tensor} block {block}")
     if expected_encoding is not None and head.encoding != expected_encoding:
@@ -390,7 +425,7 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     if head._end + total != len(payload):
         raise CorruptError(f"{where}: BLCK streams hold {total} bytes but the payload has "
                            f"{len(payload) - head._end} after the stream table")
-    return BlockInfo(head.tensor, head.block, head.encoding, head.params, streams, head._end)
+    return BlockInfo(tensor, block, head.encoding, head.params, streams, head._end)
 
 
 def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> list[BytesLike]:
@@ -439,6 +474,7 @@ class Index:
     entries: list[IndexEntry]  # file order
     others: list[OtherRecord] = field(default_factory=list)  # every record that is not META/TENS/BLCK/INDX
     compact: bool = False      # laid out without offsets and checksums (header flag COMPACT_INDEX, §10.1)
+    inline_blocks: bool = False   # one-block tensors carry their block, listed with size 0 (INLINE_BLOCKS, §7)
 
 
 def build_index(index: Index) -> bytes:
@@ -460,9 +496,10 @@ def build_index(index: Index) -> bytes:
     return out
 
 
-def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) -> Index:
+def parse_index(payload: BytesLike, index_offset: int, compact: bool = False, inline_blocks: bool = False) -> Index:
     """The index (§10) of a file whose INDX record is at ``index_offset``; ``compact``: the header has
-    COMPACT_INDEX, and the TENS and BLCK offsets are derived from the sizes (§10.1)."""
+    COMPACT_INDEX, and the TENS and BLCK offsets are derived from the sizes (§10.1); ``inline_blocks``:
+    it has INLINE_BLOCKS too, and a one-block tensor's block has size 0 and its TENS record's offset."""
     where = f"INDX at offset {index_offset}"
     p = L.parse(L.IndexPayload, bytes(payload), where)
     if p.body_length > L.MAX_INDEX_BYTES:
@@ -487,8 +524,15 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) ->
     tens_pos = starts + np.arange(T, dtype=np.int64)
     owner = np.repeat(np.arange(T, dtype=np.int64), counts.astype(np.int64))
     blk_pos = np.arange(b.block_count, dtype=np.int64) + owner + 1
+    # the blocks that have no record (§7): size 0, a one-block tensor's, with INLINE_BLOCKS (set with
+    # COMPACT_INDEX); a size 0 elsewhere fails the size check (R-INLINE.SIZE)
+    if inline_blocks:
+        inline = (b.blk_sizes == 0) & (counts[owner] == 1)
+    else:
+        inline = np.zeros(b.block_count, bool)
     if compact:
-        tens_offsets, blk_offsets = derive_offsets(b, tens_pos, blk_pos, index_offset, where)
+        tens_offsets, blk_offsets = derive_offsets(b, tens_pos, blk_pos, index_offset, where, inline)
+        blk_offsets[inline] = tens_offsets[owner[inline]]   # "inside" its TENS record, size 0
         tens_checksums: list[int | None] = [None] * b.tensor_count
         blk_checksums: list[int | None] = [None] * b.block_count
     else:
@@ -498,6 +542,8 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) ->
     seq = np.empty(T + b.block_count, np.uint64)
     seq[tens_pos] = tens_offsets
     seq[blk_pos] = blk_offsets
+    if inline.any():
+        seq = np.delete(seq, blk_pos[inline])   # only records are in file order
     if seq.size > 1 and not (seq[1:] > seq[:-1]).all():
         raise CorruptError(f"{where}: tensors and blocks are not located in file order")
     if b.other_offsets.size > 1 and not (b.other_offsets[1:] > b.other_offsets[:-1]).all():
@@ -541,7 +587,7 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False) ->
         entries.append(IndexEntry(name, to, ts, tc, blk[s0:e0]))
     others = [OtherRecord(int(o), int(z), bytes(t)) for o, z, t in zip(
         b.other_offsets.tolist(), b.other_sizes.tolist(), b.other_types.tolist())]
-    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others, compact)
+    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others, compact, inline_blocks)
 
 
 class IndexColumns(Protocol):
@@ -560,10 +606,12 @@ def _check_sizes(sizes: np.ndarray, where: str) -> None:
         raise CorruptError(f"{where}: a record size is out of range")
 
 
+
 def derive_offsets(b: Any, tens_pos: np.ndarray, blk_pos: np.ndarray, index_offset: int,
-                   where: str) -> tuple[np.ndarray, np.ndarray]:
+                   where: str, inline: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The TENS and BLCK offsets of a compact index (§10.1), and its checks 4 and 5 (``tens_pos``,
-    ``blk_pos``: each record's place in file order).
+    ``blk_pos``: each record's place in file order; ``inline``: the blocks without a record, of size 0,
+    which the walk passes over — their offsets here mean nothing).
 
     The walk of §10.1 in closed form: in file order the located records' sizes add up to ``cum``;
     other record ``j`` is reached only where ``cum`` is exactly its offset less 52 and less the other
@@ -575,7 +623,8 @@ def derive_offsets(b: Any, tens_pos: np.ndarray, blk_pos: np.ndarray, index_offs
     sizes[tens_pos] = b.tens_sizes
     sizes[blk_pos] = b.blk_sizes
     other_sizes = b.other_sizes.astype(np.int64)
-    _check_sizes(np.concatenate([sizes, other_sizes]), where)
+    located = sizes if inline is None or not inline.any() else np.delete(sizes, blk_pos[inline])
+    _check_sizes(np.concatenate([located, other_sizes]), where)
     cum = np.zeros(T + K + 1, np.int64)   # at most ~2^26 records of at most ~2^28 bytes: no wrap
     np.cumsum(sizes, out=cum[1:])
     other_offsets = b.other_offsets

@@ -98,7 +98,7 @@ def check_mismatches(base: Mapping, target: Mapping, on_mismatch: str, *, stackl
 class BlockStats:
     encoding: str
     changed: int | None
-    size: int                      # record bytes, header included
+    size: int                      # record bytes, header included (inline: the bytes it adds to its TENS record)
     streams: list = field(default_factory=list)  # (codec name, stored bytes, decoded bytes)
 
 
@@ -115,6 +115,9 @@ class TensorStats:
         return self.header_size + sum(b.size for b in self.blocks)
 
 
+# the largest block carried in its TENS record (SPEC §7, §18): 18 bytes saved matter on small blocks
+# only, and a follower short of memory fetches every TENS record for its header before any block
+INLINE_MAX_BYTES = 1 << 16
 _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block's streams (corpus)
 
 
@@ -204,7 +207,7 @@ class DeltaWriter:
 
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
                  effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
-                 force_codec: str | None = None, compact_index: bool = True):
+                 force_codec: str | None = None, compact_index: bool = True, inline_blocks: bool = True):
         """Start a file: its header and META record (``base_step`` → ``target_step``) are written now.
 
         ``block_elems``: elements per block (the unit of parallelism and of random access);
@@ -213,7 +216,9 @@ class DeltaWriter:
         ``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
         encoding and every stream to one codec: for tests and conformance vectors, not for size.
         ``compact_index=False`` writes the index with its offset and checksum columns, as before 1.5
-        (SPEC.md §10): for vectors and for readers of 1.4."""
+        (SPEC.md §10), and no inline blocks: a file readers of 1.4 read. ``inline_blocks=False`` (with
+        a compact index) writes a one-block tensor's block as a BLCK record, as before 1.6 (§7): for
+        vectors and for readers of 1.5."""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
                                      or not 0 <= step < L.NO_STEP):
@@ -242,8 +247,10 @@ class DeltaWriter:
         self.stats: list[TensorStats] = []
         self.closed = False
         self.size: int | None = None  # the file's, once closed
-        self._compact_index = compact_index
-        self._write(records.build_header(compact_index))
+        self._flags = records.header_flags(compact_index, inline_blocks)
+        self._inline = bool(self._flags & L.INLINE_BLOCKS)
+        self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
+        self._write(records.build_header(self._flags))
         self._meta = records.Meta(base_step, target_step, prefixed_names=True)
         self._record(L.META, records.build_meta(self._meta))
         if note:
@@ -345,25 +352,46 @@ class DeltaWriter:
     def _emit(self, item: _Pending) -> None:
         if item[0] == "T":
             th = item[1]
-            prev = self._meta.prev_name(self._entries, len(self._entries))   # as the readers take it
-            off, size, ck = self._record(L.TENS, records.build_tensor(th, prev))
-            self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
-            self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
-            name_b = th.name.encode("utf-8")
-            self._target_entries.append((name_b, th.dtype.code, th.shape, th.target_hash))
-            if th.base_hash is not None:  # th.needs_base
-                self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
-            self._tensor_ordinal = len(self._entries) - 1
+            if self._inline and th.block_count == 1:
+                self._held = th   # written with its block, the next item (same flush, §7)
+                return
+            self._emit_tensor(th)
             return
         th, blk, slot, bb, tb = item[1]
         enc, coded = slot[0]
         release(bb)  # memory-mapped inputs: this block's pages are done with
         release(tb)
-        off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
-        self._entries[-1].blocks.append(records.BlockRef(off, size, ck, enc.encoding))
+        block = None
+        if self._held is not None:
+            th, self._held = self._held, None
+            block = records.build_block(None, None, enc, coded)
+            if len(block) > INLINE_MAX_BYTES:
+                self._emit_tensor(th)   # a large block is its own record (SPEC §18)
+                block = None
+            else:
+                off = self._emit_tensor(th, block)
+                ref, size = records.BlockRef(off, 0, None, enc.encoding), len(block)
+                self.stats[-1].header_size -= size
+        if block is None:
+            off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
+            ref = records.BlockRef(off, size, ck, enc.encoding)
+        self._entries[-1].blocks.append(ref)
         self.stats[-1].blocks.append(BlockStats(
             encodings.get(enc.encoding).name, enc.changed, size,
             [(codecs.get(c).name, len(s), len(raw)) for (c, s), raw in zip(coded, enc.streams)]))
+
+    def _emit_tensor(self, th: records.TensorHeader, block: bytes | None = None) -> int:
+        """Write a TENS record (with its inline ``block``, §7); its offset."""
+        prev = self._meta.prev_name(self._entries, len(self._entries))   # as the readers take it
+        off, size, ck = self._record(L.TENS, records.build_tensor(th, prev, block))
+        self._entries.append(records.IndexEntry(th.name, off, size, ck, []))
+        self.stats.append(TensorStats(th.name, th.dtype.name, th.shape, size))
+        name_b = th.name.encode("utf-8")
+        self._target_entries.append((name_b, th.dtype.code, th.shape, th.target_hash))
+        if th.base_hash is not None:  # th.needs_base
+            self._base_entries.append((name_b, th.dtype.code, th.shape, th.base_hash))
+        self._tensor_ordinal = len(self._entries) - 1
+        return off
 
     def close(self) -> int:
         """Write the index and trailer; returns the file size. The file object is left open."""
@@ -372,9 +400,9 @@ class DeltaWriter:
             return self.size
         base_digest = model_digest(self._base_entries) if self._base_entries else L.NO_BASE_DIGEST
         index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others,
-                              self._compact_index)
+                              bool(self._flags & L.COMPACT_INDEX), self._inline)
         off, size, _ = self._record(L.INDX, records.build_index(index))
-        self._write(records.build_trailer(off, size, self._compact_index))
+        self._write(records.build_trailer(off, size, self._flags))
         self.closed = True
         self.size = self._pos
         return self._pos

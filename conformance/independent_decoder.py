@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.5 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.6 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -28,17 +28,20 @@ On rejection it prints exactly one line ``error: CATEGORY: message`` to stdout
 and exits 1.  Any other exception is a crash: traceback on stderr, exit 2.
 
 By default it decodes with the random-access procedure, steps 1-8 of SPEC §12.1
-(header, size, trailer, INDX, META, every TENS with its base and then the model digests, every
-BLCK, then the tensor hashes).  In that mode it reads only the 16-byte header of each
+(header, size, trailer, INDX, META, every TENS -- its inline block's fields included (1.6) -- with
+its base and then the model digests, every block (BLCK records and inline blocks), then the tensor
+hashes).  In that mode it reads only the 16-byte header of each
 record the index lists among the "other" records (§5, §12.1 step 4), never its payload.  ``--stream``
 decodes front to back (SPEC §12.2, steps 1-7) and only uses the index at the end, to cross-check it
 against the records seen; before it, step 3 bounds the names it remembers (R-STREAM-NAMES): a
 TENS record whose joined name brings the names read past MAX_INDEX_BYTES bytes is `limit` after its
-§7 checks and the duplicate-name check.
+§7 checks and the duplicate-name check (and before its inline block's checks, 1.6).
 
 Memory: no declared size is allocated before it is checked against the SPEC §14
 limits; tensors are reconstructed and hashed block by block, so the largest
-buffer is one block (or one record payload / one index body).
+buffer is one block (or one record payload / one index body).  Exception (1.6): random access
+keeps each inline block's bytes (the tail of its TENS payload) from step 6 until it is decoded in
+step 7.
 
 Every check is made in the order SPEC.md gives for the structure and the reading
 procedure in use (§4-§12).  Where the text still leaves a choice open, the choice is
@@ -104,7 +107,8 @@ bytes read must be exactly sbytes; then §8.6 steps 4-5.  The header/trailer min
 change: any minor is read (§4, §16), 4 included.
 
 Version 1.5 (header flag COMPACT_INDEX, §4, §10, §10.1): no ASSUMPTION.  check_header tests bit 0 of
-the header's flags as COMPACT_INDEX and refuses only bits 1-31 (`reserved_bits`, R-HEADER-FLAGS), in
+the header's flags as COMPACT_INDEX and refuses only bits 1-31 (1.6: bits 2-31, below)
+(`reserved_bits`, R-HEADER-FLAGS), in
 §4's place (after magic and major); the flag is honoured whatever the minor version (§4 now says 5;
 any value is read).  A file without the flag is read as in 1.4, save one check 1.5 adds to §10
 check 6 for every index: each other_offsets entry is greater than the one before it (the other
@@ -128,7 +132,7 @@ blocks' order, before check 7.  With the flag, both ways:
     with the records seen, and no checksums; these are check sites of their own, beside the full
     index's, so that the mutation gate (conformance/mutate.py) sees whether a vector of each kind
     exercises them.
-The trailer repeats the bit (§11, 1.5): check_trailer refuses only its flag bits 1-31
+The trailer repeats the bit (§11, 1.5): check_trailer refuses only its flag bits 1-31 (1.6: 2-31)
 (`reserved_bits`, R-TRAILER-FLAGS) and, as the last of §11's checks, right after the version
 agreement (R-VERSIONS-AGREE), refuses a trailer COMPACT_INDEX bit that differs from the header's
 (`corrupt`, R-FLAGS-AGREE).  Random access makes it in §12.1 step 3, before the index is read (so the
@@ -142,6 +146,47 @@ Streaming is unchanged (§12.2 step 7, after the cross-check).  Both ways call t
 which computes target_digest from the TENS records' target_hash values: a tensor that passes §12.3
 step 3 hashes to exactly its target_hash, so this is the same check (and streaming has verified every
 tensor before its step 7).
+
+Version 1.6 (header flag INLINE_BLOCKS, TENS flag INLINE_BLOCK; §3, §4, §7, §8, §10, §10.1, §11,
+§12; R-INLINE.*):
+  - check_header: bit 1 is INLINE_BLOCKS, bits 2-31 stay reserved (`reserved_bits`,
+    R-HEADER-FLAGS); then, the last header check, INLINE_BLOCKS without COMPACT_INDEX is `corrupt`
+    (R-INLINE.HEADER).  check_trailer: reserved bits 2-31 (R-TRAILER-FLAGS); last, after the
+    version agreement, the COMPACT_INDEX bit and then the INLINE_BLOCKS bit equal the header's
+    (R-FLAGS-AGREE, two checks in that order).  A trailer with INLINE_BLOCKS but not COMPACT_INDEX
+    fails that agreement (§11: it agrees with no valid header); §11's own refusal of it is for a
+    reader of the tail alone (S9.3), which this decoder is not.  Random access makes the trailer
+    checks in §12.1 step 3; streaming lays the index out as the header says and makes them in
+    step 5, as for 1.5.
+  - parse_index (header has INLINE_BLOCKS): check 4 (sizes in column order) lets the blk_sizes entry
+    of a tensor whose tens_block_counts entry is 1 be 0 (its block is inline, ix.inline_blocks);
+    every other size, 0 included, must be in [16, 16 + MAX_RECORD_PAYLOAD] (R-INLINE.SIZE, first
+    half); the walk of §10.1 passes over inline blocks (R_t = 0; their derived offset is None).
+  - parse_tens: TENS flag bit 1 is INLINE_BLOCK only with INLINE_BLOCKS (else reserved,
+    `reserved_bits`, R-TENS-FLAGS).  With INLINE_BLOCK the check for bytes left over is not made
+    (§7: the rest of the payload is the block), and after the block count B = 1 is checked
+    (`corrupt`, R-INLINE.COUNT); the rest of the payload is then the inline block, checked by
+    check_inline_block: §8 checks 1, 3, 4, 5, 6 in that order (no ordinals, no check 2; check 3 only
+    in random access; check 6 up to the end of the TENS payload) (R-INLINE.BLOCK), through the same
+    read_block_fields a BLCK record goes through (decode_block = read_block_fields, checks 1-6, then
+    decode_block_fields, check 7 and the encoding's decoding).
+  - Random access (§12.1 step 6): the §7 checks, then §10 "Later" in its order: the name, B against
+    tens_block_counts, INLINE_BLOCK set exactly when the index gives the block the size 0
+    (R-INLINE.SIZE, second half); then, with INLINE_BLOCK, the inline block's checks (check 3
+    against blk_encodings[block_base[t]]); then the base (§12.3 step 1); the digests after every
+    TENS; step 7 decodes each inline block (§8 check 7) in its tensor's turn, reading no BLCK record.
+  - Streaming (§12.2 step 3, §7 "Checks, in this order"): the §7 checks but the inline block's, then
+    the duplicate-name check and the name-bytes limit of step 3, then the inline block's checks 1, 4,
+    5, 6 (no check 3: no index yet); then the base check, then the inline block is decoded (§8 check
+    7) and the tensor verified; no BLCK record
+    is due for it (one is `corrupt`, R-RECORD-ORDER.BLOCK-NOT-DUE).  The cross-check (step 6) counts
+    inline blocks among the K blocks and compares an inline block's entry by its size (0), its
+    encoding and its having no offset (the index's entry must be an inline block too), in a check
+    site of its own (R-STREAM-CROSSCHECK.BLCK, inline); a BLCK record against an index entry of size
+    0 fails the compact comparison (sizes differ).
+  (No ASSUMPTION left for 1.6: the former C1, the order in streaming of the inline block's checks and
+  the name checks of §12.2 step 3, is settled by §7 "Checks, in this order" and §12.2 step 3: the
+  name checks first, then the inline block's, then the base.)
 
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
@@ -739,12 +784,18 @@ class BaseCheckpoint:
 # Header and trailer (SPEC §4, §11, §12.1 steps 1-3)
 
 HEADER_COMPACT_INDEX = 1  # §4 header flag bit 0 (1.5): the index has no offset / checksum columns (§10, §10.1)
+HEADER_INLINE_BLOCKS = 2  # §4 header flag bit 1 (1.6): a one-block tensor carries its block in its TENS record (§7)
+HEADER_KNOWN_FLAGS = HEADER_COMPACT_INDEX | HEADER_INLINE_BLOCKS  # bits 2-31 are reserved
 TRAILER_COMPACT_INDEX = 1  # §11 trailer flag bit 0 (1.5): COMPACT_INDEX again, must equal the header's bit 0
+TRAILER_INLINE_BLOCKS = 2  # §11 trailer flag bit 1 (1.6): INLINE_BLOCKS again, must equal the header's bit 1
+TRAILER_KNOWN_FLAGS = TRAILER_COMPACT_INDEX | TRAILER_INLINE_BLOCKS  # bits 2-31 are reserved
 
 
 def check_header(f):
     """§12.1 step 1 (also §12.2 step 1): short files, then §4 in order.  Returns (major, minor,
-    compact): compact is the header's COMPACT_INDEX flag (§4), which says how the index is laid out."""
+    compact, inline): compact is the header's COMPACT_INDEX flag (§4), which says how the index is
+    laid out; inline its INLINE_BLOCKS flag (§4, §7, 1.6), which says that a one-block tensor's
+    block is in its TENS record."""
     if f.size < HEADER_SIZE:
         data = f.read_at(0, f.size)
         if data[:min(f.size, 8)] == MAGIC[:min(f.size, 8)]:
@@ -757,16 +808,24 @@ def check_header(f):
     # Any minor is accepted (§4, §16); only the header/trailer agreement is checked (§11).
     if major != 1:
         fail("unsupported_version", f"major version {major}")
-    # §4 (1.5): bit 0 is COMPACT_INDEX; bits 1-31 stay reserved (R-HEADER-FLAGS, `reserved_bits`).
-    if flags & ~HEADER_COMPACT_INDEX:
-        fail("reserved_bits", f"header flags 0x{flags:08x} (reserved bits 0x{flags & ~HEADER_COMPACT_INDEX:08x})")
-    return major, minor, bool(flags & HEADER_COMPACT_INDEX)
+    # §4 (1.6): bit 0 is COMPACT_INDEX, bit 1 INLINE_BLOCKS; bits 2-31 stay reserved
+    # (R-HEADER-FLAGS, `reserved_bits`).
+    if flags & ~HEADER_KNOWN_FLAGS:
+        fail("reserved_bits", f"header flags 0x{flags:08x} (reserved bits 0x{flags & ~HEADER_KNOWN_FLAGS:08x})")
+    compact = bool(flags & HEADER_COMPACT_INDEX)
+    inline = bool(flags & HEADER_INLINE_BLOCKS)
+    # §4 (1.6), the last header check: INLINE_BLOCKS is only defined with COMPACT_INDEX
+    # (R-INLINE.HEADER, `corrupt`).
+    if inline and not compact:
+        fail("corrupt", f"header flags 0x{flags:08x}: INLINE_BLOCKS without COMPACT_INDEX")
+    return major, minor, compact, inline
 
 
-def check_trailer(data, file_size, header_major, header_minor, header_compact):
+def check_trailer(data, file_size, header_major, header_minor, header_compact, header_inline):
     """§11 checks, in order, on the 40 trailer bytes; returns (index_offset, index_size).
-    header_compact: the header's COMPACT_INDEX bit (§4), which the trailer's bit 0 must equal
-    (R-FLAGS-AGREE, the last check, after the version agreement)."""
+    header_compact, header_inline: the header's COMPACT_INDEX and INLINE_BLOCKS bits (§4), which the
+    trailer's bits 0 and 1 must equal (R-FLAGS-AGREE, the last checks, after the version agreement,
+    COMPACT_INDEX first)."""
     assert len(data) == TRAILER_SIZE
     if data[32:40] != TRAILER_MAGIC:
         fail("truncated", "no trailer magic at the end of the file (cut off or damaged)")
@@ -775,9 +834,10 @@ def check_trailer(data, file_size, header_major, header_minor, header_compact):
         fail("checksum", "trailer checksum mismatch")
     if major != 1:
         fail("unsupported_version", f"trailer major version {major}")
-    # §11 (1.5): bit 0 is COMPACT_INDEX; bits 1-31 stay reserved (R-TRAILER-FLAGS, `reserved_bits`).
-    if flags & ~TRAILER_COMPACT_INDEX:
-        fail("reserved_bits", f"trailer flags 0x{flags:08x} (reserved bits 0x{flags & ~TRAILER_COMPACT_INDEX:08x})")
+    # §11 (1.6): bit 0 is COMPACT_INDEX, bit 1 INLINE_BLOCKS; bits 2-31 stay reserved
+    # (R-TRAILER-FLAGS, `reserved_bits`).
+    if flags & ~TRAILER_KNOWN_FLAGS:
+        fail("reserved_bits", f"trailer flags 0x{flags:08x} (reserved bits 0x{flags & ~TRAILER_KNOWN_FLAGS:08x})")
     if index_size < 16:
         fail("corrupt", f"trailer: index_size {index_size} < 16")
     if index_offset < FIRST_RECORD_OFFSET:
@@ -789,10 +849,16 @@ def check_trailer(data, file_size, header_major, header_minor, header_compact):
     if major != header_major or minor != header_minor:
         fail("corrupt", f"trailer version {major}.{minor} != header version "
                         f"{header_major}.{header_minor}")
-    # R-FLAGS-AGREE (§11, 1.5): "and so does the COMPACT_INDEX bit" -- the last trailer check.
+    # R-FLAGS-AGREE (§11, 1.5, 1.6): "and so do the COMPACT_INDEX and INLINE_BLOCKS bits, in that
+    # order" -- the last trailer checks.  (A trailer with INLINE_BLOCKS but not COMPACT_INDEX agrees
+    # with no header that passed §4, so it fails here; §11 refuses it on its own only in a reader of
+    # the tail alone, S9.3, which this decoder is not.)
     trailer_compact = bool(flags & TRAILER_COMPACT_INDEX)
+    trailer_inline = bool(flags & TRAILER_INLINE_BLOCKS)
     if trailer_compact != header_compact:
         fail("corrupt", f"trailer COMPACT_INDEX bit {int(trailer_compact)} != header's {int(header_compact)}")
+    if trailer_inline != header_inline:
+        fail("corrupt", f"trailer INLINE_BLOCKS bit {int(trailer_inline)} != header's {int(header_inline)}")
     return index_offset, index_size
 
 
@@ -850,14 +916,30 @@ class TensorInfo:
     pass
 
 
-def parse_tens(payload, ordinal, prefixed=False, prev_name=b""):
+TENS_NEEDS_BASE = 1    # §7 TENS flag bit 0
+TENS_INLINE_BLOCK = 2  # §7 TENS flag bit 1 (1.6): the tensor's only block follows target_hash; only
+                       # in a file whose header has INLINE_BLOCKS, else reserved
+
+
+def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False):
     """§7 'Checks, in this order'.  prefixed: META has PREFIXED_NAMES (§6); prev_name: the previous
     tensor's name (b"" for the first tensor), as the caller's read mode defines it (§7: streaming,
-    the last TENS record's name; random access, the index's name of tensor t - 1)."""
+    the last TENS record's name; random access, the index's name of tensor t - 1).
+
+    inline: the header has INLINE_BLOCKS (§4, 1.6).  Then flag bit 1 is INLINE_BLOCK (ti.inline_flag;
+    without INLINE_BLOCKS it is a reserved bit): the rest of the payload after target_hash is the
+    tensor's only block, so the check for bytes left over is not made (§7: "only when INLINE_BLOCK is
+    clear"), and after the block count, B = 1 is checked (`corrupt`, R-INLINE.COUNT).  The rest of
+    the payload is kept in ti.inline_rest (a Cursor over it), which the caller checks with
+    check_inline_block -- after, in random access, the comparisons with the index (§7, §10 "Later":
+    name, B, the flag against the index's size 0), in streaming the name checks of §12.2 step 3 (a
+    name seen before, the names' total).  ti.inline_rest is None without INLINE_BLOCK."""
     what = f"TENS #{ordinal}"
     c = Cursor(payload, what)
     ti = TensorInfo()
     ti.ordinal = ordinal
+    ti.inline_rest = None    # the inline block's bytes (1.6), still to be checked (§8 checks 1, 3-6)
+    ti.inline_block = None   # the inline block's fields, once checked (check_inline_block)
     # While reading the fields.
     prefix_length = 0  # no such field without PREFIXED_NAMES
     if prefixed:
@@ -878,15 +960,21 @@ def parse_tens(payload, ordinal, prefixed=False, prev_name=b""):
     ti.dims = [c.varint(f"dims[{i}]") for i in range(ndim)]
     ti.block_elems = c.varint("block_elems")
     flags = c.u8("flags")
-    ti.needs_base = bool(flags & 1)
+    ti.needs_base = bool(flags & TENS_NEEDS_BASE)
+    # §7 (1.6): bit 1 is INLINE_BLOCK only in a file whose header has INLINE_BLOCKS, else reserved.
+    ti.inline_flag = inline and bool(flags & TENS_INLINE_BLOCK)
     ti.base_hash = c.u64("base_hash") if ti.needs_base else None
     ti.target_hash = c.u64("target_hash")
-    # Then.
-    c.end()
+    # Then.  Bytes left over -- in a file with INLINE_BLOCKS only when INLINE_BLOCK is clear (§7, 1.6):
+    # with it, the rest of the payload is the inline block (checked last, by the caller).
+    if not ti.inline_flag:
+        c.end()
     ti.name = check_name_bytes(ti.name_bytes, what)  # the joined name (§7)
     what = f"TENS {ti.name!r}"
-    if flags & 0xFE:
-        fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{flags:02x}")
+    # Reserved flag bits (R-TENS-FLAGS): bits 2-7, and bit 1 in a file without INLINE_BLOCKS (§7, 1.6).
+    reserved = flags & ~(TENS_NEEDS_BASE | (TENS_INLINE_BLOCK if inline else 0)) & 0xFF
+    if reserved:
+        fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{reserved:02x} (flags 0x{flags:02x})")
     if ti.dtype not in DTYPES:
         fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
     ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
@@ -908,6 +996,14 @@ def parse_tens(payload, ordinal, prefixed=False, prev_name=b""):
     ti.B = ceil_div(n, ti.block_elems)
     if ti.B > MAX_BLOCKS_PER_TENSOR:
         fail("limit", f"{what}: {ti.B} blocks exceed MAX_BLOCKS_PER_TENSOR")
+    # §7 (1.6), after the block count: INLINE_BLOCK only on a tensor of exactly one block
+    # (R-INLINE.COUNT, `corrupt`).
+    if ti.inline_flag and ti.B != 1:
+        fail("corrupt", f"{what}: INLINE_BLOCK set on a tensor of {ti.B} blocks")
+    # The rest of the payload is the inline block, checked by the caller (R-INLINE.BLOCK; random
+    # access: after the name, B and the flag are compared with the index).
+    if ti.inline_flag:
+        ti.inline_rest = Cursor(c.take(c.remaining(), "inline block"), f"{what}: inline block")
     return ti
 
 
@@ -1302,18 +1398,48 @@ def decode_dense_delta(ti, m, p, streams, base_bytes, what):
     return apply_steps(base, positions, s2, s3, p.mw, ti, fmt, what)
 
 
+class BlockFields:
+    """A block's fields after §8 checks 1-6 (read_block_fields): what check 7 decodes."""
+    pass
+
+
 def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
 
-    §8 'Checks, in this order'.  get_base(start, m) returns the base bytes of elements
-    [start, start+m).  expected_encoding is the index's blk_encodings entry (random access).
+    §8 'Checks, in this order': checks 1-6 (read_block_fields), then check 7 (decode_block_fields).
+    get_base(start, m) returns the base bytes of elements [start, start+m).  expected_encoding is the
+    index's blk_encodings entry (random access).
     """
     what = f"BLCK {ti.name!r} #{b}"
-    cur = Cursor(payload, what)
+    bf = read_block_fields(ti, b, Cursor(payload, what), what, expected_encoding, ordinals=(t, b))
+    return decode_block_fields(ti, bf, get_base)
+
+
+def check_inline_block(ti, expected_encoding=None):
+    """§7 "Inline block" (1.6, R-INLINE.BLOCK): the rest of a one-block tensor's TENS payload (after
+    target_hash) is its block 0, the fields of a BLCK payload from `encoding` on.  §8 checks 1, 3, 4,
+    5 and 6 in that order: no ordinals, so no check 2; check 3 (the index's blk_encodings entry) in
+    random access only (expected_encoding None when streaming); check 6 with the end of the TENS
+    payload as the payload's end.  Called once the TENS record's own checks (§7) and, in random
+    access, its comparisons with the index (§10 "Later"), in streaming the name checks of §12.2 step
+    3 (a name seen before, the names' total), have passed; the streams are decoded later
+    (§8 check 7: §12.1 step 7, §12.2 step 3 after the base check), by decode_block_fields."""
+    assert ti.inline_rest is not None and ti.inline_flag and ti.B == 1
+    what = f"TENS {ti.name!r}: inline block"
+    ti.inline_block = read_block_fields(ti, 0, ti.inline_rest, what, expected_encoding, ordinals=None)
+    ti.inline_rest = None
+
+
+def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
+    """§8 checks 1-6, in order, on block b of tensor `ti` read through `cur` (a BLCK payload, or, for
+    an inline block, the rest of its TENS payload).  ordinals: (t, b) for a BLCK record, whose
+    payload starts with `tensor` and `block` (check 2 compares them); None for an inline block, which
+    has no ordinals (§7, §8: no check 2).  Returns the BlockFields that check 7 decodes."""
     start, m = block_elems_of(ti, b)
     # 1. While reading.
-    tensor = cur.varint("tensor")
-    block = cur.varint("block")
+    if ordinals is not None:
+        tensor = cur.varint("tensor")
+        block = cur.varint("block")
     enc = cur.u8("encoding")
     if enc not in KNOWN_ENCODINGS:
         fail("unsupported", f"{what}: unknown encoding id {enc}")
@@ -1348,9 +1474,9 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
         codec = cur.u8(f"stream {k} codec")
         stored_len = cur.varint(f"stream {k} stored length")
         table.append((codec, stored_len))
-    # 2. Ordinals.
-    if tensor != t or block != b:
-        fail("corrupt", f"{what}: record says tensor {tensor} block {block}, expected {t} {b}")
+    # 2. Ordinals (a BLCK record only: an inline block has none, §7, §8).
+    if ordinals is not None and (tensor, block) != ordinals:
+        fail("corrupt", f"{what}: record says tensor {tensor} block {block}, expected {ordinals[0]} {ordinals[1]}")
     # 3. Random access: the index's encoding.
     if expected_encoding is not None and enc != expected_encoding:
         fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
@@ -1361,10 +1487,23 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
     for k, (codec, _) in enumerate(table):
         if codec not in KNOWN_CODECS:
             fail("unsupported", f"{what}: stream {k}: unknown codec id {codec}")
-    # 6. data.
+    # 6. data (for an inline block: up to the end of the TENS payload).
     total = sum(s for _, s in table)
     if total != cur.remaining():
         fail("corrupt", f"{what}: stored lengths sum to {total}, {cur.remaining()} data bytes follow")
+    bf = BlockFields()
+    bf.what, bf.enc, bf.start, bf.m = what, enc, start, m
+    bf.c, bf.e, bf.ctx, bf.dense = c, e, ctx, dense
+    bf.lengths, bf.table, bf.cur = lengths, table, cur
+    return bf
+
+
+def decode_block_fields(ti, bf, get_base):
+    """§8 check 7 and the decoding of a block whose checks 1-6 passed (read_block_fields); returns
+    (encoding, target bytes).  The same for a BLCK record and an inline block (R-INLINE.DECODE)."""
+    what, enc, start, m = bf.what, bf.enc, bf.start, bf.m
+    c, e, ctx, dense = bf.c, bf.e, bf.ctx, bf.dense
+    lengths, table, cur = bf.lengths, bf.table, bf.cur
     # 7. Streams, in order (ASSUMPTION A4: all decoded before the encoding's checks).
     streams = []
     for k, ((codec, stored_len), L) in enumerate(zip(table, lengths)):
@@ -1456,13 +1595,19 @@ class Index:
     pass
 
 
-def parse_index(payload, index_offset, compact=False):
+def parse_index(payload, index_offset, compact=False, inline=False):
     """§10 'Checks, in this order'.  index_offset: where the INDX record is (trailer's value in
     random access, the record's own offset when streaming, §12.2 step 4).  compact: the header has
     COMPACT_INDEX (§4): the body lacks the four columns marked † in §10 (tens_offsets,
     tens_checksums, blk_offsets, blk_checksums); check 5 is then the walk of §10.1, which derives
     the TENS and BLCK offsets (ix.tens_offsets, ix.blk_offsets), and ix.tens_checksums /
-    ix.blk_checksums are None (no column to compare a record's checksum field with, §5 check 3)."""
+    ix.blk_checksums are None (no column to compare a record's checksum field with, §5 check 3).
+    inline: the header has INLINE_BLOCKS (§4, 1.6; only with compact, checked at the header): check 4
+    lets the blk_sizes entry of a tensor whose tens_block_counts entry is 1 be 0 -- that block is
+    inline, with no record (R-INLINE.SIZE); ix.inline_blocks is the set of the block numbers k of
+    these blocks; the walk of §10.1 passes over them, and their derived offset is None (not a record,
+    not located).  Whether the TENS record agrees (its INLINE_BLOCK flag) is checked when it is read
+    (§10 "Later")."""
     c = Cursor(payload, "INDX")
     codec = c.u8("codec")
     body_length = c.varint("body_length")
@@ -1523,10 +1668,29 @@ def parse_index(payload, index_offset, compact=False):
     for t, bc in enumerate(ix.tens_block_counts):
         if bc > MAX_BLOCKS_PER_TENSOR:
             fail("limit", f"INDX: tens_block_counts[{t}] = {bc} exceeds MAX_BLOCKS_PER_TENSOR")
-    # 4. Record sizes (`corrupt`, R-INDEX-SIZES).
+    # The blocks owned by the tensors (§10: tensor t owns blocks block_base[t] ..), and, with
+    # INLINE_BLOCKS (1.6), the blocks that may be inline: the block of each tensor whose
+    # tens_block_counts entry is 1 (§10 check 4).  Check 3 made the counts sum to K.
+    ix.inline = inline
+    ix.block_base = []
+    one_block = set()
+    k = 0
+    for t in range(T):
+        ix.block_base.append(k)
+        if inline and ix.tens_block_counts[t] == 1:
+            one_block.add(k)
+        k += ix.tens_block_counts[t]
+    # 4. Record sizes (`corrupt`, R-INDEX-SIZES), in column order: tens_sizes, blk_sizes,
+    # other_sizes.  With INLINE_BLOCKS (1.6) the blk_sizes entry of a one-block tensor may be 0
+    # instead: its block is inline (R-INLINE.SIZE); every other size, 0 included, must be in
+    # [16, 16 + MAX_RECORD_PAYLOAD].
+    ix.inline_blocks = set()
     for sizes, label in ((ix.tens_sizes, "tens_sizes"), (ix.blk_sizes, "blk_sizes"),
                          (ix.other_sizes, "other_sizes")):
         for i, s in enumerate(sizes):
+            if label == "blk_sizes" and s == 0 and i in one_block:
+                ix.inline_blocks.add(i)  # an inline block (§7): no record
+                continue
             if not 16 <= s <= 16 + MAX_RECORD_PAYLOAD:
                 fail("corrupt", f"INDX: {label}[{i}] = {s} out of [16, 16 + MAX_RECORD_PAYLOAD]")
     # 5. With COMPACT_INDEX (1.5): the derivation of §10.1 instead of the tiling (R-INDEX-COMPACT);
@@ -1550,11 +1714,9 @@ def parse_index(payload, index_offset, compact=False):
     # by construction (§10 check 6, §10.1: every size is at least 16, check 4), and so are the other
     # records (the walk reaches them in index order at increasing p): nothing to check.
     # R-INDEX-ORDER.TENS / R-INDEX-ORDER.BLCK: tensors and their blocks, in file order.
-    ix.block_base = []
     k = 0
     prev = -1
     for t in range(T):
-        ix.block_base.append(k)
         if not compact and ix.tens_offsets[t] <= prev:
             fail("corrupt", f"INDX: TENS #{t} is out of file order")
         prev = ix.tens_offsets[t]
@@ -1588,19 +1750,29 @@ def parse_index(payload, index_offset, compact=False):
 
 def derive_compact_offsets(ix, index_offset):
     """§10 check 5 with COMPACT_INDEX: the walk of §10.1, as written.  Sets ix.tens_offsets and
-    ix.blk_offsets.  Runs after check 4 (every size in [16, 16 + MAX_RECORD_PAYLOAD]) and check 3
-    (tens_block_counts sum to K), so every offset derived is at least 16 past the one before and
-    the loop reads exactly the K blk_sizes.  Exact integers; §10.1: nothing nears 2^64."""
+    ix.blk_offsets.  Runs after check 4 (every size of a record in [16, 16 + MAX_RECORD_PAYLOAD]) and
+    check 3 (tens_block_counts sum to K), so every offset derived is at least 16 past the one before
+    and the loop reads exactly the K blk_sizes.  Exact integers; §10.1: nothing nears 2^64.  With
+    INLINE_BLOCKS (1.6) the walk passes over each inline block (a one-block tensor's block given the
+    size 0, check 4: R_t = 0 records), whose offset is None.  The index cannot see a TENS record's
+    INLINE_BLOCK flag (R_t's definition, §3), so it takes the size 0 for it; §10 "Later" checks that
+    the two agree."""
     p = FIRST_RECORD_OFFSET
     j = 0  # the next other record, in index order
     ix.tens_offsets, ix.blk_offsets = [], []
     k = 0
-    for t in range(ix.T):  # TENS(0), BLCK(0, 0 .. B_0 - 1), TENS(1), ... in that order
+    for t in range(ix.T):  # TENS(0), BLCK(0, 0 .. R_0 - 1), TENS(1), ... in that order
         while j < ix.X and ix.other_offsets[j] == p:
             p += ix.other_sizes[j]
             j += 1
         ix.tens_offsets.append(p)
         p += ix.tens_sizes[t]
+        if ix.tens_block_counts[t] == 1 and k in ix.inline_blocks:  # its one block, given the size 0
+            # §10.1 (1.6): an inline block is not a record (R_t = 0): not located, the walk passes
+            # over it (its size is 0).
+            ix.blk_offsets.append(None)
+            k += 1
+            continue
         for _ in range(ix.tens_block_counts[t]):
             while j < ix.X and ix.other_offsets[j] == p:
                 p += ix.other_sizes[j]
@@ -1675,6 +1847,16 @@ class TensorBuilder:
         self.next_block += 1
         return enc
 
+    def add_inline_block(self):
+        """§8 check 7 on the tensor's inline block (1.6), already checked with its TENS record
+        (check_inline_block): decoded like a BLCK record's block 0 (R-INLINE.DECODE)."""
+        assert self.next_block == 0 and self.ti.inline_block is not None
+        enc, data = decode_block_fields(self.ti, self.ti.inline_block, self.get_base)
+        self.xxh.update(data)
+        self.sha.update(data)
+        self.next_block += 1
+        return enc
+
     def complete(self):
         return self.next_block == self.ti.B
 
@@ -1699,15 +1881,15 @@ def report(tensors):
 
 def decode_random_access(path, base):
     f = InputFile(path)
-    major, minor, compact = check_header(f)                                 # step 1
+    major, minor, compact, inline = check_header(f)                         # step 1
     if f.size < MIN_FILE_SIZE:                                              # step 2
         fail("truncated", f"file is {f.size} bytes, shorter than the minimum {MIN_FILE_SIZE}")
     trailer = f.read_at(f.size - TRAILER_SIZE, TRAILER_SIZE)                # step 3
-    # §11, before the index (§12.1 step 3 < step 4): R-FLAGS-AGREE is checked here, so the index is
-    # laid out as header and trailer both say.
-    index_offset, index_size = check_trailer(trailer, f.size, major, minor, compact)
+    # §11, before the index (§12.1 step 3 < step 4): R-FLAGS-AGREE (both bits) is checked here, so
+    # the index is laid out as header and trailer both say.
+    index_offset, index_size = check_trailer(trailer, f.size, major, minor, compact, inline)
     payload = read_located_record(f, index_offset, index_size, b"INDX")     # step 4
-    ix = parse_index(payload, index_offset, compact)
+    ix = parse_index(payload, index_offset, compact, inline)
     check_other_headers(f, ix)
     payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
     prefixed = parse_meta(payload)
@@ -1722,12 +1904,25 @@ def decode_random_access(path, base):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
                                       None if ix.compact else ix.tens_checksums[t])
         # §7: in random access the previous name is the index's (checked, §10 check 8)
-        ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"")
+        ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"", inline)
+        # §10 "Later", in this order: the name, B against tens_block_counts, and (1.6) the flag
+        # INLINE_BLOCK against the index's size 0 -- all after §7's own checks, and, with
+        # INLINE_BLOCK, before the inline block's checks (§7).
         if ti.name_bytes != ix.names[t]:
             fail("corrupt", f"TENS #{t}: name {ti.name!r} != index name {ix.names[t]!r}")
         if ti.B != ix.tens_block_counts[t]:
             fail("corrupt", f"TENS {ti.name!r}: {ti.B} blocks, index says {ix.tens_block_counts[t]}")
-        if ti.needs_base:
+        # R-INLINE.SIZE (§10 "Later", 1.6): with INLINE_BLOCKS, INLINE_BLOCK is set exactly when the
+        # index gives the tensor's block the size 0.  Only a one-block tensor can have either (B = 1 by
+        # R-INLINE.COUNT, and by check 4); its block is block_base[t].
+        if inline and ti.B == 1 and ti.inline_flag != (ix.block_base[t] in ix.inline_blocks):
+            fail("corrupt", f"TENS {ti.name!r}: INLINE_BLOCK is {'set' if ti.inline_flag else 'clear'}, "
+                            f"the index gives its block the size {ix.blk_sizes[ix.block_base[t]]}")
+        # §7 (1.6, R-INLINE.BLOCK): the inline block, §8 checks 1, 3-6; check 3 against the tensor's
+        # blk_encodings entry (its one block, block_base[t]).
+        if ti.inline_flag:
+            check_inline_block(ti, ix.blk_encodings[ix.block_base[t]])
+        if ti.needs_base:                                                   # §12.3 step 1
             base.check(ti)
         tensors.append(ti)
     # R-DIGEST-EARLY (§12.1 step 6, 1.5): every tensor is read, so the model digests (§12.3 step 4,
@@ -1737,7 +1932,11 @@ def decode_random_access(path, base):
     builders = []                                                           # step 7
     for t, ti in enumerate(tensors):
         builder = TensorBuilder(ti, base)
-        for b in range(ti.B):
+        if ti.inline_block is not None:
+            # §12.1 step 7 (1.6): the inline block, read and checked with its TENS record in step 6,
+            # is decoded here like the others (§8 check 7); it has no BLCK record to read.
+            builder.add_inline_block()
+        for b in range(builder.next_block, ti.B):
             k = ix.block_base[t] + b
             payload = read_located_record(f, ix.blk_offsets[k], ix.blk_sizes[k], b"BLCK",
                                           None if ix.compact else ix.blk_checksums[k])
@@ -1797,7 +1996,7 @@ class SeqReader:
 
 def decode_streaming(path, base):
     f = InputFile(path)
-    major, minor, compact = check_header(f)                                 # step 1
+    major, minor, compact, inline = check_header(f)                         # step 1
     r = SeqReader(path)
     r.read_exact(HEADER_SIZE, "the header")
     tensors = []
@@ -1805,7 +2004,7 @@ def decode_streaming(path, base):
     name_bytes = 0   # the (joined) names' bytes of the TENS records read (§12.2 step 3)
     builder = None   # the tensor that is receiving blocks (None before the first TENS)
     seen_tens = []   # (offset, size, checksum)
-    seen_blck = []   # (offset, size, checksum, encoding)
+    seen_blck = []   # (offset, size, checksum, encoding); an inline block (1.6): (None, 0, None, encoding)
     seen_other = []  # (offset, size, type)
     first = True
     prefixed = False  # META's PREFIXED_NAMES (§6), known once the first record is read
@@ -1849,7 +2048,10 @@ def decode_streaming(path, base):
             continue
         if typ == b"TENS":                                                  # step 3
             # §7: in streaming the previous name is the last TENS record's (b"" before the first)
-            ti = parse_tens(payload, len(tensors), prefixed, tensors[-1].name_bytes if tensors else b"")
+            ti = parse_tens(payload, len(tensors), prefixed, tensors[-1].name_bytes if tensors else b"",
+                            inline)
+            # §12.2 step 3: "check it (§7, all but its inline block's checks)" -- parse_tens; then a
+            # name seen before (`corrupt`), then the names' total (`limit`, R-STREAM-NAMES) ...
             if ti.name_bytes in names:
                 fail("corrupt", f"duplicate tensor name {ti.name!r}")
             # R-STREAM-NAMES: the (joined) names read so far, this one's included
@@ -1858,11 +2060,22 @@ def decode_streaming(path, base):
                 fail("limit", f"TENS at offset {offset}: the names read add up to {name_bytes} bytes, "
                               f"more than MAX_INDEX_BYTES ({MAX_INDEX_BYTES})")
             names.add(ti.name_bytes)
+            # ... "then its inline block's checks (§7), if it has one" (§7 "Checks, in this order",
+            # 1.6, R-INLINE.BLOCK: in streaming after the name checks of step 3): §8 checks 1, 4, 5, 6
+            # (no check 3 when streaming: no index yet); then the base.
+            if ti.inline_flag:
+                check_inline_block(ti)
             if ti.needs_base:
                 base.check(ti)
             tensors.append(ti)
             seen_tens.append((offset, size, csum))
             builder = TensorBuilder(ti, base)
+            if ti.inline_block is not None:
+                # §12.2 step 3 (1.6): the inline block is decoded after the base check (§8 check 7);
+                # no BLCK record is then due for the tensor.  Its entry for the cross-check (step 6):
+                # size 0, no offset, its encoding.
+                enc = builder.add_inline_block()
+                seen_blck.append((None, 0, None, enc))
             if builder.complete():
                 builder.verify()
             continue
@@ -1873,17 +2086,17 @@ def decode_streaming(path, base):
                 builder.verify()
             continue
         assert typ == b"INDX"
-        ix = parse_index(payload, offset, compact)                          # step 4
-        check_trailer_streaming(r, f, offset, major, minor, compact)        # step 5
+        ix = parse_index(payload, offset, compact, inline)                  # step 4
+        check_trailer_streaming(r, f, offset, major, minor, compact, inline)  # step 5
         check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other)  # step 6
         check_digests(ix, tensors)                                          # step 7
         return tensors
 
 
-def check_trailer_streaming(r, f, index_offset, major, minor, compact):
-    """§12.2 step 5: the index was parsed (step 4) as the header's COMPACT_INDEX bit says; the
-    trailer's bit is compared with it here, after the index (R-FLAGS-AGREE, in check_trailer), then
-    the trailer's index_offset with the INDX record's offset."""
+def check_trailer_streaming(r, f, index_offset, major, minor, compact, inline):
+    """§12.2 step 5: the index was parsed (step 4) as the header's COMPACT_INDEX and INLINE_BLOCKS
+    bits say; the trailer's bits are compared with them here, after the index (R-FLAGS-AGREE, in
+    check_trailer), then the trailer's index_offset with the INDX record's offset."""
     trailer_at = r.pos
     left = f.size - trailer_at
     if left < TRAILER_SIZE:
@@ -1891,7 +2104,7 @@ def check_trailer_streaming(r, f, index_offset, major, minor, compact):
     if left > TRAILER_SIZE:
         fail("corrupt", f"{left - TRAILER_SIZE} bytes follow the trailer")
     data = r.read_exact(TRAILER_SIZE, "the trailer")
-    t_off, _ = check_trailer(data, trailer_at + TRAILER_SIZE, major, minor, compact)
+    t_off, _ = check_trailer(data, trailer_at + TRAILER_SIZE, major, minor, compact, inline)
     if t_off != index_offset:
         fail("corrupt", f"trailer index_offset {t_off} != offset of the INDX record {index_offset}")
 
@@ -1920,7 +2133,13 @@ def check_index_against_seen(ix, tensors, seen_tens, seen_blck, seen_other):
         if ix.tens_block_counts[t] != ti.B:
             fail("corrupt", f"INDX: block count of {ti.name!r} does not match")
     for k, (off, size, csum, enc) in enumerate(seen_blck):
-        if ix.compact:
+        if off is None:
+            # R-STREAM-CROSSCHECK.BLCK, inline block (1.6): "size 0 and no offset: its size and
+            # encoding are compared" -- with the index's entry, which must be inline too (no offset).
+            if (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_encodings[k]) != (None, 0, enc):
+                fail("corrupt", f"INDX (inline blocks): entry of block #{k} does not match the inline "
+                                f"block (size 0, encoding {enc})")
+        elif ix.compact:
             # R-STREAM-CROSSCHECK.BLCK, compact index: derived offset, size and encoding, no checksum.
             if (ix.blk_offsets[k], ix.blk_sizes[k], ix.blk_encodings[k]) != (off, size, enc):
                 fail("corrupt", f"INDX (compact): entry of BLCK #{k} does not match the record")

@@ -44,6 +44,7 @@ from arcfmt.errors import (
 )
 from support.data import StreamReader, assert_bit_exact, stream_decode
 from support.records import (
+    BLOCK_RECORDS_HEADER,
     FULL_INDEX_HEADER,
     Rec,
     assemble,
@@ -429,12 +430,12 @@ def full_index(d: bytes):
     return parse_file(assemble(parse_file(d), header=FULL_INDEX_HEADER))
 
 
-@pytest.mark.parametrize("bit", [1, 7, 8, 31])
+@pytest.mark.parametrize("bit", [2, 7, 8, 31])   # bit 0 is COMPACT_INDEX (1.5), bit 1 INLINE_BLOCKS (1.6)
 @pytest.mark.parametrize("reader", READERS)
 def test_reserved_bits_header_flags(small_file, reader, bit):
     base, _, d = small_file
     f = bytearray(d)
-    f[12:16] = (1 << bit | 1).to_bytes(4, "little")
+    f[12:16] = (1 << bit | 3).to_bytes(4, "little")
     expect(ReservedBitsError, reader, bytes(f), base)
 
 
@@ -453,11 +454,11 @@ def test_compact_index_flag_says_how_the_index_is_laid_out(small_file, reader):
         expect({CorruptError, LimitError}, reader, bytes(bad), base)
 
 
-@pytest.mark.parametrize("bit", [1, 7, 8, 31])   # bit 0 is COMPACT_INDEX (1.5), as in the header
+@pytest.mark.parametrize("bit", [2, 7, 8, 31])   # bits 0 and 1 as in the header
 @pytest.mark.parametrize("reader", READERS)
 def test_reserved_bits_trailer_flags(small_file, reader, bit):
     base, _, d = small_file
-    expect(ReservedBitsError, reader, patch_trailer(d, 20, (1 << bit | 1).to_bytes(4, "little")), base)
+    expect(ReservedBitsError, reader, patch_trailer(d, 20, (1 << bit | 3).to_bytes(4, "little")), base)
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -533,7 +534,8 @@ def test_compact_offsets_are_the_full_index_offsets(medium_file):
         recs = [r for r in p.recs if r.type not in (L.NOTE, L.INDX)]
         for _ in range(int(rng.integers(0, 6))):
             recs.insert(int(rng.integers(1, len(recs) + 1)), Rec(b"note", bytes(int(rng.integers(0, 40)))))
-        compact, full = assemble(p, recs), assemble(p, recs, header=FULL_INDEX_HEADER)
+        # every block a record in both (a full index has no inline blocks)
+        compact, full = assemble(p, recs, header=BLOCK_RECORDS_HEADER), assemble(p, recs, header=FULL_INDEX_HEADER)
         pc, pf = parse_file(compact), parse_file(full)
         assert pc.index.compact and not pf.index.compact
         assert [(e.tens_offset, e.tens_size, [(b.offset, b.size) for b in e.blocks]) for e in pc.index.entries] == \
@@ -762,7 +764,7 @@ def _huge_tensor_file(elems: int, dtype_code: int = 9) -> bytes:
     """A keyframe tensor of ``elems`` elements in blocks of MAX_BLOCK_ELEMS, declared but not stored: the
     index locates one 16-byte BLCK stub per block (they are never reached)."""
     tp = tens_payload("big", dtype_code, [elems], L.MAX_BLOCK_ELEMS, 0, target_hash=0)
-    out = bytearray(records.build_header(compact_index=False))   # the index built below lists offsets
+    out = bytearray(records.build_header(0))   # the index built below lists offsets
     out += records.build_record(L.META, records.build_meta(records.Meta(None, None)))
     toff = len(out)
     trec = records.build_record(L.TENS, tp)
@@ -774,7 +776,7 @@ def _huge_tensor_file(elems: int, dtype_code: int = 9) -> bytes:
     entry = records.IndexEntry("big", toff, len(trec), int.from_bytes(trec[8:16], "little"), blocks)
     ioff = len(out)
     irec = records.build_record(L.INDX, records.build_index(records.Index(bytes(16), bytes(16), [entry], [])))
-    out += irec + records.build_trailer(ioff, len(irec), compact_index=False)
+    out += irec + records.build_trailer(ioff, len(irec), 0)
     return bytes(out)
 
 
@@ -1072,7 +1074,7 @@ def test_corrupt_keyframe_fields(reader):
     """Keyframe exponent / sign-mantissa fields out of range (§8.5): F16 exponents must be < 2**5 and
     sign|mantissa values < 2**11 (2 bytes each, plane-major)."""
     d = arcfmt.encode(None, {"h": np.float16([1.0, -2.0])})
-    p = parse_file(d)
+    p = parse_file(assemble(parse_file(d), header=BLOCK_RECORDS_HEADER))   # its block as a BLCK record
     blk = p.find(L.BLCK)[0]
     for exps, sms in (([32, 15], [0, 0, 0, 0]), ([15, 255], [0, 0, 0, 0]), ([15, 15], [0, 0, 0x08, 0]),
                       ([15, 15], [0, 0, 0, 0xFF])):

@@ -32,6 +32,7 @@ import pytest
 
 from arcfmt.errors import ChecksumError, CorruptError, TruncatedError
 from arcfmt.reader import DeltaReader
+from arcfmt.records import BlockRef
 from arcfmt.safetensors_io import write_file
 from arcfmt.store import (
     ConflictError,
@@ -456,8 +457,12 @@ def test_killed_follower_keeps_a_whole_step_and_resumes(kind, request, tmp_path,
 # ================================================================================= damaged stream
 
 def _largest_block(data: bytes):
+    """The largest record holding a block: a BLCK, or a TENS carrying its block (SPEC.md §7)."""
     r = DeltaReader(data)
-    return max((b for e in r.entries.values() for b in e.blocks), key=lambda b: b.size)
+    recs = [b for e in r.entries.values() for b in e.blocks] + [
+        BlockRef(e.tens_offset, e.tens_size, None, e.blocks[0].encoding) for e in r.entries.values()
+        if len(e.blocks) == 1 and e.blocks[0].size == 0]
+    return max(recs, key=lambda b: b.size)
 
 
 def _flip(data: bytes, offset: int) -> bytes:

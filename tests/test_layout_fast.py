@@ -316,7 +316,7 @@ def test_trailer_and_record_framing():
     rec = records.build_record(b"note", b"hello")
     assert rec[:L.RECORD_CHECKED_SIZE] == b"note" + (5).to_bytes(4, "little")
     assert L.parse_record_header(rec).checksum == record_checksum(rec[:8], b"hello")
-    t = records.build_trailer(52, 30)
+    t = records.build_trailer(52, 30, L.COMPACT_INDEX)
     assert len(t) == L.TRAILER_SIZE and t[32:] == L.TRAILER_MAGIC
     assert int.from_bytes(t[24:32], "little") == record_checksum(t[:24], b"")
     assert records.check_trailer(t, 52 + 30 + L.TRAILER_SIZE).index_size == 30

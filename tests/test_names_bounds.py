@@ -77,12 +77,15 @@ def with_tensor(p, *, payload_name: bytes | None = None, index_name: str | None 
     from the record, so the change is the file's only fault."""
     i = tens_index(p)
     rec = p.recs[i]
-    th = records.parse_tensor(rec.payload, "test")
+    th = records.parse_tensor(rec.payload, "test", None, p.index.inline_blocks)
     raw = th.name.encode() if payload_name is None else payload_name
     shape = th.shape if dims is None else tuple(dims)
-    payload = L.build_tensor_payload(raw, th.dtype.code, shape, th.block_elems, 0, None, th.target_hash)
+    inline = b"" if th.inline_at is None else rec.payload[th.inline_at:]   # its inline block (SPEC §7), kept
+    payload = L.build_tensor_payload(raw, th.dtype.code, shape, th.block_elems, L.INLINE_BLOCK if inline else 0,
+                                     None, th.target_hash) + inline
     recs = list(p.recs)
-    recs[i] = Rec(L.TENS, payload, rec.offset, name=rec.name if index_name is None else index_name)
+    recs[i] = Rec(L.TENS, payload, rec.offset, name=rec.name if index_name is None else index_name,
+                  encoding=rec.encoding)
     digest = model_digest([(raw, th.dtype.code, shape, th.target_hash)])
     return assemble(p, recs, target_digest=digest)
 
@@ -221,7 +224,7 @@ def test_reserved_name_in_a_multi_tensor_file():
     """A reserved name after valid tensors: DeltaReader refuses at open (the index), and StreamReader
     hands out the tensors before it but never the reserved one."""
     target = {"a": np.ones(3, np.float32), "b": np.arange(4, dtype=np.int16)}
-    p = parse_file(arcfmt.encode(None, target, workers=1, effort="fast"))
+    p = parse_file(arcfmt.encode(None, target, workers=1, effort="fast"), block_records=True)
     i = [j for j, r in enumerate(p.recs) if r.type == L.TENS][1]
     th = records.parse_tensor(p.recs[i].payload, "test")
     recs = list(p.recs)

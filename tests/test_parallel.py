@@ -360,7 +360,7 @@ def test_the_first_failing_check_in_file_order_wins(workers):
     small = rng.integers(0, 1 << 14, 64, dtype=np.uint16)
     base = {"a": big, "b": small}
     target = {"a": big ^ np.uint16(1), "b": small ^ np.uint16(1)}
-    p = split(arcfmt.encode(base, target))
+    p = split(arcfmt.encode(base, target), block_records=True)
     j = [i for i, r in enumerate(p.recs) if r.type == b"TENS"][1]
     th = records.parse_tensor(p.recs[j].payload, "")
     p.recs[j].payload = tens_payload(th.name.encode(), th.dtype.code, th.shape, th.block_elems, 3, th.base_hash,
@@ -412,7 +412,7 @@ def test_large_bases_are_hashed_first_on_every_thread(monkeypatch):
     assert [n for n, _ in started] in (["c", "b", "a"], ["b", "c", "a"])
     assert started[0][1] != started[1][1]   # both large ones at once, on two threads
 
-    p = split(delta)
+    p = split(delta, block_records=True)
     j = [i for i, r in enumerate(p.recs) if r.type == b"TENS"][0]
     th = records.parse_tensor(p.recs[j].payload, "")
     p.recs[j].payload = tens_payload(th.name.encode(), th.dtype.code, th.shape, th.block_elems, 3, th.base_hash,

@@ -85,7 +85,7 @@ def test_unchanged_tensor_whose_target_hash_differs_is_refused_in_place():
     import arcfmt.records as R
     from arcfmt import layout as L
     base, target = pair_arrays()
-    p = parse_file(arcfmt.encode(base, target))
+    p = parse_file(arcfmt.encode(base, target), block_records=True)
     recs = []
     for r in p.recs:
         if r.type == L.TENS and r.name == "b":

@@ -35,13 +35,14 @@ from arcfmt.planes import bytes_for, from_planes, ungap  # noqa: E402
 from arcfmt.safetensors_io import write_file  # noqa: E402
 
 # The record toolkit and data makers are tests/support's; the names stay importable from here
-# (``mv.split``, ``mv.assemble``, ``mv.BF16``, ``mv.write_delta``, ... for tools/fuzz.py).
+# (``mv.split``, ``mv.assemble``, ``mv.BF16``, ... for the tests).
 from support.data import BF16, write_delta  # noqa: E402, F401
 from support.records import (  # noqa: E402, F401
     FULL_INDEX_HEADER,
     Parts,
     Rec,
     assemble,
+    block_to_record,
     fix_trailer_checksum,
     index_fields,
     prefix_names,
@@ -50,7 +51,9 @@ from support.records import (  # noqa: E402, F401
     read_varint,
     set_first_encoding,
     split,
+    tens_fields_end,
     tens_payload,
+    u32,
     varint,
     xz_with_dictionary_code,
 )
@@ -76,6 +79,12 @@ def rng(seed):
 
 def bits(dtype, values):
     return np.array(values, dtype=f"<u{np.dtype(dtype).itemsize}").view(dtype)
+
+
+def write_separate(base, target, **kw):
+    """``write_delta`` without INLINE_BLOCKS (every block a BLCK record, as before 1.6): the vectors
+    made before 1.6, whose faults sit in BLCK records, and those made beside them."""
+    return write_delta(base, target, **{"inline_blocks": False, **kw})
 
 
 def write_full(base, target, **kw):
@@ -116,7 +125,7 @@ def valid_vectors():
     V = []
 
     def y(name, desc, covers, base, target, **kw):
-        V.append(Vector(name, desc, covers, base or {}, write_delta(base, target, **kw), expect_tensors=target))
+        V.append(Vector(name, desc, covers, base or {}, write_separate(base, target, **kw), expect_tensors=target))
 
     b, t = rl_step(1, (64, 48))
     y("y_bf16_delta_basic", "BF16 ±1-ulp changes and sign flips: bf16-delta with kept steps and exceptions",
@@ -188,7 +197,7 @@ def valid_vectors():
     b, t = rl_step(13, (10, 10))
     y("y_note_record", "an ancillary note record", ["5", "5.1"], {"w": b}, {"w": t}, note="made by make_vectors")
     # an unknown ancillary record: must be skipped by both readers
-    p = split(write_delta({"w": b}, {"w": t}))
+    p = split(write_separate({"w": b}, {"w": t}))
     p.recs.insert(2, Rec(b"zzzz", b"future ancillary data"))
     V.append(Vector("y_unknown_ancillary", "an unknown ancillary record type is skipped", ["5", "10", "16"],
                     {"w": b}, assemble(p), expect_tensors={"w": t}))
@@ -197,7 +206,7 @@ def valid_vectors():
     names = ["layers.0.attn.wq", "layers.0.attn.wk", "layers.0.attn", "emb", "a\u00e9", "a\u00e8", "a\u00e8.b"]
     pb = {nm: rl_step(30 + i, (6, 5))[0] for i, nm in enumerate(names)}
     pt = {nm: rl_step(30 + i, (6, 5))[1] for i, nm in enumerate(names)}
-    pre = write_delta(pb, pt)
+    pre = write_separate(pb, pt)
     assert split(pre).prefixed
     V.append(Vector("y_prefixed_names", "PREFIXED_NAMES: names after the bytes they share with the previous one "
                     "(several, none, all of it, a prefix ending inside a UTF-8 sequence)", ["6", "7", "16"],
@@ -208,6 +217,7 @@ def valid_vectors():
     V += ctx_valid_vectors()
     V += dense_valid_vectors()
     V += ctxas_valid_vectors()
+    V += inline_valid_vectors()
     return V
 
 
@@ -218,7 +228,7 @@ def _noted_file(compact: bool) -> tuple[dict, dict, Parts]:
     TENS, between a TENS and its first block, between blocks, between tensors, two in a row, and last."""
     base = {nm: rl_step(90 + i, (8, 10))[0] for i, nm in enumerate(("a", "b"))}
     target = {nm: rl_step(90 + i, (8, 10))[1] for i, nm in enumerate(("a", "b"))}
-    p = split(write_delta(base, target, block_elems=40, compact_index=compact))
+    p = split(write_separate(base, target, block_elems=40, compact_index=compact))
     recs = []
     for k, r in enumerate(p.recs):
         recs += [r, Rec(b"note", b"n%d" % k)]
@@ -237,10 +247,227 @@ def compact_valid_vectors():
     base, target, q = _noted_file(False)
     V.append(Vector("y_full_index", "a 1.5 file without COMPACT_INDEX: the index with its offset and checksum "
                     "columns, as 1.4 wrote it", ["4", "10"], base, assemble(q), expect_tensors=target))
-    e = write_delta(None, {"e": np.zeros((0, 3), np.float32)}, note="only")
+    e = write_separate(None, {"e": np.zeros((0, 3), np.float32)}, note="only")
     assert split(e).index.compact
     V.append(Vector("y_compact_index_no_blocks", "COMPACT_INDEX: a tensor without blocks after a note record",
                     ["10.1"], {}, e, expect_tensors={"e": np.zeros((0, 3), np.float32)}))
+    return V
+
+
+# ------------------------------------------------------------------------------------ 1.6: inline blocks
+
+def _inline_file(seed=120):
+    """A file with INLINE_BLOCKS: a one-block delta tensor and an unchanged one inline, a two-block tensor
+    in BLCK records, an empty tensor, a one-block keyframe inline, note records between."""
+    base = {nm: rl_step(seed + i, (8, 10))[0] for i, nm in enumerate(("a", "b"))}
+    target = {nm: rl_step(seed + i, (8, 10))[1] for i, nm in enumerate(("a", "b"))}
+    base["u"] = rl_step(seed + 5, (3, 7))[0]
+    target["u"] = base["u"].copy()
+    target["k"] = np.arange(-6, 6, dtype=np.int8).reshape(3, 4)   # keyframe and xor: one stream of m bytes
+    target["e"] = np.zeros((0, 4), np.float32)
+    target["two"] = rl_step(seed + 7, (130,))[1]
+    base["two"] = rl_step(seed + 7, (130,))[0]
+    return base, target, write_delta(base, target, block_elems=80, note="inline")
+
+
+def inline_valid_vectors():
+    V = []
+    base, target, data = _inline_file()
+    p = split(data)
+    assert p.index.inline_blocks and sum(r.encoding is not None for r in p.find(L.TENS)) == 4
+    V.append(Vector("y_inline_blocks", "INLINE_BLOCKS: one-block tensors (a delta, an unchanged one, a keyframe) "
+                    "carry their block in the TENS record; a two-block tensor and an empty one do not; notes "
+                    "between", ["4", "7", "10", "10.1"], base, data, expect_tensors=target))
+    q = split(data)
+    first = next(i for i, r in enumerate(q.recs) if r.type == L.TENS and r.encoding is not None)
+    block_to_record(q, first)
+    V.append(Vector("y_inline_blocks_optional", "INLINE_BLOCKS: one one-block tensor in a BLCK record beside "
+                    "inline ones (the writer chooses per tensor)", ["7", "10"], base, assemble(q),
+                    expect_tensors=target))
+    q = split(data)
+    for i in [i for i, r in enumerate(q.recs) if r.type == L.TENS and r.encoding is not None][::-1]:
+        block_to_record(q, i)
+    V.append(Vector("y_inline_blocks_none", "INLINE_BLOCKS set, no tensor inline", ["4", "7"], base, assemble(q),
+                    expect_tensors=target))
+    for enc, dt, codec in (("unchanged", BF16, None), ("xor", np.float16, "raw"), ("bf16-delta", BF16, "zstd"),
+                           ("float-delta", np.float32, "raw"), ("keyframe", np.float32, "zstd"),
+                           ("ctx-delta", BF16, "raw"), ("dense-delta", BF16, "raw"), ("ctx-delta-as", BF16, "raw")):
+        r = rng(130 + len(V))
+        b = (r.standard_normal((12, 17)) * 0.05).astype(np.float32).astype(dt)
+        u = b.view(f"<u{b.dtype.itemsize}").copy()
+        if enc != "unchanged":
+            idx = r.random(u.size) < (0.7 if enc == "dense-delta" else 0.3)
+            u.reshape(-1)[idx.reshape(-1)] += 1
+        t = u.view(dt)
+        d = write_delta({"x": b}, {"x": t}, force_encoding=enc if enc != "unchanged" else None, force_codec=codec)
+        assert split(d).find(L.TENS)[0].encoding is not None and not split(d).find(L.BLCK)
+        V.append(Vector(f"y_inline_{enc.replace('-', '_')}", f"INLINE_BLOCKS: a {enc} block carried in its TENS "
+                        "record", ["7", "8"], {"x": b}, d, expect_tensors={"x": t}))
+    return V
+
+
+def inline_reject_vectors():
+    V = []
+    base, target, data = _inline_file()
+    P = split(data)
+    inl = [i for i, r in enumerate(P.recs) if r.type == L.TENS and r.encoding is not None]
+    i0 = inl[0]   # tensor "a": a one-block BF16 delta
+
+    def n(name, desc, covers, d, error, errors=None, base_=None):
+        V.append(Vector(name, desc, list(covers), base if base_ is None else base_, d, error=error, errors=errors))
+
+    def mod(fn, **kw):
+        p = split(data)
+        fn(p)
+        return assemble(p, **kw)
+
+    # -- the header and the trailer (§4, §11)
+    full = split(write_full(base, target, block_elems=80))
+    n("n_inline_without_compact", "header flag INLINE_BLOCKS without COMPACT_INDEX", ["4"],
+      assemble(full, header=bytes(full.header[:12]) + u32(L.INLINE_BLOCKS)), "corrupt")
+
+    def tr_clear(tb):
+        tb[20] &= ~L.INLINE_BLOCKS
+        fix_trailer_checksum(tb)
+    n("n_flags_disagree_inline", "the header has INLINE_BLOCKS, the trailer not", ["11"],
+      assemble(split(data), trailer_fn=tr_clear), "corrupt")
+    sep = split(write_separate(base, target, block_elems=80))
+
+    def tr_set(tb):
+        tb[20] |= L.INLINE_BLOCKS
+        fix_trailer_checksum(tb)
+    n("n_flags_disagree_inline_trailer", "the trailer has INLINE_BLOCKS, the header not (no block inline)", ["11"],
+      assemble(sep, trailer_fn=tr_set), "corrupt")
+    # a file without INLINE_BLOCKS whose TENS records set bit 1 (reserved there) and carry their blocks
+    q = split(data)
+    for r in q.recs:
+        r.encoding = None if r.type == L.TENS else r.encoding   # the index lists no block for them
+    n("n_inline_block_without_header_flag", "a TENS record with flag bit 1 and an inline block in a file whose "
+      "header lacks INLINE_BLOCKS: bytes left over (corrupt) before the reserved bit", ["7"],
+      assemble(q, header=bytes(q.header[:12]) + u32(L.COMPACT_INDEX)), "corrupt")
+
+    # -- TENS (§7)
+    def flag(p, i, bits):
+        _, at = tens_fields_end(p.recs[i].payload)
+        pl = bytearray(p.recs[i].payload)
+        pl[at] |= bits
+        p.recs[i].payload = bytes(pl)
+
+    def reserved(p):
+        flag(p, i0, 0x04)
+        p.recs[i0].payload = p.recs[i0].payload[:-1] + b"\xee"   # and a broken inline block: after
+    n("n_inline_reserved_tens_flag", "INLINE_BLOCKS: TENS flag bit 2 (reserved) set on an inline tensor whose "
+      "block's last byte is changed: reserved_bits first", ["7"], mod(reserved), "reserved_bits")
+
+    def extra(p):
+        two = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "two")
+        p.recs[two].payload += b"\x00"
+    n("n_inline_tens_extra_bytes", "INLINE_BLOCKS: a byte after target_hash in a TENS record without "
+      "INLINE_BLOCK", ["7"], mod(extra), "corrupt")
+
+    def two_blocks(p):
+        two = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "two")
+        flag(p, two, L.INLINE_BLOCK)
+        p.recs[two].payload += b"\x7f"   # an unknown encoding: met only by a decoder that reads on
+    n("n_inline_two_blocks_then_unknown_encoding", "INLINE_BLOCK on a tensor of two blocks (its records "
+      "follow), then an unknown encoding id where its inline block would be", ["7"], mod(two_blocks), "corrupt")
+
+    def truncated(p):
+        end, _ = tens_fields_end(p.recs[i0].payload)
+        p.recs[i0].payload = p.recs[i0].payload[:end]
+        p.recs[i0].encoding = 5
+    n("n_inline_block_missing", "INLINE_BLOCK set, the payload ends at target_hash (no encoding byte)", ["7", "8"],
+      mod(truncated), "corrupt")
+
+    # -- the inline block (§7, §8 checks 1, 3-6)
+    def set_enc(p, e):
+        end, _ = tens_fields_end(p.recs[i0].payload)
+        pl = bytearray(p.recs[i0].payload)
+        pl[end] = e
+        p.recs[i0].payload, p.recs[i0].encoding = bytes(pl), e
+    n("n_inline_unknown_encoding", "an inline block with encoding id 200", ["7", "8"],
+      mod(lambda p: set_enc(p, 200)), "unsupported")
+    n("n_inline_encoding_not_index", "the index lists xor for an inline ctx-delta block: random access compares "
+      "when it reads the block, streaming at the cross-check", ["7", "8", "10"],
+      mod(lambda p: setattr(p.recs[i0], "encoding", 1)), "corrupt")
+
+    def needs_base(p):
+        k = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "k")
+        end, _ = tens_fields_end(p.recs[k].payload)
+        pl = bytearray(p.recs[k].payload)
+        pl[end] = 1   # xor (for I8 laid out as keyframe: one m-byte stream), which needs a base, in a keyframe tensor
+        p.recs[k].payload, p.recs[k].encoding = bytes(pl), 1
+    n("n_inline_needs_base", "an inline block with xor in a tensor without NEEDS_BASE", ["7", "8"], mod(needs_base),
+      "corrupt")
+
+    def data_extra(p):
+        p.recs[i0].payload += b"\x00"
+    n("n_inline_data_extra", "a byte after an inline block's stream data", ["7", "8"], mod(data_extra), "corrupt")
+
+    def codec(p):
+        k = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "k")
+        end, _ = tens_fields_end(p.recs[k].payload)
+        pl = bytearray(p.recs[k].payload)
+        assert pl[end] == 4   # keyframe: no params, one stream for I8 (§8.5)
+        pl[end + 1] = 77
+        p.recs[k].payload = bytes(pl)
+    n("n_inline_unknown_codec", "an inline keyframe block with codec id 77", ["7", "8", "9"], mod(codec),
+      "unsupported")
+
+    def wrong_base():
+        b = dict(base)
+        b["a"] = b["a"].copy()
+        b["a"].view(np.uint16).reshape(-1)[0] ^= 1
+        return b
+    n("n_inline_unknown_encoding_then_wrong_base", "an inline block with encoding id 200, and a base that does "
+      "not hash to base_hash: the block is checked with its TENS record, before the base", ["7", "12.1", "12.2"],
+      mod(lambda p: set_enc(p, 200)), "unsupported", base_=wrong_base())
+
+    def duplicate_then(p):
+        b = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "b")
+        assert p.recs[b].payload[:2] == b"\x01b" and p.recs[b].encoding is not None
+        p.recs[b].payload, p.recs[b].name = b"\x01a" + p.recs[b].payload[2:], "a"
+        end, _ = tens_fields_end(p.recs[b].payload)
+        p.recs[b].payload = p.recs[b].payload[:end] + b"\xc8" + p.recs[b].payload[end + 1:]
+    n("n_inline_duplicate_name_then_unknown_encoding", "a second tensor named a, whose inline block has encoding "
+      "id 200: the index refuses the name (random access); streaming checks the name before the block",
+      ["7", "10", "12.2"], mod(duplicate_then), "corrupt")
+
+    def name_then(p):
+        set_enc(p, 200)
+        p.recs[i0].name = "zz"   # the index names it otherwise
+    n("n_inline_index_name_then_unknown_encoding", "the index names an inline tensor otherwise, and its block "
+      "has encoding id 200: random access compares the name first", ["7", "10"], mod(name_then), "corrupt",
+      errors={"stream": "unsupported"})
+
+    # -- the index (§10 check 4, "Later")
+    def flag_with_record(p):
+        b = split(data)
+        block_to_record(b, i0)
+        p.recs.insert(i0 + 1, b.recs[i0 + 1])   # the inline block, and the same block as a record after it
+        p.recs[i0].encoding = None
+    n("n_inline_flag_with_record", "an inline block also written as a BLCK record after it; the index lists "
+      "the record", ["7", "10", "12.2"], mod(flag_with_record), "corrupt")
+
+    def size_zero(p):
+        block_to_record(p, i0)
+        blk = p.recs.pop(i0 + 1)
+        p.recs[i0].encoding = blk.encoding   # listed with size 0, though the TENS has no INLINE_BLOCK
+    n("n_inline_index_size_zero_then_wrong_base", "the index gives a one-block tensor's block the size 0, its "
+      "TENS record has no INLINE_BLOCK and no BLCK follows, and the base is wrong: random access refuses the "
+      "flag at the TENS record, streaming meets the base first", ["10", "12.1"], mod(size_zero), "corrupt",
+      errors={"stream": "wrong_base"}, base_=wrong_base())
+
+    def size_zero_two(p):
+        two = next(i for i, r in enumerate(p.recs) if r.type == L.TENS and r.name == "two")
+        assert p.recs[two + 1].type == L.BLCK and p.recs[two + 2].type == L.BLCK
+        blk = p.recs.pop(two + 1)
+        p.recs[two].encoding = blk.encoding   # the first block listed with size 0, inside the TENS
+        p.recs[0].payload = b"\x08" + p.recs[0].payload[1:]   # META: a reserved flag, met next (step 5)
+    d = mod(size_zero_two)
+    n("n_inline_size_zero_two_blocks_then_meta_flags", "the index gives the first block of a two-block tensor "
+      "the size 0 (its record left out), and META has a reserved flag: random access refuses the index first",
+      ["10", "12.1"], d, "corrupt", errors={"stream": "reserved_bits"})
     return V
 
 
@@ -285,9 +512,9 @@ def compact_reject_vectors():
     def shifted(ix):
         ix.entries[0].blocks[0].size += 4
         ix.entries[0].blocks[1].size -= 4
-    plain = split(write_delta(base, {nm: rl_step(90 + i, (8, 10))[1] for i, nm in enumerate(base)}, block_elems=40))
+    plain = split(write_separate(base, {nm: rl_step(90 + i, (8, 10))[1] for i, nm in enumerate(base)}, block_elems=40))
 
-    ee = split(write_delta(None, {"e": np.zeros((0, 3), np.float32), "f": np.arange(6, dtype=np.float32)}))
+    ee = split(write_separate(None, {"e": np.zeros((0, 3), np.float32), "f": np.arange(6, dtype=np.float32)}))
 
     def tens_sizes_swapped(ix):
         a, b = ix.entries
@@ -328,7 +555,7 @@ def compact_reject_vectors():
     # tensors' BLCK records name the wrong ordinals (corrupt, §8 check 2), and the digest no longer
     # matches (verification) -- random access checks the digest at the end of §12.1 step 6, before
     # any block; streaming meets the blocks first
-    dropped = split(write_delta(None, {nm: rl_step(95 + i, (3, 4))[1] for i, nm in enumerate("abc")}, block_elems=6))
+    dropped = split(write_separate(None, {nm: rl_step(95 + i, (3, 4))[1] for i, nm in enumerate("abc")}, block_elems=6))
     first_b = next(i for i, r in enumerate(dropped.recs) if r.type == L.TENS and r.name == "b")
     kept = dropped.recs[:1] + dropped.recs[first_b:]   # META, then tensors b and c with their blocks
     V.append(Vector("n_target_digest_then_block_ordinal", "a keyframe file with its first tensor's records "
@@ -390,7 +617,7 @@ def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=No
     from arcfmt.encodings import ctx_delta as ctx
     be = block_elems or max(1, base.size)
     name = "ctx-delta" if signs is None else "ctx-delta-as"
-    d = write_delta({"x": base}, {"x": target}, force_encoding=name, force_codec=codec, block_elems=be)
+    d = write_separate({"x": base}, {"x": target}, force_encoding=name, force_codec=codec, block_elems=be)
     p = split(d)
     adt = from_numpy(base.dtype)
     bu = base.view(adt.uint).reshape(-1)
@@ -418,7 +645,7 @@ def ctx_valid_vectors():
     V = []
 
     def y(name, desc, base, target, data=None, **kw):
-        data = data if data is not None else write_delta(base, target, **kw)
+        data = data if data is not None else write_separate(base, target, **kw)
         V.append(Vector(name, desc, ["8.6"], base, data, expect_tensors=target))
 
     for i, (nm, dt) in enumerate(CTX_TYPES):
@@ -455,7 +682,7 @@ def ctx_valid_vectors():
 def empty_with_dims(dims) -> bytes:
     """A one-tensor file whose tensor (F32, no base, no blocks) declares ``dims``: TENS record and target
     digest rewritten, so the shape is the file's only fault."""
-    p = split(write_delta(None, {"e": np.zeros((0, 5), np.float32)}))
+    p = split(write_separate(None, {"e": np.zeros((0, 5), np.float32)}))
     i = next(i for i, r in enumerate(p.recs) if r.type == L.TENS)
     th = records.parse_tensor(p.recs[i].payload, "")
     p.recs[i].payload = tens_payload(b"e", th.dtype.code, dims, th.block_elems, 0, target_hash=th.target_hash)
@@ -466,7 +693,7 @@ def empty_with_dims(dims) -> bytes:
 def renamed_keyframe(name: bytes) -> bytes:
     """A one-tensor keyframe file (no base) whose tensor is renamed to ``name`` in its TENS record and the
     index, with the target digest to match: the name is the file's only fault."""
-    p = split(write_delta(None, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}))
+    p = split(write_separate(None, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}))
     i = next(i for i, r in enumerate(p.recs) if r.type == L.TENS)
     th = records.parse_tensor(p.recs[i].payload, "")
     p.recs[i].payload = tens_payload(name, th.dtype.code, th.shape, th.block_elems, 0, target_hash=th.target_hash)
@@ -484,7 +711,7 @@ def stream_names_past_index_limit() -> Vector:
     pass MAX_INDEX_BYTES in all at the 65 537th, the stream cut right after that record: `limit` there
     (a decoder that does not count reads on, to `truncated`). 2.3 MB, stored gzip-compressed."""
     count = L.MAX_INDEX_BYTES // L.MAX_NAME_BYTES + 1
-    out = bytearray(records.build_header())
+    out = bytearray(records.build_header(L.COMPACT_INDEX))
     out += raw_record(L.META, records.build_meta(records.Meta(None, None, prefixed_names=True)))
     empty_hash = xxhash.xxh3_64_intdigest(b"")
     prev = b""
@@ -503,7 +730,7 @@ def prefix_vectors():
     V = []
     names = ["enc.layer.0.w", "enc.layer.0.b", "__metadata_x", "__metadata_y"]
     base = {nm: rl_step(40 + i, (4, 3))[0] for i, nm in enumerate(names)}
-    good = write_delta(base, {nm: rl_step(40 + i, (4, 3))[1] for i, nm in enumerate(names)})
+    good = write_separate(base, {nm: rl_step(40 + i, (4, 3))[1] for i, nm in enumerate(names)})
 
     def n(name, desc, tensor, edit, error):
         p = split(good)
@@ -576,8 +803,9 @@ def reject_vectors():
     n("n_future_major", "major version 2 in header and trailer", ["4", "11", "16"],
       assemble(split(good), header=bytes(hdr), trailer_fn=tr_major), "unsupported_version")
     hdr = bytearray(P.header)
-    hdr[12] = 2
-    n("n_reserved_header_flags", "a reserved header flag bit set (bit 1; bit 0 is COMPACT_INDEX)", ["4"],
+    hdr[12] = 4
+    n("n_reserved_header_flags", "a reserved header flag bit set (bit 2; bit 0 is COMPACT_INDEX, bit 1 "
+      "INLINE_BLOCKS)", ["4"],
       assemble(split(good), header=bytes(hdr)), "reserved_bits")
 
     def tr_flags(tb):
@@ -1670,7 +1898,7 @@ def check_vectors(good, base, b, t, mod, tens_edit, tp, restream, rs, body_edit,
         body = L.IndexBody.build(d)
         out = bytearray(data[:ioff])
         rec = raw_record(L.INDX, raw_index_payload(body))
-        tr = records.build_trailer(ioff, len(rec), compact_index=False)
+        tr = records.build_trailer(ioff, len(rec), 0)
         return bytes(out + rec + tr)
     V.append(Vector("n_index_record_size_then_limit", "two other records of index size 8 tiling a 16-byte header "
                     "that declares 2^32-1 payload bytes: the index's size check (corrupt) comes before the "
@@ -1955,7 +2183,7 @@ def ctx_reject_vectors():
     f64 = np.arange(16, dtype=np.float64)
     f64t = f64.copy()
     f64t[3] = 7.5
-    ffile = write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw")
+    ffile = write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw")
 
     pf = split(ffile)
     set_first_encoding(pf, 5)
@@ -1999,7 +2227,7 @@ def ctxas_valid_vectors():
     V = []
 
     def y(name, desc, base, target, data=None, **kw):
-        data = data if data is not None else write_delta({"x": base}, {"x": target}, force_encoding="ctx-delta-as",
+        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-as",
                                                          **kw)
         V.append(Vector(name, desc, ["8.8"], {"x": base}, data, expect_tensors={"x": target}))
 
@@ -2147,7 +2375,7 @@ def ctxas_reject_vectors():
     f64 = np.arange(16, dtype=np.float64)
     f64t = f64.copy()
     f64t[3] = 7.5
-    pf = split(write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
     set_first_encoding(pf, 7)
     V.append(Vector("n_ctxas_on_f64", "ctx-delta-as is not defined for F64", ["8", "8.8"], {"x": f64}, assemble(pf),
                     error="unsupported"))
@@ -2177,7 +2405,7 @@ def dense_valid_vectors():
     V = []
 
     def y(name, desc, base, target, **kw):
-        V.append(Vector(name, desc, ["8.7"], {"x": base}, write_delta({"x": base}, {"x": target},
+        V.append(Vector(name, desc, ["8.7"], {"x": base}, write_separate({"x": base}, {"x": target},
                                                                       force_encoding="dense-delta", **kw),
                         expect_tensors={"x": target}))
 
@@ -2211,7 +2439,7 @@ def dense_reject_vectors():
     from arcfmt.encodings import ctx_delta as ctx
     b, t = dense_case(90, BF16, m=2000, specials=False)
     base = {"x": b}
-    dfile = write_delta(base, {"x": t}, force_encoding="dense-delta", force_codec="raw")
+    dfile = write_separate(base, {"x": t}, force_encoding="dense-delta", force_codec="raw")
     m = b.size
 
     def n(name, desc, fn, error="corrupt", src=None):
@@ -2251,7 +2479,7 @@ def dense_reject_vectors():
     n("n_dense_quotient_extra_code", "one more 1 bit than u among the quotient bits", _extra_code)
     n("n_dense_quotient_unterminated", "bit qbits - 1 is not a terminating 1", setp(Q, lambda p: p[Q] + 1))
     every = dense_case(91, BF16, m=64, unchanged=0, specials=False)
-    afile = write_delta({"x": every[0]}, {"x": every[1]}, force_encoding="dense-delta", force_codec="raw")
+    afile = write_separate({"x": every[0]}, {"x": every[1]}, force_encoding="dense-delta", force_codec="raw")
 
     def zero_bit(streams, params):
         params[Q] = 1
@@ -2292,7 +2520,7 @@ def dense_reject_vectors():
           then_codec(i, v))
     f64 = np.arange(16, dtype=np.float64)
     f64t = f64 + 1
-    pf = split(write_delta({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
     set_first_encoding(pf, 6)
     V.append(Vector("n_dense_on_f64", "dense-delta is not defined for F64", ["8", "8.7"], {"x": f64}, assemble(pf),
                     error="unsupported"))
@@ -2592,6 +2820,24 @@ def object_vectors():
 # ------------------------------------------------------------------------------------ rules (SPEC.md Appendix A)
 
 RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Appendix A and A.1)
+    # -- inline blocks (1.6: §4, §7, §10)
+    ("y_inline_*", ["R-INLINE.DECODE"]), ("n_inline_without_compact", ["R-INLINE.HEADER"]),
+    ("n_flags_disagree_inline*", ["R-FLAGS-AGREE"]),
+    ("n_inline_block_without_header_flag", ["R-PAYLOAD-EXACT.EXTRA"]),
+    ("n_inline_reserved_tens_flag", ["R-TENS-FLAGS", "R-CHECK-ORDER"]),
+    ("n_inline_tens_extra_bytes", ["R-PAYLOAD-EXACT.EXTRA"]),
+    ("n_inline_two_blocks_then_unknown_encoding", ["R-INLINE.COUNT", "R-CHECK-ORDER"]),
+    ("n_inline_block_missing", ["R-INLINE.BLOCK", "R-PAYLOAD-EXACT.SHORT"]),
+    ("n_inline_unknown_encoding*", ["R-INLINE.BLOCK", "R-ENCODING.KNOWN"]),
+    ("n_inline_encoding_not_index", ["R-INLINE.BLOCK", "R-BLOCK-ENCODING-INDEX"]),
+    ("n_inline_needs_base", ["R-INLINE.BLOCK", "R-NO-BASE"]),
+    ("n_inline_data_extra", ["R-INLINE.BLOCK", "R-BLOCK-LENGTHS"]),
+    ("n_inline_unknown_codec", ["R-INLINE.BLOCK", "R-CODEC-ID"]),
+    ("n_inline_*_then_wrong_base", ["R-CHECK-ORDER"]),
+    ("n_inline_index_name_then_*", ["R-INDEX-NAME", "R-CHECK-ORDER"]),
+    ("n_inline_duplicate_name_then_*", ["R-NAME-UNIQUE.TENS", "R-NAME-UNIQUE.INDEX", "R-CHECK-ORDER"]),
+    ("n_inline_flag_with_record", ["R-INLINE.SIZE", "R-RECORD-ORDER.BLOCK-NOT-DUE"]),
+    ("n_inline_index_size_zero_*", ["R-INLINE.SIZE"]), ("n_inline_size_zero_two_blocks_*", ["R-INLINE.SIZE"]),
     # -- dense-delta (§8.7)
     ("y_dense_*", ["R-DENSE"]), ("n_dense_changed_*", ["R-DENSE-PARAMS.C"]),
     ("n_dense_rice_*", ["R-DENSE-PARAMS.RICE"]), ("n_dense_qbits_*", ["R-DENSE-PARAMS.QBITS"]),
@@ -2835,10 +3081,10 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.5",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.6",
                 "contract": "see conformance/README.md", "vectors": []}
-    for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + ctx_reject_vectors()
-              + dense_reject_vectors() + ctxas_reject_vectors()):
+    for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + inline_reject_vectors()
+              + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

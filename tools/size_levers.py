@@ -86,6 +86,7 @@ def framing(data: bytes) -> tuple[collections.Counter, int]:
     pos = L.HEADER_SIZE
     th = None
     prefixed, prev = False, b""
+    inline = records.check_header(data[:L.HEADER_SIZE]).inline_blocks
     while pos < len(data) - L.TRAILER_SIZE:
         head = records.parse_record_head(data[pos: pos + L.RECORD_HEADER_SIZE], pos)
         payload = data[pos + L.RECORD_HEADER_SIZE: pos + L.RECORD_HEADER_SIZE + head.length]
@@ -94,12 +95,17 @@ def framing(data: bytes) -> tuple[collections.Counter, int]:
         if head.type == L.META:
             prefixed = records.parse_meta(payload).prefixed_names
         if head.type == L.TENS:
-            th = records.parse_tensor(payload, "", prev if prefixed else None)
+            th = records.parse_tensor(payload, "", prev if prefixed else None, inline)
             prev = th.name.encode()
             at = L._varint_at(payload, 0, "prefix")[1] if prefixed else 0   # PREFIXED_NAMES: prefix length
             n, at = L._varint_at(payload, at, "name")
             acc["TENS name fields"] += at + n
-            acc["TENS other fields (dtype, shape, flags, hashes)"] += head.length - (at + n)
+            end = head.length if th.inline_at is None else th.inline_at
+            acc["TENS other fields (dtype, shape, flags, hashes)"] += end - (at + n)
+            if th.inline_at is not None:   # its block (1.6, §7)
+                stored = sum(s.stored for s in records.parse_block(payload, th, 0, 0, "").streams)
+                streams += stored
+                acc["inline block fields (encoding, params, stream table)"] += head.length - end - stored
         elif head.type == L.BLCK and th is not None:
             tensor, at = L._varint_at(payload, 0, "tensor")
             block, _ = L._varint_at(payload, at, "block")

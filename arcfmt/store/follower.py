@@ -1049,6 +1049,8 @@ def _parse_tail(tail: bytes, obj) -> records.Index:
     """The index of an object from its tail bytes ([index_offset, size)), with every check of §11/§10."""
     size = obj.size
     trailer = records.check_trailer(tail[-FL.TRAILER_SIZE:], size)
+    if trailer.flags & FL.INLINE_BLOCKS and not trailer.flags & FL.COMPACT_INDEX:   # no header agrees (§11)
+        raise CorruptError(f"{obj.name}: trailer flags 0x{trailer.flags:08x}: INLINE_BLOCKS without COMPACT_INDEX")
     if trailer.index_offset != obj.index_offset:
         raise CorruptError(f"{obj.name}: trailer says the index is at {trailer.index_offset}, the manifest "
                            f"{obj.index_offset}")
@@ -1057,9 +1059,10 @@ def _parse_tail(tail: bytes, obj) -> records.Index:
         raise CorruptError(f"{obj.name}: no INDX record of the trailer's size at offset {obj.index_offset}")
     payload = memoryview(tail)[FL.RECORD_HEADER_SIZE: trailer.index_size]
     records.verify_record(head, tail[:FL.RECORD_HEADER_SIZE], payload, obj.index_offset)
-    # the header is not in the tail: the trailer repeats its COMPACT_INDEX bit (§11), checked against
-    # the header when the records are read (a DeltaReader over the ranges)
-    return records.parse_index(payload, obj.index_offset, bool(trailer.flags & FL.COMPACT_INDEX))
+    # the header is not in the tail: the trailer repeats its COMPACT_INDEX and INLINE_BLOCKS bits (§11),
+    # checked against the header when the records are read (a DeltaReader over the ranges)
+    return records.parse_index(payload, obj.index_offset, bool(trailer.flags & FL.COMPACT_INDEX),
+                               bool(trailer.flags & FL.INLINE_BLOCKS))
 
 
 def _read_regular(path: str, limit: int) -> bytes:

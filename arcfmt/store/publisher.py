@@ -174,7 +174,7 @@ class Publisher:
         self.effort = effort
         self.keyframe_effort = keyframe_effort
         self.block_elems = block_elems
-        self.compact_index = compact_index   # False: data objects a 1.4 follower reads (SPEC.md §10)
+        self.compact_index = compact_index   # False: data objects a 1.4 or 1.5 follower reads (SPEC.md §10, §7)
         self.workers = workers
         self.remember = remember
         self.state_dir = state_dir

@@ -205,7 +205,8 @@ def write_delta(base, target, **kw) -> bytes:
 
 
 def small_model():
-    """A few hundred bytes: a note, a 2-block BF16 delta, a keyframe I8 tensor, an unchanged F32."""
+    """A few hundred bytes: a note, a 2-block BF16 delta, a keyframe I8 tensor, an unchanged F32 — every
+    block in its own BLCK record (no INLINE_BLOCKS, SPEC.md §7), where the crafted faults put them."""
     rng = np.random.default_rng(1234)
     wb = (rng.standard_normal(8) * 0.1).astype(ml_dtypes.bfloat16)
     wt = wb.copy()
@@ -216,7 +217,7 @@ def small_model():
     target = {"w": wt, "k": np.arange(-2, 2, dtype=np.int8), "u": base["u"].copy()}
     buf = io.BytesIO()
     with arcfmt.DeltaWriter(buf, base_step=7, target_step=8, block_elems=4, note="t", effort="fast",
-                            workers=1) as w:
+                            workers=1, inline_blocks=False) as w:
         w.write_tensors((n, base.get(n), target[n]) for n in target)
     return base, target, buf.getvalue()
 

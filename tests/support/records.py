@@ -27,12 +27,15 @@ from arcfmt.integrity import record_checksum
 __all__ = [
     "Rec", "Parts", "split", "parse_file", "assemble", "raw_record", "blck_encoding", "set_first_encoding",
     "tens_payload", "fix_trailer_checksum", "patch_trailer", "u64", "u32", "varint", "read_varint", "prefix_names",
-    "FULL_INDEX_HEADER", "index_fields", "raw_index_payload",
+    "FULL_INDEX_HEADER", "BLOCK_RECORDS_HEADER", "index_fields", "raw_index_payload", "tens_fields_end",
+    "block_to_record",
 ]
 
 # A valid file header without COMPACT_INDEX: ``assemble(p, header=FULL_INDEX_HEADER)`` writes the index
 # with its offset and checksum columns (SPEC.md §10), for changes to those columns.
-FULL_INDEX_HEADER = records.build_header(compact_index=False)
+FULL_INDEX_HEADER = records.build_header(records.header_flags(compact_index=False))
+# A valid header with COMPACT_INDEX but not INLINE_BLOCKS (1.5): ``assemble`` writes every block as a record.
+BLOCK_RECORDS_HEADER = records.build_header(L.COMPACT_INDEX)
 
 # ------------------------------------------------------------------------------------ integers
 
@@ -126,7 +129,9 @@ class Rec:
     ``offset``: where it was in the file it came from (-1 for a new record). ``name``: TENS, the tensor
     name the index lists (kept even if the payload is made unparsable). ``encoding``: BLCK, the encoding
     id the index lists; :func:`split` reads it from the payload, None reads it from the payload at
-    assembly (so a changed payload's encoding byte goes into the index unless this is set).
+    assembly (so a changed payload's encoding byte goes into the index unless this is set). For a TENS
+    record, the encoding of the inline block it carries (§7, 1.6; None: none), which the index lists
+    with size 0.
     ``checksum``: force the record's checksum field (e.g. the checksum of other bytes). ``raw``: written
     verbatim instead of being built from type and payload; such a record is listed among the index's
     other records, never as a tensor or block. ``size``: its size in the file it came from (-1 for a new
@@ -165,10 +170,20 @@ class Parts:
         return [r for r in self.recs if r.type == rtype]
 
 
-def split(data: bytes, *, keep_index: bool = False) -> Parts:
-    """Take a *valid* file apart into header, records, the parsed index and the trailer (framing only)."""
+def split(data: bytes, *, keep_index: bool = False, block_records: bool = False) -> Parts:
+    """Take a *valid* file apart into header, records, the parsed index and the trailer (framing only);
+    ``block_records``: every inline block (§7) moved into a BLCK record, and the header's INLINE_BLOCKS
+    cleared, for changes made to blocks and TENS fields as before 1.6."""
+    if block_records:
+        p = split(data, keep_index=keep_index)
+        for i in [i for i, r in enumerate(p.recs) if r.type == L.TENS and r.encoding is not None][::-1]:
+            block_to_record(p, i)
+        flags = int.from_bytes(p.header[12:16], "little") & ~L.INLINE_BLOCKS
+        p.header = p.header[:12] + u32(flags)
+        return p
     data = bytes(data)
     pos = L.HEADER_SIZE
+    inline_blocks = records.check_header(data[:L.HEADER_SIZE]).inline_blocks
     recs = []
     prefixed, prev = False, b""
     while True:
@@ -179,14 +194,18 @@ def split(data: bytes, *, keep_index: bool = False) -> Parts:
             assert pos + 16 + head.length + L.TRAILER_SIZE == len(data), "split needs a valid file"
             if keep_index:
                 recs.append(rec)
-            compact = records.check_header(data[:L.HEADER_SIZE]).compact_index
-            return Parts(data[:L.HEADER_SIZE], recs, records.parse_index(payload, pos, compact), payload,
+            fh = records.check_header(data[:L.HEADER_SIZE])
+            return Parts(data[:L.HEADER_SIZE], recs,
+                         records.parse_index(payload, pos, fh.compact_index, fh.inline_blocks), payload,
                          data[pos + 16 + head.length:], prefixed)
         if head.type == L.META and pos == L.HEADER_SIZE and records.parse_meta(payload).prefixed_names:
             prefixed = True
             rec.payload = u32(int.from_bytes(payload[:4], "little") & ~L.PREFIXED_NAMES) + payload[4:]
         if head.type == L.TENS:
-            rec.name = records.parse_tensor(payload, "", prev if prefixed else None).name
+            th = records.parse_tensor(payload, "", prev if prefixed else None, inline_blocks)
+            rec.name = th.name
+            if th.inline_at is not None:
+                rec.encoding = payload[th.inline_at]
             name = rec.name.encode()
             if prefixed:   # the whole name, as a file without PREFIXED_NAMES has it
                 _, at = read_varint(payload, 0)
@@ -199,9 +218,9 @@ def split(data: bytes, *, keep_index: bool = False) -> Parts:
         pos += 16 + head.length
 
 
-def parse_file(data: bytes) -> Parts:
+def parse_file(data: bytes, *, block_records: bool = False) -> Parts:
     """:func:`split`, keeping the INDX record as the last of ``recs`` (``p.recs[-1].payload``, ``p.find``)."""
-    return split(data, keep_index=True)
+    return split(data, keep_index=True, block_records=block_records)
 
 
 def set_first_encoding(p: Parts, encoding: int) -> None:
@@ -211,6 +230,29 @@ def set_first_encoding(p: Parts, encoding: int) -> None:
     pl[2] = encoding
     r.payload = bytes(pl)
     r.encoding = encoding
+
+
+def tens_fields_end(payload: bytes) -> tuple[int, int]:
+    """(where a TENS payload's fields end — its inline block, if any, starts there —, where its flags
+    byte is), for a payload with its name whole (as :func:`split` gives them)."""
+    th = records.parse_tensor(payload, "", None, True)
+    end = th.inline_at if th.inline_at is not None else len(payload)
+    return end, end - 8 - (8 if th.needs_base else 0) - 1
+
+
+def _split_inline(r: Rec, tensor: int) -> tuple[Rec, Rec]:
+    """A TENS record carrying its block (§7) as the TENS record without it and that block's BLCK record."""
+    end, at = tens_fields_end(r.payload)
+    pl = bytearray(r.payload[:end])
+    pl[at] &= ~L.INLINE_BLOCK
+    return (replace(r, payload=bytes(pl), encoding=None, checksum=None),
+            Rec(L.BLCK, varint(tensor) + varint(0) + r.payload[end:], encoding=r.encoding))
+
+
+def block_to_record(p: Parts, i: int) -> None:
+    """Move the inline block of TENS ``p.recs[i]`` into a BLCK record right after it (flag cleared)."""
+    tensor = sum(1 for q in p.recs[:i] if q.type == L.TENS)
+    p.recs[i:i + 1] = _split_inline(p.recs[i], tensor)
 
 
 def tens_payload(name, dtype: int, dims, block_elems: int, flags: int, base_hash=None, target_hash: int = 0,
@@ -246,12 +288,21 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
     ``prefixed``: write the names as a file with PREFIXED_NAMES has them (:func:`prefix_names`);
     default: as the file ``p`` came from had them. The index is compact (§10.1) when the header written
     has COMPACT_INDEX (``FULL_INDEX_HEADER``: a valid header without it, for the index's offset and
-    checksum columns).
+    checksum columns), and lists TENS records' inline blocks (``Rec.encoding``) when it has
+    INLINE_BLOCKS — without it, each inline block is written as a BLCK record after its TENS; the
+    trailer repeats the header's defined flags.
     """
     out = bytearray(header if header is not None else p.header)
-    compact = bool(int.from_bytes(out[12:16], "little") & L.COMPACT_INDEX)
+    flags = int.from_bytes(out[12:16], "little") & L.HEADER_FLAGS
+    compact, inline = bool(flags & L.COMPACT_INDEX), bool(flags & L.INLINE_BLOCKS)
     entries, others = [], []
     recs = p.recs if recs is None else recs
+    if not inline:   # a header without INLINE_BLOCKS: every inline block in its own record
+        recs = list(recs)
+        for k in range(len(recs) - 1, -1, -1):
+            r = recs[k]
+            if r.type == L.TENS and r.raw is None and r.encoding is not None:
+                recs[k:k + 1] = _split_inline(r, sum(1 for q in recs[:k] if q.type == L.TENS and q.raw is None))
     for r in prefix_names(p, recs) if (p.prefixed if prefixed is None else prefixed) else recs:
         if r.type == L.INDX:
             continue
@@ -261,6 +312,8 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
         ck = int.from_bytes(rec[8:16], "little")
         if r.raw is None and r.type == L.TENS:
             entries.append(records.IndexEntry(r.name, off, len(rec), ck, []))
+            if r.encoding is not None:   # its inline block (§7): listed with size 0
+                entries[-1].blocks.append(records.BlockRef(off, 0, None, r.encoding))
         elif r.raw is None and r.type == L.BLCK and entries:
             enc = r.encoding if r.encoding is not None else blck_encoding(r.payload)
             entries[-1].blocks.append(records.BlockRef(off, len(rec), ck, enc))
@@ -268,13 +321,13 @@ def assemble(p: Parts, recs: list | None = None, *, header: bytes | None = None,
             others.append(records.OtherRecord(off, len(rec), r.type))
     index = records.Index(p.index.base_digest if base_digest is None else base_digest,
                           p.index.target_digest if target_digest is None else target_digest, entries, others,
-                          compact)
+                          compact, inline)
     if index_fn is not None:
         index_fn(index)
     index_offset = len(out)
     index_rec = raw_record(L.INDX, records.build_index(index) if index_payload is None else index_payload)
     out += index_rec
-    trailer = bytearray(records.build_trailer(index_offset, len(index_rec), compact))
+    trailer = bytearray(records.build_trailer(index_offset, len(index_rec), flags))
     if trailer_fn is not None:
         trailer_fn(trailer)
     out += trailer
