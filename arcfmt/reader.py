@@ -127,7 +127,8 @@ class DeltaReader:
         self.entries = {e.name: e for e in self.index.entries}
         self._ordinal = {e.name: i for i, e in enumerate(self.index.entries)}
         self._headers: dict[str, records.TensorHeader] = {}
-        self._inline: dict[str, LoadedBlock] = {}   # inline blocks read with their TENS, until loaded
+        self._inline: dict[str, memoryview] = {}   # TENS payloads ending in an inline block, until it is checked
+        self._checked: dict[str, LoadedBlock] = {}   # inline blocks checked (by selection), until loaded
 
     # -- identity
     @property
@@ -178,14 +179,14 @@ class DeltaReader:
         MissingTensorError for a name the file does not have."""
         th = self._headers.get(name)
         if th is None:
-            th, inline = self._read_tensor(name)
-            if inline is not None:
-                self._inline[name] = inline
+            th, payload = self._read_tensor(name)
+            if th.inline_at is not None:
+                self._inline[name] = payload   # its block is checked by :meth:`_inline_block`
             self._headers[name] = th
         return th
 
-    def _read_tensor(self, name: str) -> tuple[records.TensorHeader, LoadedBlock | None]:
-        """The tensor's TENS record, read and checked (§7, §10 "Later"), and its inline block (§7)."""
+    def _read_tensor(self, name: str) -> tuple[records.TensorHeader, memoryview]:
+        """The tensor's TENS record, read and checked (§7, §10 "Later"), all but its inline block."""
         e = self._entry(name)
         _, payload = self._read_record(e.tens_offset, e.tens_size, L.TENS, e.tens_checksum)
         t = self._ordinal[name]
@@ -198,10 +199,18 @@ class DeltaReader:
         if self._inline_blocks and (th.inline_at is not None) != (len(e.blocks) == 1 and e.blocks[0].size == 0):
             raise CorruptError(f"{where}: INLINE_BLOCK is {int(th.inline_at is not None)}, but the index "
                                f"{'does not give' if th.inline_at is not None else 'gives'} its block the size 0")
-        if th.inline_at is None:
-            return th, None
-        info = records.parse_block(payload, th, t, 0, f"{where} (tensor {name!r} inline block)", e.blocks[0].encoding)
-        return th, LoadedBlock(info, payload)
+        return th, payload
+
+    def _inline_block(self, name: str) -> LoadedBlock:
+        """The tensor's inline block (§7), checked: the last of its TENS record's checks."""
+        th = self.header(name)
+        payload = self._inline.pop(name, None)
+        if payload is None:   # loaded before: read again
+            payload = self._read_tensor(name)[1]
+        e = self._entry(name)
+        where = f"TENS at offset {e.tens_offset} (tensor {name!r} inline block)"
+        return LoadedBlock(records.parse_block(payload, th, self._ordinal[name], 0, where, e.blocks[0].encoding),
+                           payload)
 
     def _entry(self, name):
         try:
@@ -213,8 +222,8 @@ class DeltaReader:
         """Block ``b`` of a tensor, read and checked (checksum, header fields), not decoded."""
         e = self._entry(name)
         th = self.header(name)
-        if th.inline_at is not None:   # read with the header (held until first loaded), or again
-            return self._inline.pop(name, None) or cast(LoadedBlock, self._read_tensor(name)[1])
+        if th.inline_at is not None:   # checked by selection (held until first loaded), or now
+            return self._checked.pop(name, None) or self._inline_block(name)
         ref = e.blocks[b]
         _, payload = self._read_record(ref.offset, ref.size, L.BLCK, ref.checksum)
         where = f"BLCK at offset {ref.offset} (tensor {name!r} block {b})"
@@ -264,17 +273,29 @@ class DeltaReader:
                 break
         jobs = [Job(pipeline.check_base, (th, base.get(th.name) if th.needs_base else None)) for th in headers]
         batch = Batch(workers)
+        inline_failed: tuple[int, Exception] | None = None
         try:
             shared = sorted((i for i, th in enumerate(headers) if batch.shared and th.needs_base
                              and th.size >= SHARED_MIN_ELEMS), key=lambda i: -headers[i].size)
             for i in shared:
                 batch.submit(jobs[i])
+            # while the helpers hash the large bases, this thread checks the inline blocks: the last of
+            # each TENS record's checks, before its base (§7, §12.1 step 6)
+            for i, th in enumerate(headers):
+                if th.inline_at is not None and th.name not in self._checked:
+                    try:
+                        self._checked[th.name] = self._inline_block(th.name)
+                    except Exception as exc:  # noqa: BLE001 - raised in file order below
+                        inline_failed = (i, exc)
+                        break
             for job in [jobs[i] for i in shared] + jobs:  # the large ones (this thread takes any left), then the rest
                 batch.wait(job)
         finally:
             batch.close()
         bases: dict[str, np.ndarray | None] = {}
-        for th, job in zip(headers, jobs):
+        for i, (th, job) in enumerate(zip(headers, jobs)):
+            if inline_failed is not None and inline_failed[0] == i:
+                raise inline_failed[1]
             if job.error is not None:
                 raise job.error
             bases[th.name] = cast("np.ndarray | None", job.result)
