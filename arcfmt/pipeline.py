@@ -238,8 +238,13 @@ MAX_PENDING = 64
 
 
 def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
-        window: int | None = None) -> Iterator[_T]:
+        window: int | None = None, verify_last: bool = True) -> Iterator[_T]:
     """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
+
+    ``verify_last``: random access (§12.1) verifies after every block is decoded (step 8 after step 7),
+    so a tensor whose hash fails is not committed and its error is raised only when every other block
+    has decoded (a bad block elsewhere is reported first, R-CHECK-ORDER); streaming (§12.2 step 3,
+    ``False``) raises it at once, before the next tensor's blocks are read.
 
     ``window``: shared blocks (those other threads may take) in flight at most (default twice
     ``workers``); blocks small enough to run here go on meanwhile, so this thread decodes small
@@ -257,6 +262,17 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     in_flight = [0]
     pending: deque[tuple[_Tensor, int, Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
     ready: list[_T] = []
+    failed: list[VerificationError] = []   # with verify_last: the tensors whose hash failed, in item order
+
+    def verified(th: records.TensorHeader, digest: int) -> bool:
+        try:
+            verify_hash(th, digest)
+        except VerificationError as exc:
+            if not verify_last:
+                raise
+            failed.append(exc)
+            return False
+        return True
 
     def complete_one() -> None:
         t, b, job, arr, base_block, hashed = pending.popleft()
@@ -270,9 +286,10 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
 
     def completed(t: _Tensor, b: int, arr: np.ndarray, base_block: np.ndarray | None, hashed: list[int] | None) -> None:
         th = t.item.th
+        ok = True
         if t.single:
             assert hashed is not None  # a tensor of one block is hashed where it was decoded
-            verify_hash(th, hashed[0])
+            ok = verified(th, hashed[0])
         else:
             assert t.hash is not None
             t.hash.update(arr.data.cast("B"))
@@ -283,8 +300,9 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         if t.left == 0:
             if not t.single:
                 assert t.hash is not None
-                verify_hash(th, t.hash.intdigest())
-            ready.append(t.out.commit())
+                ok = verified(th, t.hash.intdigest())
+            if ok:
+                ready.append(t.out.commit())
 
     def drain() -> None:
         while pending:
@@ -294,16 +312,15 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         for item in items:
             if item is DRAIN:
                 drain()
-                yield from _flush(ready)
+                yield from _flush(ready, failed)
                 continue
             th = item.th
             barrier = getattr(sink, "needs_drain", None)
             if barrier is not None and barrier(th):  # e.g. the sink's next file starts with this tensor
                 drain()
-                yield from _flush(ready)
+                yield from _flush(ready, failed)
             t = _Tensor(item, sink.open(th))
-            if th.block_count == 0:
-                verify_hash(th, tensor_hash(np.empty(0, th.dtype.uint)))
+            if th.block_count == 0 and verified(th, tensor_hash(np.empty(0, th.dtype.uint))):
                 ready.append(t.out.commit())
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
@@ -328,8 +345,10 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                                        or len(pending) >= MAX_PENDING):
                         complete_one()
                 if ready:
-                    yield from _flush(ready)
+                    yield from _flush(ready, failed)
         drain()
+        if failed:
+            raise failed[0]
         yield from _flush(ready)
         finish = getattr(sink, "finish", None)
         if finish is not None:
@@ -338,8 +357,9 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         pool.close()
 
 
-def _flush(ready: list[_T]) -> Iterator[_T]:
-    while ready:
+def _flush(ready: list[_T], failed: list[VerificationError] | None = None) -> Iterator[_T]:
+    """The verified tensors' commits, in order; none once a tensor has failed (its error comes last)."""
+    while ready and not failed:
         yield ready.pop(0)
 
 

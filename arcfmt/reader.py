@@ -486,11 +486,11 @@ class StreamReader:
                                     else self._explicit_budget)
         self._backed = self._explicit_budget is None
         if not self._torch:
-            yield from pipeline.run(self._items(budget), budget)
+            yield from pipeline.run(self._items(budget), budget, verify_last=False)   # §12.2 step 3
             return
         from .api import as_framework
 
-        for name, arr in pipeline.run(self._items(budget), budget):
+        for name, arr in pipeline.run(self._items(budget), budget, verify_last=False):
             one = {name: self._torch_base[name]} if name in self._torch_base else self._torch_first
             yield name, as_framework({name: arr}, one, "pt", self._device)[name]
 

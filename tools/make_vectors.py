@@ -564,6 +564,31 @@ def compact_reject_vectors():
                     ["12.1", "12.2", "12.3", "8"], {}, assemble(dropped, kept),
                     error="verification", errors={"stream": "corrupt"}))
 
+    # §12.1 steps 7 and 8: random access decodes every block before it verifies any tensor; streaming
+    # verifies each tensor before it reads the next one's blocks (§12.2 step 3). The first tensor (the
+    # larger: a decoder that starts with the largest meets its hash first) has a wrong target_hash, the
+    # digest made to match it; the second one's block names a wrong block ordinal.
+    hb = {"a": rl_step(97, (40, 10))[0], "b": rl_step(98, (3, 4))[0]}
+    ht = {"a": rl_step(97, (40, 10))[1], "b": rl_step(98, (3, 4))[1]}
+    hp = split(write_separate(hb, ht))
+    entries = []
+    for r in hp.recs:
+        if r.type == L.TENS:
+            th = records.parse_tensor(r.payload, "")
+            if th.name == "a":
+                th.target_hash ^= 1
+                r.payload = records.build_tensor(th)
+            entries.append((th.name.encode(), th.dtype.code, th.shape, th.target_hash))
+    blk_b = [r for r in hp.recs if r.type == L.BLCK][-1]
+    assert blk_b.payload[:2] == b"\x01\x00"
+    blk_b.payload = b"\x01\x05" + blk_b.payload[2:]
+    V.append(Vector("n_tensor_hash_then_block_ordinal", "the first (larger) tensor rebuilds to bytes that do not "
+                    "match its target_hash (the target digest made to match the records), the second one's block "
+                    "names block 5: random access decodes every block before verifying (corrupt), streaming "
+                    "verifies the first tensor before reading the second's block (verification)",
+                    ["12.1", "12.2", "12.3", "8"], hb, assemble(hp, target_digest=model_digest(entries)),
+                    error="corrupt", errors={"stream": "verification"}))
+
     def flip_trailer_bit(t):
         t[20] ^= L.COMPACT_INDEX
         fix_trailer_checksum(t)
@@ -2823,6 +2848,7 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     # -- inline blocks (1.6: §4, §7, §10)
     ("y_inline_*", ["R-INLINE.DECODE"]), ("n_inline_without_compact", ["R-INLINE.HEADER"]),
     ("n_flags_disagree_inline*", ["R-FLAGS-AGREE"]),
+    ("n_tensor_hash_then_block_ordinal", ["R-TENSOR-HASH", "R-BLOCK-ORDINALS", "R-CHECK-ORDER"]),
     ("n_inline_block_without_header_flag", ["R-PAYLOAD-EXACT.EXTRA"]),
     ("n_inline_reserved_tens_flag", ["R-TENS-FLAGS", "R-CHECK-ORDER"]),
     ("n_inline_tens_extra_bytes", ["R-PAYLOAD-EXACT.EXTRA"]),
