@@ -156,6 +156,7 @@ class Item:
     base_u: np.ndarray | None
     loaders: Iterable[Callable[[], Loaded]]
     encodings: Sequence[int] | None = None
+    order: int = 0   # the tensor's place in the file: which of several failures :func:`run` reports
 
 
 class _Drain(enum.Enum):
@@ -168,7 +169,7 @@ DRAIN = _Drain.DRAIN  # in an item sequence: finish every block in flight before
 # --------------------------------------------------------------------------------------- scheduler
 
 class _Tensor:
-    __slots__ = ("item", "out", "hash", "left", "single", "mapped")
+    __slots__ = ("item", "out", "hash", "left", "single", "mapped", "failed")
 
     def __init__(self, item: Item, out: TensorOutput[Any]) -> None:
         self.item, self.out = item, out
@@ -177,6 +178,7 @@ class _Tensor:
         self.single = item.th.block_count == 1
         self.hash: xxhash.xxh3_64 | None = None if self.single else xxhash.xxh3_64()
         self.left = item.th.block_count
+        self.failed = False   # a block of it failed (held by run's verify_last): never committed
 
 
 def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
@@ -241,10 +243,11 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         window: int | None = None, verify_last: bool = True) -> Iterator[_T]:
     """Decode and verify every item into ``sink``; yield each tensor's ``commit()`` in item order.
 
-    ``verify_last``: random access (§12.1) verifies after every block is decoded (step 8 after step 7),
-    so a tensor whose hash fails is not committed and its error is raised only when every other block
-    has decoded (a bad block elsewhere is reported first, R-CHECK-ORDER); streaming (§12.2 step 3,
-    ``False``) raises it at once, before the next tensor's blocks are read.
+    ``verify_last``: random access (§12.1) decodes every block (step 7), then verifies (step 8): a
+    block or tensor that fails is not committed, nothing is committed after it, and once every block
+    has been tried the first failed block in file order (``Item.order``, then block) is raised, else
+    the first tensor whose hash failed (R-CHECK-ORDER: the same category whatever order the blocks ran
+    in); streaming (§12.2 step 3, ``False``) raises each failure at once, in file order by itself.
 
     ``window``: shared blocks (those other threads may take) in flight at most (default twice
     ``workers``); blocks small enough to run here go on meanwhile, so this thread decodes small
@@ -262,17 +265,28 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
     in_flight = [0]
     pending: deque[tuple[_Tensor, int, Job, np.ndarray, np.ndarray | None, list[int] | None]] = deque()
     ready: list[_T] = []
-    failed: list[VerificationError] = []   # with verify_last: the tensors whose hash failed, in item order
+    # with verify_last: ((0 a block's failure | 1 a tensor's hash, file order, block), error), as found
+    failed: list[tuple[tuple[int, int, int], ArcError]] = []
 
-    def verified(th: records.TensorHeader, digest: int) -> bool:
+    def verified(t: _Tensor, digest: int) -> bool:
         try:
-            verify_hash(th, digest)
+            verify_hash(t.item.th, digest)
         except VerificationError as exc:
             if not verify_last:
                 raise
-            failed.append(exc)
+            failed.append(((1, t.item.order, 0), exc))
             return False
         return True
+
+    def block_failed(t: _Tensor, b: int, arr: np.ndarray, exc: BaseException) -> None:
+        """A block's load or decode raised: held (random access) or raised (streaming, or not ours).
+        Its buffer is still handed back (a file sink completes its ranges in order, and reuses them)."""
+        if not verify_last or not isinstance(exc, ArcError):
+            raise exc
+        failed.append(((0, t.item.order, b), exc))
+        t.failed = True
+        t.out.done(b, arr)
+        t.left -= 1
 
     def complete_one() -> None:
         t, b, job, arr, base_block, hashed = pending.popleft()
@@ -281,15 +295,19 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             shared_pending[0] -= 1
         pool.wait(job)
         if job.error is not None:
-            raise job.error
+            block_failed(t, b, arr, job.error)
+            return
         completed(t, b, arr, base_block, hashed)
 
     def completed(t: _Tensor, b: int, arr: np.ndarray, base_block: np.ndarray | None, hashed: list[int] | None) -> None:
-        th = t.item.th
+        if t.failed:   # an earlier block of it failed: its hash means nothing, it is never committed
+            t.out.done(b, arr)
+            t.left -= 1
+            return
         ok = True
         if t.single:
             assert hashed is not None  # a tensor of one block is hashed where it was decoded
-            ok = verified(th, hashed[0])
+            ok = verified(t, hashed[0])
         else:
             assert t.hash is not None
             t.hash.update(arr.data.cast("B"))
@@ -300,8 +318,8 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         if t.left == 0:
             if not t.single:
                 assert t.hash is not None
-                ok = verified(th, t.hash.intdigest())
-            if ok:
+                ok = verified(t, t.hash.intdigest())
+            if ok and not failed:   # nothing is committed once a failure is held
                 ready.append(t.out.commit())
 
     def drain() -> None:
@@ -316,11 +334,13 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 continue
             th = item.th
             barrier = getattr(sink, "needs_drain", None)
-            if barrier is not None and barrier(th):  # e.g. the sink's next file starts with this tensor
+            if not failed and barrier is not None and barrier(th):  # e.g. the sink's next file starts here
                 drain()
                 yield from _flush(ready, failed)
-            t = _Tensor(item, sink.open(th))
-            if th.block_count == 0 and verified(th, tensor_hash(np.empty(0, th.dtype.uint))):
+            # after a held failure the sink is left as it was: the rest is decoded aside, only to find
+            # the first failure in file order, and never committed
+            t = _Tensor(item, _Aside(th) if failed else sink.open(th))
+            if th.block_count == 0 and verified(t, tensor_hash(np.empty(0, th.dtype.uint))) and not failed:
                 ready.append(t.out.commit())
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
@@ -332,8 +352,12 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 hashed: list[int] | None = [] if t.single else None
                 shared = e - s >= SHARED_MIN_ELEMS and threads
                 if not pending and not shared:   # nothing in flight: decode and finish it here, no job
-                    _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None))
-                    completed(t, b, arr, base_block, hashed)
+                    try:
+                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None))
+                    except Exception as exc:  # noqa: BLE001 - block_failed holds or re-raises it
+                        block_failed(t, b, arr, exc)
+                    else:
+                        completed(t, b, arr, base_block, hashed)
                 else:
                     job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
                     pending.append((t, b, job, arr, base_block, hashed))
@@ -348,7 +372,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                     yield from _flush(ready, failed)
         drain()
         if failed:
-            raise failed[0]
+            raise min(failed, key=lambda f: f[0])[1]
         yield from _flush(ready)
         finish = getattr(sink, "finish", None)
         if finish is not None:
@@ -357,8 +381,26 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         pool.close()
 
 
-def _flush(ready: list[_T], failed: list[VerificationError] | None = None) -> Iterator[_T]:
-    """The verified tensors' commits, in order; none once a tensor has failed (its error comes last)."""
+class _Aside:
+    """A tensor taken after :func:`run` holds a failure: decoded into buffers of its own (checked, as
+    random access checks every block), never committed."""
+
+    def __init__(self, th: records.TensorHeader) -> None:
+        self.th = th
+
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None,
+               drain: Callable[[], None]) -> np.ndarray:
+        return np.empty(self.th.block_len(b), self.th.dtype.uint)
+
+    def done(self, b: int, arr: np.ndarray) -> None:
+        pass
+
+    def commit(self) -> Any:
+        raise AssertionError("a tensor decoded aside is never committed")
+
+
+def _flush(ready: list[_T], failed: list[Any] | None = None) -> Iterator[_T]:
+    """The verified tensors' commits, in order; none once a block or tensor has failed (raised last)."""
     while ready and not failed:
         yield ready.pop(0)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import io
+import operator
 import os
 import threading
 from collections.abc import Mapping
@@ -212,6 +213,13 @@ class DeltaReader:
         return LoadedBlock(records.parse_block(payload, th, self._ordinal[name], 0, where, e.blocks[0].encoding),
                            payload)
 
+    def release_blocks(self, names) -> None:
+        """Forget the inline blocks read (and checked) with these tensors' headers; each is read again
+        when it is loaded. For a caller that bounds memory by dropping the bytes they came from."""
+        for n in names:
+            self._inline.pop(n, None)
+            self._checked.pop(n, None)
+
     def _entry(self, name):
         try:
             return self.entries[name]
@@ -222,6 +230,12 @@ class DeltaReader:
         """Block ``b`` of a tensor, read and checked (checksum, header fields), not decoded."""
         e = self._entry(name)
         th = self.header(name)
+        try:
+            b = operator.index(b)
+        except TypeError:
+            b = -1
+        if not 0 <= b < th.block_count:
+            raise InputError(f"tensor {name!r} has {th.block_count} blocks; there is no block {b!r}")
         if th.inline_at is not None:   # checked by selection (held until first loaded), or now
             return self._checked.pop(name, None) or self._inline_block(name)
         ref = e.blocks[b]
@@ -232,21 +246,25 @@ class DeltaReader:
 
     # -- decoding (every path goes through arcfmt.pipeline)
     def check_base(self, name: str, base) -> np.ndarray | None:
-        """The base tensor's unsigned flat view, after checking it is the one the file names."""
-        return pipeline.check_base(self.header(name), base)
+        """The base tensor's unsigned flat view, after checking it is the one the file names (and,
+        first, the tensor's inline block: the last of its TENS record's checks, SPEC §7)."""
+        th = self.header(name)
+        if th.inline_at is not None and name not in self._checked:
+            self._checked[name] = self._inline_block(name)
+        return pipeline.check_base(th, base)
 
     def item(self, name: str, base_u) -> pipeline.Item:
         """The pipeline item of one tensor (``base_u`` from :meth:`check_base`)."""
         th = self.header(name)
         refs = self._entry(name).blocks
         return pipeline.Item(th, base_u, [functools.partial(self._load, name, b) for b in range(th.block_count)],
-                             [r.encoding for r in refs])
+                             [r.encoding for r in refs], self._ordinal[name])
 
     def _load(self, name: str, b: int):
         lb = self.load_block(name, b)
         return lb.info, lb.payload
 
-    def selection(self, base, names=None, *, workers: int = 1) -> tuple[list, dict, bool]:
+    def selection(self, base, names=None, *, workers: int = 1, keyframe: bool = False) -> tuple[list, dict, bool]:
         """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
         (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
@@ -271,7 +289,9 @@ class DeltaReader:
             except Exception as exc:  # noqa: BLE001 - raised once the bases before it are checked
                 failed = exc
                 break
-        jobs = [Job(pipeline.check_base, (th, base.get(th.name) if th.needs_base else None)) for th in headers]
+        # a keyframe object's tensors need no base (a stream's rule, S9.4 step 2), checked where a base is
+        check = _needs_no_base if keyframe else pipeline.check_base
+        jobs = [Job(check, (th, base.get(th.name) if th.needs_base else None)) for th in headers]
         batch = Batch(workers)
         inline_failed: tuple[int, Exception] | None = None
         try:
@@ -590,6 +610,12 @@ class StreamReader:
             raise CorruptError("the index does not describe the records of the file")
         pipeline.check_digests(headers, index)
         self.index = index
+
+
+def _needs_no_base(th: records.TensorHeader, base: object) -> None:
+    """A keyframe object's tensor: ``corrupt`` where it would need a base (SPEC.md S9.4 step 2)."""
+    if th.needs_base:
+        raise CorruptError(f"tensor {th.name!r} of a keyframe object needs a base")
 
 
 class _IntoSink:

@@ -7,6 +7,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,3 +122,38 @@ def test_folder_oracle_sees_a_wrong_tensor(tmp_path):
     assert "not what was published" in fuzz.folder_problem(into, {**other, **wrong}, None)
     os.mkdir(os.path.join(tmp_path, ".arcfmt-tmp-1-deadbeef-m"))
     assert "staging" in fuzz.folder_problem(into, stream["published"], None)
+
+
+def test_follower_reports_the_same_failure_whatever_its_memory_budget(tmp_path):
+    """A keyframe object whose first tensor's inline block has an unknown encoding (unsupported) and
+    whose second tensor says it needs a base (corrupt, S9.4 step 2): SPEC §12.1 step 6 checks tensor by
+    tensor, so `unsupported`, whether the shard is checked whole or a group at a time (an adversary
+    review: the group path checked the keyframe rule first for a big budget, last for a small one)."""
+    from arcfmt import UnsupportedError
+    from arcfmt import layout as L
+    from arcfmt.store import Publisher
+    from support.records import assemble, split, tens_fields_end, u64
+
+    rng = np.random.default_rng(0)
+    src = f"memory://budget-src-{os.getpid()}"
+    Publisher(src, effort="fast").publish(0, {f"t{i}": rng.standard_normal(300).astype(np.float32)
+                                              for i in range(2)})
+    objs = fuzz._stream_objects(src)
+    (name,) = [n for n in objs if n.endswith(".arc")]
+    p = split(objs[name])
+    r0, r1 = [r for r in p.recs if r.type == L.TENS]
+    end, _ = tens_fields_end(r0.payload)
+    r0.payload = r0.payload[:end] + b"\xee" + r0.payload[end + 1:]     # encoding id 238
+    end1, at1 = tens_fields_end(r1.payload)
+    pl = bytearray(r1.payload)
+    pl[at1] |= L.NEEDS_BASE
+    r1.payload = bytes(pl[:at1 + 1]) + u64(0x1234) + bytes(pl[at1 + 1:])
+    fuzz._replace_data(np.random.default_rng(0), objs, name, assemble(p))
+    for budget in (1 << 30, 100):
+        url = f"memory://budget-{os.getpid()}-{budget}"
+        fuzz._put_stream(url, objs)
+        try:
+            with pytest.raises(UnsupportedError):
+                Follower(url, tmp_path / f"f{budget}", memory_budget=budget).sync()
+        finally:
+            fuzz._drop_stream(url)

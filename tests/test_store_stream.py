@@ -492,6 +492,30 @@ def test_memory_budget_rebuilds_group_by_group(url, tmp_path, traj, tensors):
         assert a.bytes_downloaded <= 1.05 * (a.bytes_needed + a.tail_bytes), a.as_dict()
 
 
+def test_memory_budget_holds_with_inline_blocks(tmp_path, monkeypatch):
+    """Tensors whose TENS records carry their blocks (SPEC.md §7, 1.6): the follower fetches and checks
+    the TENS records a group at a time, and reads the inline blocks again with their group, so the bytes
+    it holds stay within the budget (an adversary review: all TENS records at once held 4.1 MB against a
+    200 KB budget)."""
+    from arcfmt.store import ranges
+
+    rng = np.random.default_rng(0)
+    model = {f"t{i:04d}": rng.standard_normal(4000).astype(np.float32) for i in range(120)}   # 16 KB each
+    url = str(tmp_path / "stream")
+    Publisher(url, effort="fast").publish(0, model)
+    peak = [0]
+    add = ranges.ObjectSource.add
+
+    def counted(self, start, data):
+        add(self, start, data)
+        peak[0] = max(peak[0], sum(e - s for s, e, _ in self._chunks))
+    monkeypatch.setattr(ranges.ObjectSource, "add", counted)
+    fol = Follower(url, tmp_path / "f", memory_budget=100_000)
+    fol.sync()
+    assert_folder(fol.into, model)
+    assert peak[0] <= 100_000 + (1 << 16), peak[0]   # a group may end on one tensor past the budget
+
+
 def test_folder_off_the_chain_restarts_from_an_older_keyframe(tmp_path, traj):
     """A folder at a step the head's chain does not contain (the stream was rewritten) takes a keyframe,
     even one further back than its own step."""

@@ -749,3 +749,91 @@ def test_names_near_the_file_system_limit_are_staged_beside_themselves(tmp_path)
     os.rename(left, tmp_path / left.name.replace(f"-{os.getpid()}-", "-999999-", 1))
     staging.recover(str(b))
     assert not [n for n in os.listdir(tmp_path) if ".arcfmt-" in n]
+
+
+# ------------------------------------------------------------------------------------- held failures
+
+def _three_tensors():
+    rng = np.random.default_rng(3)
+    base = {k: rng.standard_normal(64).astype(np.float32) for k in "abc"}
+    return base, {k: v + np.float32(0.5) for k, v in base.items()}
+
+
+def _with(base, target, fault):
+    """A delta of ``target`` whose records ``fault(p)`` changes, its target digest made to match the
+    TENS records (so the change is the file's only fault before the blocks, SPEC §12.1 step 6)."""
+    from arcfmt import layout as L
+    from arcfmt.integrity import model_digest
+    from arcfmt.records import parse_tensor
+
+    p = parse_file(arcfmt.encode(base, target, workers=1), block_records=True)
+    fault(p, L)
+    entries = []
+    for r in p.recs:
+        if r.type == L.TENS:
+            th = parse_tensor(r.payload, "")
+            entries.append((th.name.encode(), th.dtype.code, th.shape, th.target_hash))
+    return assemble(p, target_digest=model_digest(entries))
+
+
+def test_a_bad_block_leaves_later_live_tensors_untouched():
+    """apply_in_place with a bad block in the second tensor: the third is decoded aside (random access
+    tries every block, SPEC §12.1 step 7) but never written into its live array."""
+    base, target = _three_tensors()
+
+    def ordinal(p, L):
+        blk = [r for r in p.recs if r.type == L.BLCK][1]
+        blk.payload = blk.payload[:1] + b"\x07" + blk.payload[2:]
+    live = {k: v.copy() for k, v in base.items()}
+    got = []
+    with pytest.raises(CorruptError):
+        for name, _ in arcfmt.apply_in_place(live, _with(base, target, ordinal)):
+            got.append(name)
+    for k in "bc":
+        assert live[k].tobytes() == base[k].tobytes(), k
+    assert live["a"].tobytes() == (target["a"] if "a" in got else base["a"]).tobytes()
+
+
+def test_a_failed_hash_in_a_multi_file_apply_is_verification(tmp_path):
+    """A first tensor whose bytes fail its hash, the base in two shard files: the apply says
+    ``verification`` (the failure is held while the other tensors decode aside; the output files are
+    never opened for them), and writes nothing."""
+    base, target = _three_tensors()
+
+    def bad_hash(p, L):
+        from arcfmt.records import build_tensor, parse_tensor
+        r = next(r for r in p.recs if r.type == L.TENS and r.name == "a")
+        th = parse_tensor(r.payload, "")
+        th.target_hash ^= 1
+        r.payload = build_tensor(th)
+    bp = tmp_path / "base"
+    bp.mkdir()
+    write_file(str(bp / "model-00001-of-00002.safetensors"), {"a": base["a"]})
+    write_file(str(bp / "model-00002-of-00002.safetensors"), {"b": base["b"], "c": base["c"]})
+    (tmp_path / "d.arc").write_bytes(_with(base, target, bad_hash))
+    with pytest.raises(VerificationError):
+        apply_delta(str(bp), str(tmp_path / "d.arc"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_bad_block_with_later_blocks_in_flight_is_refused_and_writes_nothing(tmp_path, workers):
+    """A checkpoint apply whose first tensor's fourth block is damaged, its other blocks and three more
+    tensors' in flight on other threads: the write windows those blocks reserved are handed back in
+    order (an adversary review: an AssertionError, not the file's `corrupt`), and no output appears."""
+    rng = np.random.default_rng(0)
+    base = {k: rng.standard_normal(300_000).astype(np.float32) for k in "abcd"}
+    target = {k: v + np.float32(0.5) for k, v in base.items()}
+    from arcfmt import layout as L
+
+    d = arcfmt.encode(base, target, block_elems=65_536, workers=1)
+    p = parse_file(d, block_records=True)
+    blk = [r for r in p.recs if r.type == L.BLCK][3]
+    assert blk.payload[:2] == b"\x00\x03"
+    blk.payload = b"\x00\x7f" + blk.payload[2:]
+    write_file(str(tmp_path / "base.safetensors"), base)
+    (tmp_path / "d.arc").write_bytes(assemble(p))
+    with pytest.raises(CorruptError):
+        apply_delta(str(tmp_path / "base.safetensors"), str(tmp_path / "d.arc"), str(tmp_path / "out.safetensors"),
+                    workers=workers)
+    assert sorted(os.listdir(tmp_path)) == ["base.safetensors", "d.arc"]

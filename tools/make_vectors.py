@@ -589,6 +589,31 @@ def compact_reject_vectors():
                     ["12.1", "12.2", "12.3", "8"], hb, assemble(hp, target_digest=model_digest(entries)),
                     error="corrupt", errors={"stream": "verification"}))
 
+    # §12.1 step 7 (R-BLOCK-FIRST): of two failing blocks, the first in file order is reported, whatever
+    # order a decoder runs them in (one that starts with the largest tensor meets the second first)
+    def unknown_encoding(blk):
+        hd = bytearray(blk.payload)
+        _, k = read_varint(bytes(hd), 0)
+        _, k = read_varint(bytes(hd), k)
+        hd[k] = 200
+        blk.payload, blk.encoding = bytes(hd), None
+
+    op = split(write_separate(hb, ht))
+    first_blk, last_blk = [r for r in op.recs if r.type == L.BLCK][0], [r for r in op.recs if r.type == L.BLCK][-1]
+    last_blk.payload = b"\x01\x05" + last_blk.payload[2:]          # b (file order second): block ordinal 5
+    unknown_encoding(first_blk)                                    # a (the larger, first): encoding id 200
+    V.append(Vector("n_block_first_in_file_order", "two failing blocks: the first tensor's (the larger) has "
+                    "encoding id 200 (unsupported), the second's names block 5 (corrupt): the first in file "
+                    "order is reported", ["12.1", "8"], hb, assemble(op), error="unsupported"))
+    op = split(write_separate({"b": hb["b"], "a": hb["a"]}, {"b": ht["b"], "a": ht["a"]}))
+    small, large = [r for r in op.recs if r.type == L.BLCK]
+    small.payload = small.payload[:1] + b"\x05" + small.payload[2:]   # b (the smaller, first): block ordinal 5
+    unknown_encoding(large)                                        # a (the larger, second): encoding id 200
+    V.append(Vector("n_block_first_in_file_order_small_first", "two failing blocks: the first tensor's (the "
+                    "smaller) names block 5 (corrupt), the second's (the larger) has encoding id 200 "
+                    "(unsupported): the first in file order is reported", ["12.1", "8"], hb, assemble(op),
+                    error="corrupt"))
+
     def flip_trailer_bit(t):
         t[20] ^= L.COMPACT_INDEX
         fix_trailer_checksum(t)
@@ -2848,7 +2873,8 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     # -- inline blocks (1.6: §4, §7, §10)
     ("y_inline_*", ["R-INLINE.DECODE"]), ("n_inline_without_compact", ["R-INLINE.HEADER"]),
     ("n_flags_disagree_inline*", ["R-FLAGS-AGREE"]),
-    ("n_tensor_hash_then_block_ordinal", ["R-TENSOR-HASH", "R-BLOCK-ORDINALS", "R-CHECK-ORDER"]),
+    ("n_tensor_hash_then_block_ordinal", ["R-TENSOR-HASH", "R-BLOCK-ORDINALS", "R-CHECK-ORDER", "R-BLOCK-FIRST"]),
+    ("n_block_first_in_file_order*", ["R-BLOCK-FIRST", "R-CHECK-ORDER"]),
     ("n_inline_block_without_header_flag", ["R-PAYLOAD-EXACT.EXTRA"]),
     ("n_inline_reserved_tens_flag", ["R-TENS-FLAGS", "R-CHECK-ORDER"]),
     ("n_inline_tens_extra_bytes", ["R-PAYLOAD-EXACT.EXTRA"]),

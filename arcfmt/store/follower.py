@@ -598,7 +598,8 @@ class Follower:
             raise InputError(f"the tensor patterns {self.patterns} match none of the "
                              f"{sum(len(p.index.entries) for p in plans)} tensors of step {m.step}")
         # Phase A, one concurrent batch over every shard: a shard whose records fit the memory budget
-        # is fetched whole; a bigger one only its header, META and TENS records (shapes and hashes).
+        # is fetched whole; a bigger one only its header and META (its TENS records, which may carry
+        # their blocks, SPEC §7, are fetched below a group at a time).
         first = []
         for p in plans:
             p.groups = ([p.wanted] if p.wanted else []) if whole else _groups(p.wanted, self.memory_budget)
@@ -607,8 +608,7 @@ class Follower:
             if len(p.groups) == 1:
                 first.append((p, _needed_ranges(p.wanted)))
             elif p.groups:
-                first.append((p, [(0, FL.FIRST_RECORD_OFFSET)] + [(e.tens_offset, e.tens_offset + e.tens_size)
-                                                                  for e in p.wanted]))
+                first.append((p, [(0, FL.FIRST_RECORD_OFFSET)]))
         self._prefetch([(p, coalesce(rs, max_gap=self.max_gap, overhead=self.overhead)) for p, rs in first])
         for p in plans:
             if p.wanted:
@@ -618,10 +618,19 @@ class Follower:
         for p in plans:
             if not p.wanted:
                 continue
-            for e in p.wanted:
-                if kind == "keyframe" and p.reader.header(e.name).needs_base:
-                    raise CorruptError(f"{p.obj.name}: tensor {e.name!r} of a keyframe object needs a base")
-            p.bases = p.reader.selection(base, [e.name for e in p.wanted], workers=self.workers)[1]
+            p.bases = {}
+            for group in p.groups:
+                names = [e.name for e in group]
+                if len(p.groups) > 1:   # this group's TENS records only: memory stays within the budget
+                    self._prefetch([(p, coalesce([(e.tens_offset, e.tens_offset + e.tens_size) for e in group],
+                                                 max_gap=self.max_gap, overhead=self.overhead))])
+                # a keyframe object's tensors need no base: checked in each tensor's turn (§12.1 step 6)
+                p.bases.update(p.reader.selection(base, names, workers=self.workers, keyframe=kind == "keyframe")[1])
+                if len(p.groups) > 1:   # read again with the group's blocks (_items)
+                    p.reader.release_blocks(names)
+                    p.source.drop(FL.FIRST_RECORD_OFFSET, p.obj.index_offset)
+            if len(p.groups) > 1 and len(p.wanted) == len(p.reader.names):
+                p.reader.check_digests()   # the whole file, as one selection of every tensor checks it
             headers = [p.reader.header(e.name) for e in p.wanted]
             pipeline.check_budget(headers, p.reader.output_budget(headers), p.obj.name)
         verified_model = self.patterns is None
@@ -757,16 +766,20 @@ class Follower:
     def _items(self, plans):
         """Pipeline items shard by shard; a shard bigger than the memory budget is fetched one group
         of tensors at a time, each group's bytes dropped once its blocks are done."""
-        for p in plans:
+        for shard, p in enumerate(plans):
             if not p.wanted:
                 continue
             r = p.reader
             for group in p.groups:
-                if len(p.groups) > 1:
-                    blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks]
+                if len(p.groups) > 1:   # the blocks, and the TENS records that carry theirs (SPEC §7)
+                    blocks = [(b.offset, b.offset + b.size) for e in group for b in e.blocks if b.size] + [
+                        (e.tens_offset, e.tens_offset + e.tens_size) for e in group
+                        if len(e.blocks) == 1 and not e.blocks[0].size]
                     self._prefetch([(p, coalesce(blocks, max_gap=self.max_gap, overhead=self.overhead))])
                 for e in group:
-                    yield r.item(e.name, p.bases[e.name])
+                    item = r.item(e.name, p.bases[e.name])
+                    item.order += shard << 32   # failures are ranked shard by shard, then in file order
+                    yield item
                 if len(p.groups) > 1:
                     yield pipeline.DRAIN
                     p.source.drop(FL.FIRST_RECORD_OFFSET, p.obj.index_offset)   # bounded memory
