@@ -213,6 +213,11 @@ class DeltaReader:
         return LoadedBlock(records.parse_block(payload, th, self._ordinal[name], 0, where, e.blocks[0].encoding),
                            payload)
 
+    def _check_inline_block(self, name: str) -> None:
+        """Check the tensor's inline block now, if it has one not yet checked (it is held until loaded)."""
+        if self.header(name).inline_at is not None and name not in self._checked:
+            self._checked[name] = self._inline_block(name)
+
     def release_blocks(self, names) -> None:
         """Forget the inline blocks read (and checked) with these tensors' headers; each is read again
         when it is loaded. For a caller that bounds memory by dropping the bytes they came from."""
@@ -248,10 +253,8 @@ class DeltaReader:
     def check_base(self, name: str, base) -> np.ndarray | None:
         """The base tensor's unsigned flat view, after checking it is the one the file names (and,
         first, the tensor's inline block: the last of its TENS record's checks, SPEC §7)."""
-        th = self.header(name)
-        if th.inline_at is not None and name not in self._checked:
-            self._checked[name] = self._inline_block(name)
-        return pipeline.check_base(th, base)
+        self._check_inline_block(name)
+        return pipeline.check_base(self.header(name), base)
 
     def item(self, name: str, base_u) -> pipeline.Item:
         """The pipeline item of one tensor (``base_u`` from :meth:`check_base`)."""
@@ -302,12 +305,11 @@ class DeltaReader:
             # while the helpers hash the large bases, this thread checks the inline blocks: the last of
             # each TENS record's checks, before its base (§7, §12.1 step 6)
             for i, th in enumerate(headers):
-                if th.inline_at is not None and th.name not in self._checked:
-                    try:
-                        self._checked[th.name] = self._inline_block(th.name)
-                    except Exception as exc:  # noqa: BLE001 - raised in file order below
-                        inline_failed = (i, exc)
-                        break
+                try:
+                    self._check_inline_block(th.name)
+                except Exception as exc:  # noqa: BLE001 - raised in file order below
+                    inline_failed = (i, exc)
+                    break
             for job in [jobs[i] for i in shared] + jobs:  # the large ones (this thread takes any left), then the rest
                 batch.wait(job)
         finally:
@@ -410,9 +412,9 @@ class DeltaReader:
             blocks: list[dict[str, Any]] = []  # JSON-like, as describe() returns it
             for b in range(th.block_count):
                 lb = self.load_block(name, b)
-                inline = th.inline_at is not None
                 blocks.append(dict(
-                    encoding=encodings.get(lb.info.encoding).name, changed=lb.info.changed, inline=inline,
+                    encoding=encodings.get(lb.info.encoding).name, changed=lb.info.changed,
+                    inline=th.inline_at is not None,
                     # an inline block's bytes are those it takes of its TENS record
                     record_bytes=len(lb.payload) - th.inline_at if th.inline_at is not None else e.blocks[b].size,
                     streams=[dict(codec=codecs.get(s.codec).name, stored=s.stored, decoded=s.decoded)

@@ -57,8 +57,8 @@ class FileHead(NamedTuple):
 
 
 def _check_flags(flags: int, where: str, inline_needs_compact: bool = True) -> None:
-    """The flag checks of the header (§4): reserved bits, then INLINE_BLOCKS without COMPACT_INDEX; the
-    trailer's (§11) reserved bits only, unless its reader has no header (S9.3)."""
+    """The flag checks of the header (§4): reserved bits, then INLINE_BLOCKS without COMPACT_INDEX; a
+    trailer's (§11) reserved bits only, unless it is read without its header (S9.3)."""
     if flags & ~L.HEADER_FLAGS:
         raise ReservedBitsError(f"{where} flags 0x{flags:08x}: reserved bits 0x{flags & ~L.HEADER_FLAGS:08x} "
                                 f"must be zero")
@@ -110,7 +110,9 @@ def trailer_agrees(t: TrailerFields, header: FileHead) -> None:
             raise CorruptError(f"the header's {name} bit is {int(mine)}, the trailer's {int(not mine)}")
 
 
-def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
+def check_trailer(data: BytesLike, file_size: int, alone: bool = False) -> TrailerFields:
+    """§11's checks of the last 40 bytes; ``alone``: read without the file's header (a follower's tail,
+    S9.3), so INLINE_BLOCKS without COMPACT_INDEX, which no header can agree with, is refused here."""
     t: TrailerFields = L.parse_trailer(data)
     if t.magic != L.TRAILER_MAGIC:
         raise TruncatedError(f"no trailer at offset {file_size - L.TRAILER_SIZE}: the file is truncated or damaged")
@@ -119,7 +121,7 @@ def check_trailer(data: BytesLike, file_size: int) -> TrailerFields:
     if t.major != L.MAJOR:
         raise UnsupportedVersionError(
             f"trailer says format version {t.major}.{t.minor}; this decoder reads major {L.MAJOR}")
-    _check_flags(t.flags, "trailer", inline_needs_compact=False)   # the header comparison finds it (§11)
+    _check_flags(t.flags, "trailer", inline_needs_compact=alone)   # else the header comparison finds it (§11)
     if t.index_offset < L.FIRST_RECORD_OFFSET or t.index_offset + t.index_size != file_size - L.TRAILER_SIZE:
         raise CorruptError(f"trailer points at an index [{t.index_offset}, +{t.index_size}) that does not end "
                            f"where the trailer starts ({file_size - L.TRAILER_SIZE})")

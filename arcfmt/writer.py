@@ -361,18 +361,17 @@ class DeltaWriter:
         enc, coded = slot[0]
         release(bb)  # memory-mapped inputs: this block's pages are done with
         release(tb)
-        block = None
-        if self._held is not None:
-            th, self._held = self._held, None
-            block = records.build_block(None, None, enc, coded)
-            if len(block) > INLINE_MAX_BYTES:
-                self._emit_tensor(th)   # a large block is its own record (SPEC §18)
-                block = None
-            else:
-                off = self._emit_tensor(th, block)
-                ref, size = records.BlockRef(off, 0, None, enc.encoding), len(block)
-                self.stats[-1].header_size -= size
-        if block is None:
+        held, self._held = self._held, None
+        # sized before it is built: a large block's streams are joined once, into its own record
+        inline_size = len(L.build_block_head(None, None, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])) \
+            + sum(len(s) for _, s in coded)
+        if held is not None and inline_size <= INLINE_MAX_BYTES:
+            off = self._emit_tensor(held, records.build_block(None, None, enc, coded))
+            ref, size = records.BlockRef(off, 0, None, enc.encoding), inline_size
+            self.stats[-1].header_size -= size
+        else:
+            if held is not None:
+                self._emit_tensor(held)   # a large block is its own record (SPEC §18)
             off, size, ck = self._record(L.BLCK, records.build_block(self._tensor_ordinal, blk, enc, coded))
             ref = records.BlockRef(off, size, ck, enc.encoding)
         self._entries[-1].blocks.append(ref)

@@ -115,3 +115,13 @@ def test_inline_blocks_needs_compact_index(flags):
         DeltaReader(bytes(data))
     with pytest.raises(expected):
         stream_decode(bytes(data), base)
+
+
+def test_a_trailer_read_alone_refuses_inline_blocks_without_compact_index():
+    """§11: no header agrees with INLINE_BLOCKS without COMPACT_INDEX; a reader of the tail alone (a
+    follower, S9.3) has no header to compare with, so it refuses the trailer itself."""
+    t = records.build_trailer(52, 30, L.INLINE_BLOCKS)
+    size = 52 + 30 + L.TRAILER_SIZE
+    assert records.check_trailer(t, size).flags == L.INLINE_BLOCKS   # the header comparison refuses it later
+    with pytest.raises(arcfmt.CorruptError):
+        records.check_trailer(t, size, alone=True)

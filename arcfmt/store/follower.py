@@ -1061,9 +1061,7 @@ def _needed_ranges(wanted) -> list:
 def _parse_tail(tail: bytes, obj) -> records.Index:
     """The index of an object from its tail bytes ([index_offset, size)), with every check of §11/§10."""
     size = obj.size
-    trailer = records.check_trailer(tail[-FL.TRAILER_SIZE:], size)
-    if trailer.flags & FL.INLINE_BLOCKS and not trailer.flags & FL.COMPACT_INDEX:   # no header agrees (§11)
-        raise CorruptError(f"{obj.name}: trailer flags 0x{trailer.flags:08x}: INLINE_BLOCKS without COMPACT_INDEX")
+    trailer = records.check_trailer(tail[-FL.TRAILER_SIZE:], size, alone=True)
     if trailer.index_offset != obj.index_offset:
         raise CorruptError(f"{obj.name}: trailer says the index is at {trailer.index_offset}, the manifest "
                            f"{obj.index_offset}")
