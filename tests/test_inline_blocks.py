@@ -125,3 +125,17 @@ def test_a_trailer_read_alone_refuses_inline_blocks_without_compact_index():
     assert records.check_trailer(t, size).flags == L.INLINE_BLOCKS   # the header comparison refuses it later
     with pytest.raises(arcfmt.CorruptError):
         records.check_trailer(t, size, alone=True)
+
+
+@pytest.mark.parametrize("b", [1, -1, 7, "0", 0.0])
+def test_load_block_refuses_a_block_the_tensor_does_not_have(b):
+    """A caller's block number out of range (or not an integer) is the caller's error, also for a tensor
+    whose only block is inline; numpy integers are integers."""
+    base, target = _model()
+    r = DeltaReader(write_delta(base, target, block_elems=50_000))
+    with pytest.raises(arcfmt.InputError):
+        r.load_block("small", b)
+    assert r.load_block("small", np.int64(0)).info.encoding == r.load_block("small", 0).info.encoding
+    with pytest.raises(arcfmt.InputError):
+        r.load_block("multi", 2)
+    assert r.load_block("multi", np.int32(1)).payload
