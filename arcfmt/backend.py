@@ -27,12 +27,14 @@ The interface (what both modules define):
     a whole changed block once its thresholds are chosen: the params it needs and its four streams;
     with ``sign_axes`` (ctx-delta-as's ``(axis, P, phase)`` contexts, §8.8), ``signs`` is the index of
     the one of least estimated size and the signs range-coded under it (else None, also where the
-    estimate says raw bits are about as small, unless ``force_signs``).
+    estimate says raw bits are about as small, unless ``force_signs``). ``rc_limit`` > 0: ``signs``
+    holds ctx-delta-rc's changes stream (§8.9) instead, or None where it would pass ``rc_limit`` bytes.
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
     failed check having written nothing; fills ``positions`` (when given) with the positions changed.
     Every backend returns the status (none raises), so one table words it (``ctx_delta.decode``).
-    ``p.signs`` set: a ctx-delta-as block, its sign stream range-coded (§8.8).
+    ``p.signs`` set: a ctx-delta-as block, its sign stream range-coded (§8.8); ``p.rc`` too: a
+    ctx-delta-rc block, its stream 2 the signs and magnitudes range-coded (§8.9).
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ if TYPE_CHECKING:
 
 # Status codes of ``ctx_decode`` (the compiled kernels cannot raise our exception types).
 OK, Q_PADDING, Q_CODES, R_PADDING, S_PADDING, BEYOND, RANGE = 0, 1, 2, 3, 4, 5, 6
-S_FIRST, S_CODE, S_PAST, S_LENGTH = 7, 8, 9, 10   # ctx-delta-as's range-coded signs (§8.8)
+S_FIRST, S_CODE, S_PAST, S_LENGTH = 7, 8, 9, 10   # ctx-delta-as's range-coded signs (§8.8), and -rc's
+M_LONG = 11   # ctx-delta-rc (§8.9): a bit length beyond the dtype's bits
 
 NAMES = ("numba", "numpy")
 
@@ -81,7 +84,8 @@ class Backend(Protocol):
 
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
-                   sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
+                   sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
+                   rc_planes: bool = False,
                    ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,

@@ -23,7 +23,20 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_CODE, S_FIRST, S_LENGTH, S_PADDING, S_PAST
+from .backend import (
+    BEYOND,
+    M_LONG,
+    OK,
+    Q_CODES,
+    Q_PADDING,
+    R_PADDING,
+    RANGE,
+    S_CODE,
+    S_FIRST,
+    S_LENGTH,
+    S_PADDING,
+    S_PAST,
+)
 from .encodings.ctx_delta import SIGN_COST, SIGN_P0, SIGN_PROMISING, SIGN_SAMPLE
 
 NAME = "numba"
@@ -217,17 +230,21 @@ def _args(dt, thresholds):
             dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (bits - 1))
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False):
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
+               rc_limit=0, rc_planes=False):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
-    the estimate says the raw bits are about as small."""
+    the estimate says the raw bits are about as small. ``rc_limit`` > 0 (with ``sign_axes``): ``coded``
+    is ctx-delta-rc's changes stream (§8.9) instead, or ``signs`` None where it would pass
+    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``."""
     base = np.ascontiguousarray(base)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
-        base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0)
+        base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
+        rc_limit, rc_planes, 8 * dt.itemsize)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
             signs)
@@ -258,9 +275,9 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
     return _call(
         _ctx_decode, (dt.code, base.flags.num, out.flags.num, positions.flags.num), base, out,
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
-        _bytes_array(streams[3]), p.mag_width,
+        _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
-        axis, period, phase, SIGN_P0)
+        axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -277,6 +294,9 @@ def _bytes_array(buf) -> np.ndarray:
         a = a.view()
         a.flags.writeable = False
     return a
+
+
+_NO_BYTES = _bytes_array(b"")   # ctx-delta-rc's absent magnitude stream
 
 
 # ------------------------------------------------------------------------------------ the kernels
@@ -458,12 +478,14 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense, saxis, speriod, sphase, p0tab):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
     positions; the changes are the others. ``saxis`` ≥ 0: a ``ctx-delta-as`` block (§8.8), whose
-    sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``.
+    sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``; with ``rc``
+    too, a ``ctx-delta-rc`` block (§8.9), whose stream 2 codes each change's sign and magnitude
+    (``nbits``: the dtype's bits).
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -506,6 +528,12 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
             bv[t] = base[pos[t]]
     elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv):
         return BEYOND
+    nv = np.empty(c, base.dtype)
+    if rc:
+        status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab)
+        if status != OK:
+            return status
+        return _commit(out, pos, nv, pos_out)
     if saxis < 0:
         sb = np.empty(sbuf.size, np.uint8)
         sb[:] = sbuf
@@ -520,7 +548,6 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     # in cache; a pass of its own read them all over the block); their fields are counted here, in a
     # pass of their own; every new value is computed and checked before anything is written.
     start = _field_starts(bv, shift, emask)
-    nv = np.empty(c, base.dtype)
     for t in range(c):
         b = bv[t]
         x = (b >> shift) & emask
@@ -534,10 +561,16 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         if v < -half or v >= half:
             return RANGE
         nv[t] = _unordered(v, half)
-    for t in range(c):
+    return _commit(out, pos, nv, pos_out)
+
+
+@_jit
+def _commit(out, pos, nv, pos_out):
+    """The checked new values into ``out`` (and the positions into ``pos_out`` when wanted): OK."""
+    for t in range(pos.size):
         out[pos[t]] = nv[t]
     if pos_out.size:   # the caller wants the changed positions too (class order)
-        for t in range(c):
+        for t in range(pos.size):
             pos_out[t] = pos[t]
     return OK
 
@@ -961,14 +994,17 @@ def _best_rice(g, lo, hi, max_rice):
 
 @_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
-                sign_cost, p0tab):
+                sign_cost, p0tab, rc_limit, rc_planes, nbits):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
     ``edges``: the thresholds shifted to the magnitude bits (empty array: one class). ``dense`` (one
     class): a ``dense-delta`` block (§8.7), whose Rice codes are the gaps of the unchanged elements.
     ``sign_axes`` (rows of ``axis, P, phase``): sign contexts of ``ctx-delta-as`` (§8.8) to size with
-    ``sign_cost``; the one of least estimate is range-coded.
+    ``sign_cost``; the one of least estimate is range-coded: the signs alone, or with ``rc_limit`` > 0
+    the signs and magnitudes (``ctx-delta-rc``, §8.9; ``nbits``: the dtype's bits), given up (-1) where
+    that passes ``rc_limit`` bytes. The magnitude planes are made only where they are used (with the
+    range-coded magnitudes, only if ``rc_planes``).
     Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
     chosen or -1, range-coded signs)``.
     """
@@ -1057,15 +1093,6 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
     for x in range(emask + 1):
         start[x + 1] += start[x]
     mw = max(1, (_bit_length(top_mag) + 7) // 8)
-    planes = np.empty(c * mw, np.uint8)
-    for j in range(c):  # magnitude order: class order sorted stably by the base's exponent field
-        t = corder[j]
-        x = (bv[t] >> shift) & emask
-        at = start[x]
-        start[x] += 1
-        v = abs(_ordered(tv[t], half) - _ordered(bv[t], half)) - 1
-        for b in range(mw):
-            planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
     choice = -1
     coded = np.empty(0, np.uint8)
     if sign_axes.shape[0]:
@@ -1082,11 +1109,27 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
                 if est[i] < est[choice]:
                     choice = i
             promising = force_signs or est[choice] < SIGN_PROMISING * n   # else no coding pass
-        if promising:
+        if rc_limit > 0:
+            coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
+                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, rc_limit)
+            if coded.size > rc_limit:
+                choice = -1
+            elif not rc_planes:
+                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, np.empty(0, np.uint8), choice, coded
+        elif promising:
             coded = _sign_encode(sbuf, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
                                  sign_axes[choice, 2], p0tab)
         else:
             choice = -1
+    planes = np.empty(c * mw, np.uint8)
+    for j in range(c):  # magnitude order: class order sorted stably by the base's exponent field
+        t = corder[j]
+        x = (bv[t] >> shift) & emask
+        at = start[x]
+        start[x] += 1
+        v = abs(_ordered(tv[t], half) - _ordered(bv[t], half)) - 1
+        for b in range(mw):
+            planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
     return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded
 
 
@@ -1226,6 +1269,172 @@ def _sign_decode(sbuf, pos, m, axis, period, phase, bits, p0tab):
         bits[t >> 3] |= np.uint8(s << (t & 7))
         _sign_update(counts, x, s)
     if r != n:
+        return S_LENGTH
+    return OK
+
+
+# ------------------------------------------------------------ ctx-delta-rc signs and magnitudes (§8.9)
+RC_LENGTHS = 16   # length and bit contexts per exponent field value: U(x, j), V(x, j), j ≤ 15
+
+
+@_jit
+def _rc_put(low, rng, cache, pending, w, out, p0, bit):
+    """One bit of probability ``p0`` (of 4096) into LZMA's range coder, its state in locals (an array
+    of state cost 90 ns a change: every store went to memory): the new ``low, rng, cache, pending,
+    written``. Bytes past ``out`` are counted, not written."""
+    bound = (rng >> 12) * p0
+    low += bit * bound                  # no branch: the bits are hard to predict
+    rng = bound + bit * (rng - 2 * bound)
+    while rng < (1 << 24):
+        rng <<= 8
+        low, cache, pending, w = _rc_shift_out(low, cache, pending, w, out)
+    return low, rng, cache, pending, w
+
+
+@_jit
+def _rc_shift_out(low, cache, pending, w, out):
+    """:func:`_rc_shift` on local state: the new ``low, cache, pending, written``."""
+    if low < 0xFF000000 or low >= (1 << 32):
+        carry = low >> 32
+        temp = cache
+        while pending:
+            if w < out.size:
+                out[w] = np.uint8((temp + carry) & 0xFF)
+            w += 1
+            temp = 0xFF
+            pending -= 1
+        cache = (low >> 24) & 0xFF
+    pending += 1
+    low = (low & 0x00FFFFFF) << 8
+    return low, cache, pending, w
+
+
+@_jit
+def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half, nbits, p0tab, limit):
+    """§8.9's changes stream: each change's sign (in its context of ``axis``, ``P``, ``phase``), bit
+    length (unary, in length contexts of its base's exponent field) and the bits below its top one
+    (the first in a bit context, the rest of probability one half), in class order (``corder`` into
+    ``bv``/``tv``; ``cpos``: their positions). More than ``limit`` bytes: stops, returning
+    ``limit + 1`` of them (the caller writes the block in another encoding).
+
+    Two passes per chunk of changes: the first lists each bit with its context, the second codes the
+    list. Why: coded as they are found, a bit's context and whether it is coded at all depend on the
+    bit lengths, whose branches the CPU mispredicts (55 ns a change; 30 ns in two passes).
+    """
+    out = np.empty(limit + 1, np.uint8)
+    width = RC_LENGTHS * (emask + 1)
+    fixed = 2 * width             # a context of p0 = 2048 that is never updated: the bits of one half
+    first_sign = fixed + 1        # the sign contexts follow
+    counts = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.int32)
+    chunk = 1024
+    bits = np.empty(chunk * (2 * nbits + 2), np.int64)   # (context << 1) | bit; at most 2 B + 1 bits a change
+    low, rng, cache, pending, w = np.int64(0), np.int64(0xFFFFFFFF), np.int64(0), np.int64(1), np.int64(0)
+    for lo in range(0, corder.size, chunk):
+        nb = 0
+        for j in range(lo, min(lo + chunk, corder.size)):
+            t = corder[j]
+            d = _ordered(tv[t], half) - _ordered(bv[t], half)
+            s = np.int64(d < 0)
+            a = -d if s else d
+            bits[nb] = ((first_sign + _sign_context(cpos[j], axis, period, phase)) << 1) | s
+            nb += 1
+            x = np.int64((bv[t] >> shift) & emask) * RC_LENGTHS
+            n = _bit_length(a)
+            for k in range(1, n + 1):   # n - 1 zeros, then the 1 that ends the length
+                bits[nb] = ((x + min(k - 1, RC_LENGTHS - 1)) << 1) | np.int64(k == n)
+                nb += 1
+            if n >= 2:
+                bits[nb] = ((width + x + min(n - 2, RC_LENGTHS - 1)) << 1) | ((a >> (n - 2)) & 1)
+                nb += 1
+                for k in range(n - 3, -1, -1):
+                    bits[nb] = (fixed << 1) | ((a >> k) & 1)
+                    nb += 1
+        for i in range(nb):
+            ci = bits[i] >> 1
+            e = bits[i] & 1
+            n0 = np.int64(counts[2 * ci])
+            n1 = np.int64(counts[2 * ci + 1])
+            live = np.int64(ci != fixed)
+            counts[2 * ci + e] += live
+            if n0 + n1 + live == 256:
+                counts[2 * ci] = (counts[2 * ci] + 1) >> 1
+                counts[2 * ci + 1] = (counts[2 * ci + 1] + 1) >> 1
+            low, rng, cache, pending, w = _rc_put(low, rng, cache, pending, w, out, np.int64(p0tab[(n0 << 8) | n1]), e)
+        if w > limit:
+            return out.copy()
+    for _ in range(5):
+        low, cache, pending, w = _rc_shift_out(low, cache, pending, w, out)
+    return out[:min(w, out.size)].copy()
+
+
+@_jit
+def _rc_bit(buf, code, rng, r, p0):
+    """One bit of probability ``p0`` from the range decoder (§8.8): ``(bit, code, range, bytes read)``,
+    the bit -1 where it would read past ``buf``."""
+    bound = (rng >> 12) * p0
+    bit = np.int64(code >= bound)
+    if bit:
+        code -= bound
+        rng -= bound
+    else:
+        rng = bound
+    while rng < (1 << 24):
+        if r >= buf.size:
+            return np.int64(-1), code, rng, r
+        rng <<= 8
+        code = (code << 8) | np.int64(buf[r])
+        r += 1
+    return bit, code, rng, r
+
+
+@_jit
+def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab):
+    """§8.9's changes: for each change at ``pos`` (class order, its base value in ``bv``) its sign,
+    bit length and magnitude, its new value into ``nv``, checked: OK or the first failed check."""
+    code = np.int64(buf[1]) << 24 | np.int64(buf[2]) << 16 | np.int64(buf[3]) << 8 | np.int64(buf[4])
+    rng = np.int64(0xFFFFFFFF)
+    r = 5
+    scounts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
+    ucounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.int32)
+    vcounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.int32)
+    for t in range(pos.size):
+        b = bv[t]
+        sx = _sign_context(pos[t], axis, period, phase)
+        s, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(scounts, sx, p0tab))
+        if s < 0:
+            return S_PAST
+        _sign_update(scounts, sx, s)
+        x = np.int64((b >> shift) & emask) * RC_LENGTHS
+        n = 1
+        while True:
+            u = x + min(n - 1, RC_LENGTHS - 1)
+            e, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(ucounts, u, p0tab))
+            if e < 0:
+                return S_PAST
+            _sign_update(ucounts, u, e)
+            if e:
+                break
+            if n == nbits:
+                return M_LONG
+            n += 1
+        a = np.int64(1)
+        if n >= 2:
+            u = x + min(n - 2, RC_LENGTHS - 1)
+            e, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(vcounts, u, p0tab))
+            if e < 0:
+                return S_PAST
+            _sign_update(vcounts, u, e)
+            a = 2 + e
+            for _ in range(n - 2):
+                e, code, rng, r = _rc_bit(buf, code, rng, r, 2048)
+                if e < 0:
+                    return S_PAST
+                a = 2 * a + e
+        v = _ordered(b, half) + (-a if s else a)
+        if v < -half or v >= half:
+            return RANGE
+        nv[t] = _unordered(v, half)
+    if r != buf.size:
         return S_LENGTH
     return OK
 

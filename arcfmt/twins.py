@@ -9,7 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import BEYOND, OK, Q_CODES, Q_PADDING, R_PADDING, RANGE, S_CODE, S_FIRST, S_LENGTH, S_PADDING, S_PAST
+from .backend import (
+    BEYOND,
+    M_LONG,
+    OK,
+    Q_CODES,
+    Q_PADDING,
+    R_PADDING,
+    RANGE,
+    S_CODE,
+    S_FIRST,
+    S_LENGTH,
+    S_PADDING,
+    S_PAST,
+)
 from .encodings.ctx_delta import (
     MAX_RICE,
     SIGN_COST,
@@ -88,12 +101,15 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
     return [int(idx[i]) for i in sorted(cuts)]
 
 
-def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False):
+def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
+               rc_limit=0, rc_planes=False):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
-    the estimate says the raw bits are about as small (as the kernels decide it)."""
+    the estimate says the raw bits are about as small (as the kernels decide it). ``rc_limit`` > 0:
+    ``coded`` is ctx-delta-rc's changes stream (§8.9), or ``signs`` None where it would pass
+    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -124,6 +140,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     pos = np.concatenate(pos_all)  # class order
     d = ordered(dt, target[pos]) - ordered(dt, base[pos])
     neg, mag = (d < 0).astype(np.uint8), np.abs(d) - 1
+    mw = bytes_for(int(mag.max()))
     mag = mag[magnitude_order(dt, base[pos])]
     g = np.concatenate(gaps_all)
     coded = [g.size] if dense else counts
@@ -131,7 +148,6 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     qbits = int((g >> r_each).sum()) + g.size
     rbits = int(r_each.sum())
     qstream, rstream = _rice_pack(g, np.asarray(coded, np.int64), np.asarray(rice, np.int64), qbits, rbits)
-    mw = bytes_for(int(mag.max()))
     signs = None
     if len(sign_axes):
         sbits, cpos, m = neg.tolist(), pos.tolist(), base.size
@@ -141,7 +157,13 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
             est = [_sign_cost(sbits[:n], cpos[:n], m, *axes) for axes in sign_axes]
             i = est.index(min(est))
             promising = force_signs or est[i] < SIGN_PROMISING * n
-        if promising:
+        if rc_limit > 0:
+            axis, period, phase = sign_axes[i]
+            changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits)
+            if len(changes) <= rc_limit:
+                planes = to_planes(mag, mw) if rc_planes else b""
+                return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes)
+        elif promising:
             signs = (i, _sign_encode(sbits, cpos, m, *sign_axes[i]))
     return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs
 
@@ -167,10 +189,15 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
         ranks = _ranks(p, streams, p.counts)
         sbits = _unpack(streams[2], c, S_PADDING)
         pos = _positions(dt, p, ranks, m, base)
-    else:   # ctx-delta-as (§8.8): the range coder starts at step 2, the signs follow the positions
+    else:   # ctx-delta-as (§8.8), -rc (§8.9): the range coder starts at step 2, after the positions
         ranks = _ranks(p, streams, p.counts)
         code = _sign_start(streams[2])
         pos = _positions(dt, p, ranks, m, base)
+        if p.rc:
+            assert p.signs is not None
+            v = _rc_decode(streams[2], code, pos, ordered(dt, base[pos]), exponent_field(dt, base[pos]), m,
+                           p.signs[0], p.signs[1], p.signs[2], 8 * dt.itemsize, 1 << dt.exp_bits)
+            return _commit(dt, pos, v, base, out, positions)
         sbits = np.array(_sign_decode(streams[2], code, pos.tolist(), m, *p.signs[:3]), np.uint8)
     # In place where numpy allows: a block of 2^24 changes took ~60 bytes of scratch per element with
     # a fresh array per step of the arithmetic.
@@ -189,6 +216,13 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
     half = 1 << (8 * dt.itemsize - 1)
     if c and (v.min() < -half or v.max() >= half):
         raise _Failed(RANGE)
+    return _commit(dt, pos, v, base, out, positions)
+
+
+def _commit(dt, pos: np.ndarray, v: np.ndarray, base: np.ndarray, out: np.ndarray,
+            positions: np.ndarray | None) -> int:
+    """The checked new values (order-preserving integers) into ``out``: OK."""
+    c = pos.size
     if out is not base:
         out[:] = base
     out[pos] = unordered(dt, v)
@@ -208,10 +242,10 @@ def _context(p: int, axis: int, period: int, phase: int) -> int:
     return 0 if axis == 0 else (p + phase) // period if axis == 1 else (p + phase) % period
 
 
-def _sign_model(m: int, axis: int, period: int, phase: int):
-    """``(p0, update)`` over fresh counts: the probability (of 4096) of a 0 sign in a context, and the
-    count update after a sign (halved at 256)."""
-    counts = [0] * (2 * _contexts(m, axis, period, phase))
+def _count_model(n: int):
+    """``(p0, update)`` over ``n`` fresh contexts of §8.8: the probability (of 4096) of a 0 bit in a
+    context, and the count update after a bit (halved at 256)."""
+    counts = [0] * (2 * n)
 
     def p0(x: int) -> int:
         n0, n1 = counts[2 * x], counts[2 * x + 1]
@@ -223,6 +257,83 @@ def _sign_model(m: int, axis: int, period: int, phase: int):
             counts[2 * x] = (counts[2 * x] + 1) >> 1
             counts[2 * x + 1] = (counts[2 * x + 1] + 1) >> 1
     return p0, update
+
+
+def _sign_model(m: int, axis: int, period: int, phase: int):
+    return _count_model(_contexts(m, axis, period, phase))
+
+
+class _RangeEncoder:
+    """LZMA's range coder (§8.8's informative encoder)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.low, self.rng, self.cache, self.pending = 0, 0xFFFFFFFF, 0, 1
+
+    def _shift(self) -> None:
+        low = self.low
+        if low < 0xFF000000 or low >= 1 << 32:
+            carry = low >> 32
+            self.out.append((self.cache + carry) & 0xFF)
+            self.out.extend([(0xFF + carry) & 0xFF] * (self.pending - 1))
+            self.cache, self.pending = (low >> 24) & 0xFF, 0
+        self.pending += 1
+        self.low = (low & 0x00FFFFFF) << 8
+
+    def put(self, p0: int, s: int) -> None:
+        bound = (self.rng >> 12) * p0
+        if s:
+            self.low += bound
+            self.rng -= bound
+        else:
+            self.rng = bound
+        while self.rng < 1 << 24:
+            self.rng <<= 8
+            self._shift()
+
+    def put_modelled(self, model, x: int, s: int) -> None:
+        p0, update = model
+        self.put(p0(x), s)
+        update(x, s)
+
+    def finish(self) -> bytes:
+        for _ in range(5):
+            self._shift()
+        return bytes(self.out)
+
+
+class _RangeDecoder:
+    """§8.8's range decoder, from its first code (:func:`_sign_start`)."""
+
+    def __init__(self, buf, code: int) -> None:
+        self.data, self.code, self.rng, self.r = bytes(buf), code, 0xFFFFFFFF, 5
+
+    def get(self, p0: int) -> int:
+        bound = (self.rng >> 12) * p0
+        s = int(self.code >= bound)
+        if s:
+            self.code -= bound
+            self.rng -= bound
+        else:
+            self.rng = bound
+        while self.rng < 1 << 24:
+            if self.r >= len(self.data):
+                raise _Failed(S_PAST)
+            self.rng <<= 8
+            self.code = (self.code << 8) | self.data[self.r]
+            self.r += 1
+        return s
+
+    def get_modelled(self, model, x: int) -> int:
+        p0, update = model
+        s = self.get(p0(x))
+        update(x, s)
+        return s
+
+    def finish(self) -> None:
+        """Every byte read (after the last bit), or ``S_LENGTH``."""
+        if self.r != len(self.data):
+            raise _Failed(S_LENGTH)
 
 
 def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> float:
@@ -238,34 +349,11 @@ def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: i
 
 def _sign_encode(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> bytes:
     """LZMA's range coder over the signs (§8.8)."""
-    p0, update = _sign_model(m, axis, period, phase)
-    out = bytearray()
-    low, rng, cache, pending = 0, 0xFFFFFFFF, 0, 1
-
-    def shift() -> None:
-        nonlocal low, cache, pending
-        if low < 0xFF000000 or low >= 1 << 32:
-            carry = low >> 32
-            out.append((cache + carry) & 0xFF)
-            out.extend([(0xFF + carry) & 0xFF] * (pending - 1))
-            cache, pending = (low >> 24) & 0xFF, 0
-        pending += 1
-        low = (low & 0x00FFFFFF) << 8
+    model = _sign_model(m, axis, period, phase)
+    coder = _RangeEncoder()
     for p, s in zip(cpos, sbits):
-        x = _context(p, axis, period, phase)
-        bound = (rng >> 12) * p0(x)
-        if s:
-            low += bound
-            rng -= bound
-        else:
-            rng = bound
-        update(x, s)
-        while rng < 1 << 24:
-            rng <<= 8
-            shift()
-    for _ in range(5):
-        shift()
-    return bytes(out)
+        coder.put_modelled(model, _context(p, axis, period, phase), s)
+    return coder.finish()
 
 
 def _sign_start(buf) -> int:
@@ -280,30 +368,78 @@ def _sign_start(buf) -> int:
 
 def _sign_decode(buf, code: int, cpos: list, m: int, axis: int, period: int, phase: int) -> list:
     """The signs of the changes at ``cpos`` (class order), as §8.8 decodes them."""
-    p0, update = _sign_model(m, axis, period, phase)
-    data = bytes(buf)
-    n, r, rng = len(data), 5, 0xFFFFFFFF
-    bits = []
-    for p in cpos:
-        x = _context(p, axis, period, phase)
-        bound = (rng >> 12) * p0(x)
-        s = int(code >= bound)
-        if s:
-            code -= bound
-            rng -= bound
-        else:
-            rng = bound
-        while rng < 1 << 24:
-            if r >= n:
-                raise _Failed(S_PAST)
-            rng <<= 8
-            code = (code << 8) | data[r]
-            r += 1
-        bits.append(s)
-        update(x, s)
-    if r != n:
-        raise _Failed(S_LENGTH)
+    model = _sign_model(m, axis, period, phase)
+    dec = _RangeDecoder(buf, code)
+    bits = [dec.get_modelled(model, _context(p, axis, period, phase)) for p in cpos]
+    dec.finish()
     return bits
+
+
+# ----------------------------------------------------------- ctx-delta-rc signs and magnitudes (§8.9)
+_RC_LENGTHS = 16
+_RC_CHUNK = 4096
+
+
+def _rc_models(m: int, axis: int, period: int, phase: int, n_fields: int):
+    """The sign, length and bit models of §8.9, each ``(p0, update)`` over fresh counts."""
+    lengths = _count_model(n_fields * _RC_LENGTHS)
+    bits = _count_model(n_fields * _RC_LENGTHS)
+    return _count_model(_contexts(m, axis, period, phase)), lengths, bits
+
+
+def _chunks(*arrays: np.ndarray):
+    """The elements of equal-length arrays as Python ints, zipped, a chunk of lists at a time (whole
+    lists of a large block took ~100 bytes per change)."""
+    for k in range(0, arrays[0].size, _RC_CHUNK):
+        yield from zip(*(a[k:k + _RC_CHUNK].tolist() for a in arrays))
+
+
+def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis: int, period: int, phase: int,
+               n_fields: int) -> bytes:
+    """§8.9's changes stream: for each change (class order) its sign, bit length and low bits."""
+    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
+    coder = _RangeEncoder()
+    for step, x, p in _chunks(d, fields, cpos):
+        s, a = int(step < 0), abs(step)
+        coder.put_modelled(signs, _context(p, axis, period, phase), s)
+        n = a.bit_length()
+        for k in range(1, n + 1):
+            coder.put_modelled(lengths, x * _RC_LENGTHS + min(k - 1, _RC_LENGTHS - 1), int(k == n))
+        if n >= 2:
+            coder.put_modelled(low, x * _RC_LENGTHS + min(n - 2, _RC_LENGTHS - 1), (a >> (n - 2)) & 1)
+            for k in range(n - 3, -1, -1):
+                coder.put(2048, (a >> k) & 1)
+    return coder.finish()
+
+
+def _rc_decode(buf, code: int, cpos: np.ndarray, ords: np.ndarray, fields: np.ndarray, m: int, axis: int,
+               period: int, phase: int, nbits: int, n_fields: int) -> np.ndarray:
+    """The new values (order-preserving integers) of the changes at ``cpos`` (class order), as §8.9
+    decodes them from their bases' ``ords`` and exponent ``fields``."""
+    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
+    dec = _RangeDecoder(buf, code)
+    half = 1 << (nbits - 1)
+    out = np.empty(cpos.size, np.int64)
+    t = 0
+    for p, o, x in _chunks(cpos, ords, fields):
+        s = dec.get_modelled(signs, _context(p, axis, period, phase))
+        n = 1
+        while not dec.get_modelled(lengths, x * _RC_LENGTHS + min(n - 1, _RC_LENGTHS - 1)):
+            if n == nbits:
+                raise _Failed(M_LONG)
+            n += 1
+        a = 1
+        if n >= 2:
+            a = 2 + dec.get_modelled(low, x * _RC_LENGTHS + min(n - 2, _RC_LENGTHS - 1))
+            for _ in range(n - 2):
+                a = 2 * a + dec.get(2048)
+        v = o - a if s else o + a
+        if not -half <= v < half:
+            raise _Failed(RANGE)
+        out[t] = v
+        t += 1
+    dec.finish()
+    return out
 
 
 # ------------------------------------------------------------------------------------ class index

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.6 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.7 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -188,6 +188,28 @@ Version 1.6 (header flag INLINE_BLOCKS, TENS flag INLINE_BLOCK; §3, §4, §7, �
   the name checks of §12.2 step 3, is settled by §7 "Checks, in this order" and §12.2 step 3: the
   name checks first, then the inline block's, then the base.)
 
+Version 1.7 ASSUMPTIONs (ctx-delta-rc, §8.9; R-CTXRC*):
+  D1 §8.9 step 2 "A 0 bit when n = B is `corrupt`": the bit is decoded in full (its
+     renormalisation and its context's count update included) before it is compared, so a
+     renormalisation that needs a byte beyond nbytes is reported first (R-CTXRC-CHANGES.PAST-END,
+     then .LONG).  Both are `corrupt`; only the message depends on it.
+  D2 §8.9 decoding step 4 comes within each change, before the next change's sign is decoded
+     ("for each change `p` in class order ... 1. ... 4."): a step out of range (R-CTXRC-CHANGES.STEP)
+     is reported before any failure of a later change's bits and before the byte count of
+     R-CTXRC-CHANGES.LENGTH (unlike ctx-delta, A17, whose range check follows every sign and
+     magnitude).  Every failure is `corrupt`; only the message depends on it.
+The rest of §8.9 is taken as written: the 3K + 5 params (no mw) are all read, K checked as soon as it
+is read, then §8.6's checks but mw's (read_ctx_params), then R-CTXRC-PARAMS (check_ctxrc_params, its
+own check sites, one per condition: AXIS, ONE, PERIOD, PHASE, NBYTES); S = 3 streams (quotients,
+remainders as §8.6, changes of decoded length nbytes, decoded with their codec as any stream);
+§8.6 step 2 checks stream 1's padding, then starts stream 2's range decoder (first byte 0, then the
+code below 2^32 - 1, R-CTXRC-CHANGES.FIRST / .CODE); after step 3 each change in class order: the
+sign in its §8.8 sign context, the bit length in U(x, min(n - 1, 15)), the magnitude (V(x, min(n - 2,
+15)), then n - 2 bits of p0 = 2048 that touch no counts), the step; a byte beyond nbytes `corrupt`
+when it is needed; then exactly nbytes bytes read; then §8.6 step 5.  The contexts' counts start at 0
+in every block, as in §8.8.  The header/trailer minor version needs no change: any minor is read
+(§4, §16), 7 included.
+
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
   P2 S2 "null means absent" vs "a missing field is corrupt": every key of the S5-S7 tables must
@@ -315,8 +337,9 @@ ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME = 0, 1, 2,
 ENC_CTX_DELTA = 5  # added in version 1.1 (§8.6)
 ENC_DENSE_DELTA = 6  # added in version 1.2 (§8.7)
 ENC_CTX_DELTA_AS = 7  # added in version 1.4 (§8.8)
+ENC_CTX_DELTA_RC = 8  # added in version 1.7 (§8.9)
 KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
-                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS}
+                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
@@ -330,6 +353,10 @@ CTXAS_MIN_SBYTES = 5  # §8.8: the range decoder's first byte and its 4-byte cod
 CTXAS_PROB_BITS = 12  # §8.8: p0 is out of 4096 = 2^12
 CTXAS_COUNT_LIMIT = 256  # §8.8: n0 + n1 reaching this halves both
 RC_TOP = 2 ** 24  # §8.8: renormalise while range < 2^24
+CTX_DELTA_RC_DTYPES = CTX_DELTA_DTYPES  # §8.9: the dtypes of ctx-delta
+CTXRC_MIN_NBYTES = 5  # §8.9: as §8.8's sbytes, the range decoder's first byte and its 4-byte code
+CTXRC_MAX_J = 15  # §8.9: the length and bit contexts U(x, j), V(x, j) have 0 <= j <= 15
+CTXRC_HALF = 2048  # §8.9: a bit "of probability one half" is coded with p0 = 2048, in no context
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -1021,6 +1048,8 @@ def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
     if enc == ENC_CTX_DELTA_AS:  # §8.8: stream 2 holds sbytes range-coded bytes; the others as §8.6
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.sbytes, ctx.c * ctx.mw]
+    if enc == ENC_CTX_DELTA_RC:  # §8.9: S = 3, stream 2 holds nbytes range-coded bytes; no stream 3
+        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]
     if enc == ENC_DENSE_DELTA:  # §8.7
         return [ceil_div(dense.qbits, 8), ceil_div(dense.u * dense.r, 8), ceil_div(dense.c, 8),
                 dense.c * dense.mw]
@@ -1044,7 +1073,7 @@ class CtxParams:
     pass
 
 
-def read_ctx_params(cur, ti, m, what, signs_as=False):
+def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False):
     """§8.6 params, read in order (all varints): K; T_1 .. T_{K-1}; c_0 .. c_{K-1};
     r_0 .. r_{K-1}; qbits; mw.  `K` is checked as soon as it is read (R-CTX-CLASSES), the rest
     after the last param (§8 check 1 "after the params"), in the order §8.6 lists them; all
@@ -1052,9 +1081,14 @@ def read_ctx_params(cur, ti, m, what, signs_as=False):
 
     signs_as (ctx-delta-as, §8.8): the four params axis, P, phase, sbytes follow mw and are read
     before any check but K's (ASSUMPTION B1: "once all params are read" is after sbytes); the
-    caller then makes §8.8's own param checks (check_ctxas_params), after these."""
+    caller then makes §8.8's own param checks (check_ctxas_params), after these.
+
+    changes_rc (ctx-delta-rc, §8.9): no mw; axis, P, phase, nbytes follow qbits (3K + 5 params) and
+    are read before any check but K's (§8.9: "once all params are read"); §8.6's checks are made
+    without mw's; the caller then makes §8.9's own param checks (check_ctxrc_params)."""
     p = CtxParams()
     p.signs_as = signs_as
+    p.changes_rc = changes_rc
     K = cur.varint("K")
     # ASSUMPTION A12: K at once (R-CTX-CLASSES); the rest after the last param, in §8.6's order.
     if not 1 <= K <= CTX_MAX_CLASSES:
@@ -1064,7 +1098,14 @@ def read_ctx_params(cur, ti, m, what, signs_as=False):
     p.counts = [cur.varint(f"c_{k}") for k in range(K)]
     p.rice = [cur.varint(f"r_{k}") for k in range(K)]
     p.qbits = cur.varint("qbits")
-    p.mw = cur.varint("mw")
+    if changes_rc:  # §8.9: 3K + 5 params in all, no mw
+        p.mw = None
+        p.axis = cur.varint("axis")
+        p.P = cur.varint("P")
+        p.phase = cur.varint("phase")
+        p.nbytes = cur.varint("nbytes")
+    else:
+        p.mw = cur.varint("mw")
     if signs_as:  # §8.8: 3K + 6 params in all
         p.axis = cur.varint("axis")
         p.P = cur.varint("P")
@@ -1089,7 +1130,7 @@ def read_ctx_params(cur, ti, m, what, signs_as=False):
             fail("corrupt", f"{what}: ctx-delta r_{k} = {r} > {CTX_MAX_RICE}")
     if not p.c <= p.qbits <= m:
         fail("corrupt", f"{what}: ctx-delta qbits = {p.qbits} not in [c = {p.c}, m = {m}]")
-    if not 1 <= p.mw <= ti.W:
+    if not changes_rc and not 1 <= p.mw <= ti.W:  # §8.9 "has no mw here"
         fail("corrupt", f"{what}: ctx-delta mw = {p.mw} not in [1, W = {ti.W}]")
     p.R = sum(ck * rk for ck, rk in zip(p.counts, p.rice))
     return p
@@ -1186,6 +1227,147 @@ def ctxas_decode_signs(s2, code, positions, p, m, what):
     return bytes(out)
 
 
+def check_ctxrc_params(p, ti, m, what):
+    """§8.9 params checks (R-CTXRC-PARAMS), after those of §8.6 (read_ctx_params, without mw), in
+    §8.9's order: axis, P and phase as §8.8 checks them (axis <= 2; with axis = 0, P = 1 and
+    phase = 0, else 1 <= P <= m and phase < P); 5 <= nbytes <= (W + 1) c + 8.  All `corrupt`; one
+    check per condition of Appendix A.1, check sites of their own (not shared with ctx-delta-as)."""
+    if not p.axis <= CTXAS_MAX_AXIS:
+        fail("corrupt", f"{what}: ctx-delta-rc axis = {p.axis} > {CTXAS_MAX_AXIS}")
+    if p.axis == 0:
+        if not (p.P == 1 and p.phase == 0):
+            fail("corrupt", f"{what}: ctx-delta-rc axis 0 needs P = 1 and phase = 0, "
+                            f"got P = {p.P}, phase = {p.phase}")
+    else:
+        if not 1 <= p.P <= m:
+            fail("corrupt", f"{what}: ctx-delta-rc P = {p.P} not in [1, m = {m}]")
+        if not p.phase < p.P:
+            fail("corrupt", f"{what}: ctx-delta-rc phase = {p.phase} not below P = {p.P}")
+    top = (ti.W + 1) * p.c + 8
+    if not CTXRC_MIN_NBYTES <= p.nbytes <= top:
+        fail("corrupt", f"{what}: ctx-delta-rc nbytes = {p.nbytes} not in "
+                        f"[{CTXRC_MIN_NBYTES}, (W + 1) c + 8 = {top}]")
+
+
+def ctxrc_range_start(s2, what):
+    """§8.9 range decoder, start, as §8.8's (§8.6 decoding step 2 for stream 2, in place of its
+    padding check): the first byte is 0 (R-CTXRC-CHANGES.FIRST); `code` is the next four bytes,
+    big-endian, below 2^32 - 1 (R-CTXRC-CHANGES.CODE).  Returns code; range starts at 2^32 - 1,
+    5 bytes read.  nbytes >= 5 (check_ctxrc_params) holds these five bytes."""
+    if s2[0] != 0:
+        fail("corrupt", f"{what} stream 2 (changes): range coder's first byte is 0x{s2[0]:02x}, not 0")
+    code = int.from_bytes(s2[1:5], "big")
+    if not code < 0xFFFFFFFF:
+        fail("corrupt", f"{what} stream 2 (changes): range coder's initial code is 2^32 - 1")
+    return code
+
+
+def ctxrc_decode_changes(s2, code, positions, base, p, ti, what):
+    """§8.9 decoding, after §8.6 steps 1-3: for each change (``positions``: each change's index in
+    the block, in class order), with b = base[p] and x = x(p) its exponent field:
+      1. the sign s, one bit in the sign context of p (§8.8: axis, P, phase);
+      2. the bit length n: from n = 1, one bit in U(x, min(n - 1, 15)), n growing while it is 0;
+         a 0 bit when n = B is `corrupt` (R-CTXRC-CHANGES.LONG; ASSUMPTION D1);
+      3. the magnitude a: 1 if n = 1, else 2 + one bit in V(x, min(n - 2, 15)), then n - 2 times
+         a = 2a + one bit of probability one half (p0 = 2048, no context, no count updated);
+      4. d = +/-a; v = ord(b) + d in [-H, H) (R-CTXRC-CHANGES.STEP), target[p] = ord^-1(v)
+         (ASSUMPTION D2: within the change).
+    Every context bit uses §8.8's p0 and count update (halving included), counts 0 at the start;
+    the range decoder is §8.8's over stream 2: a byte beyond its nbytes is `corrupt`
+    (R-CTXRC-CHANGES.PAST-END); after the last change (its renormalisation included) exactly nbytes
+    bytes must have been read (R-CTXRC-CHANGES.LENGTH).  Returns the target elements (§8.6 step 5:
+    every other element keeps its base value)."""
+    E, M, B = ti.E, ti.M, 8 * ti.W
+    H = 2 ** (B - 1)
+    emask = 2 ** E - 1
+    m, c, nbytes = len(base), len(positions), len(s2)
+    axis, P, phase = p.axis, p.P, p.phase
+    if axis == 0:  # the sign contexts of §8.8
+        J = 1
+    elif axis == 1:
+        J = (m - 1 + phase) // P + 1  # rows
+    else:
+        J = P  # columns
+    nj = CTXRC_MAX_J + 1
+    # Counts n0, n1 of each context: [sign contexts (J)] [U(x, j): x * 16 + j] [V(x, j): x * 16 + j]
+    sign_n0, sign_n1 = [0] * J, [0] * J
+    len_n0, len_n1 = [0] * ((emask + 1) * nj), [0] * ((emask + 1) * nj)
+    bit_n0, bit_n1 = [0] * ((emask + 1) * nj), [0] * ((emask + 1) * nj)
+    state = [0xFFFFFFFF, code, CTXRC_MIN_NBYTES]  # range, code, bytes read (the start read five)
+
+    def decode_bit(p0, t):
+        """§8.8: one bit of probability p0 (out of 4096), then the renormalisation."""
+        rng, cd, pos = state
+        bound = (rng >> CTXAS_PROB_BITS) * p0
+        if cd < bound:
+            bit = 0
+            rng = bound
+        else:
+            bit = 1
+            cd -= bound
+            rng -= bound
+        while rng < RC_TOP:
+            if pos >= nbytes:
+                fail("corrupt", f"{what} stream 2 (changes): change {t} of {c} reads past the "
+                                f"{nbytes} bytes of the stream")
+            rng *= 256
+            cd = cd * 256 + s2[pos]
+            pos += 1
+        state[0], state[1], state[2] = rng, cd, pos
+        return bit
+
+    def context_bit(n0, n1, j, t):
+        """§8.8: one bit in context j (counts n0[j], n1[j]) with its p0, then the count update."""
+        a, b = n0[j], n1[j]
+        bit = decode_bit((2 * a + 1) * 4096 // (2 * (a + b) + 2), t)
+        if bit:
+            b += 1
+        else:
+            a += 1
+        if a + b == CTXAS_COUNT_LIMIT:
+            a, b = (a + 1) // 2, (b + 1) // 2
+        n0[j], n1[j] = a, b
+        return bit
+
+    target = base[:]  # §8.6 step 5: every other element keeps its base value
+    for t, i in enumerate(positions):
+        bu = base[i]
+        x = (bu >> M) & emask
+        # 1. The sign, in the sign context of the change's position (§8.8).
+        if axis == 0:
+            j = 0
+        elif axis == 1:
+            j = (i + phase) // P
+        else:
+            j = (i + phase) % P
+        s = context_bit(sign_n0, sign_n1, j, t)
+        # 2. The bit length n, unary in the length contexts U(x, min(n - 1, 15)).
+        n = 1
+        while not context_bit(len_n0, len_n1, x * nj + min(n - 1, CTXRC_MAX_J), t):
+            if n == B:  # ASSUMPTION D1: after the bit (and its renormalisation) is decoded
+                fail("corrupt", f"{what} stream 2 (changes): change {t} at element {i}: bit length "
+                                f"passes B = {B} bits")
+            n += 1
+        # 3. The magnitude a: its top bit implied, the next in V(x, min(n - 2, 15)), the rest halves.
+        if n == 1:
+            a = 1
+        else:
+            a = 2 + context_bit(bit_n0, bit_n1, x * nj + min(n - 2, CTXRC_MAX_J), t)
+            for _ in range(n - 2):
+                a = 2 * a + decode_bit(CTXRC_HALF, t)
+        # 4. The order-preserving step (ASSUMPTION D2: checked within the change).
+        d = -a if s else a
+        v = (bu if bu < H else H - 1 - bu) + d
+        if not -H <= v < H:
+            fail("corrupt", f"{what}: ctx-delta-rc step {d} at element {i} takes the order-preserving "
+                            f"integer {v} outside [-2^{B - 1}, 2^{B - 1})")
+        target[i] = v if v >= 0 else H - 1 - v
+    if state[2] != nbytes:
+        fail("corrupt", f"{what} stream 2 (changes): the {c} changes read {state[2]} of its "
+                        f"{nbytes} bytes")
+    return target
+
+
 class DenseParams:
     pass
 
@@ -1223,12 +1405,19 @@ def check_bit_padding(data, nbits, what):
 def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`.  With p.signs_as
     (ctx-delta-as, §8.8): step 2 starts stream 2's range decoder in place of its padding check, and
-    the sign bits are range-decoded after step 3, before step 4."""
+    the sign bits are range-decoded after step 3, before step 4.  With p.changes_rc (ctx-delta-rc,
+    §8.9): three streams; step 2 starts stream 2's range decoder likewise, and after step 3 each
+    change's sign and magnitude are range-decoded and its step applied (ctxrc_decode_changes), in
+    place of step 4."""
     W, E, M = ti.W, ti.E, ti.M
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
     c, K, qbits = p.c, p.K, p.qbits
-    s0, s1, s2, s3 = streams
+    if p.changes_rc:  # §8.9: S = 3, no magnitudes stream
+        s0, s1, s2 = streams
+        s3 = None
+    else:
+        s0, s1, s2, s3 = streams
 
     # Step 1: stream 0 (quotients).  ASSUMPTION A15: padding, then the count of 1 bits, then
     # bit qbits - 1.
@@ -1245,11 +1434,13 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     assert len(runs) == c + 1 and runs[-1] == ""
     quotients = [len(run) for run in runs[:c]]
 
-    # Step 2: streams 1 and 2 (remainders, signs).  ctx-delta-as (§8.8): stream 2's range decoder
-    # starts here, in place of its padding check.
+    # Step 2: streams 1 and 2 (remainders, signs).  ctx-delta-as (§8.8) and ctx-delta-rc (§8.9):
+    # stream 2's range decoder starts here, in place of its padding check.
     check_bit_padding(s1, p.R, f"{what} stream 1 (remainders)")
     if p.signs_as:
         code = ctxas_range_start(s2, what)
+    elif p.changes_rc:  # §8.9: the changes stream's range decoder starts here
+        code = ctxrc_range_start(s2, what)
     else:
         check_bit_padding(s2, c, f"{what} stream 2 (signs)")
 
@@ -1297,6 +1488,12 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
             positions.extend(ranks)  # K = 1: rank = index
         t0 += ck
     assert t0 == c and bitpos == p.R
+
+    # ctx-delta-rc (§8.9): after step 3, each change's sign and magnitude, range-decoded in class
+    # order, with its step (in place of step 4); step 5 is in ctxrc_decode_changes.
+    if p.changes_rc:
+        target = ctxrc_decode_changes(s2, code, positions, base, p, ti, what)
+        return struct.pack(f"<{m}{fmt}", *target)
 
     # ctx-delta-as (§8.8): after step 3, the c sign bits, range-decoded in class order.
     if p.signs_as:
@@ -1453,6 +1650,8 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
         fail("unsupported", f"{what}: dense-delta used on {ti.dtype_name}")
     if enc == ENC_CTX_DELTA_AS and ti.dtype not in CTX_DELTA_AS_DTYPES:
         fail("unsupported", f"{what}: ctx-delta-as used on {ti.dtype_name}")
+    if enc == ENC_CTX_DELTA_RC and ti.dtype not in CTX_DELTA_RC_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta-rc used on {ti.dtype_name}")
     c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
@@ -1468,6 +1667,9 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     if enc == ENC_CTX_DELTA_AS:  # §8.8: §8.6's params and checks, then its own four
         ctx = read_ctx_params(cur, ti, m, what, signs_as=True)
         check_ctxas_params(ctx, m, what)
+    if enc == ENC_CTX_DELTA_RC:  # §8.9: §8.6's params (no mw) and checks, then its own four
+        ctx = read_ctx_params(cur, ti, m, what, changes_rc=True)
+        check_ctxrc_params(ctx, ti, m, what)
     lengths = stream_lengths(ti, enc, m, c, e, ctx, dense)
     table = []
     for k in range(len(lengths)):
@@ -1535,7 +1737,7 @@ def decode_block_fields(ti, bf, get_base):
     assert len(base_bytes) == m * W
     if enc == ENC_UNCHANGED:  # §8.1
         return enc, base_bytes
-    if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS):  # §8.6, §8.8
+    if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC):  # §8.6, §8.8, §8.9
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
     if enc == ENC_DENSE_DELTA:  # §8.7
         return enc, decode_dense_delta(ti, m, dense, streams, base_bytes, what)

@@ -136,10 +136,43 @@ def test_special_values_and_zero_crossings():
 
 
 def test_writer_prefers_ctx_delta_on_rl_like_data():
+    """Few changes of random size: ctx-delta, or ctx-delta-rc where that is the smaller (both are
+    tried); a 1.6 writer (no ctx-delta-rc) writes ctx-delta, never a smaller file."""
     base, target = make_pair(3, "BF16", [(200_000,)], 0.01)
     d = arcfmt.encode(base, target)
     blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in blocks} <= {"ctx-delta", "ctx-delta-rc"}
+    with _without("ctx-delta-rc"):
+        older = arcfmt.encode(base, target)
+    blocks = arcfmt.DeltaReader(older).describe()["tensors"][0]["blocks"]
     assert {b["encoding"] for b in blocks} == {"ctx-delta"}
+    assert len(d) <= len(older)
+
+
+def _ulp_scaled_pair(seed, m, lr=2e-3):
+    """BF16 weights moved by updates of about ``lr`` (relative to 1), as RL steps move them: the step
+    in ulps, and whether there is one, follow the exponent (what ctx-delta-rc's contexts hold)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(m) * 0.05).astype(np.float32)
+    upd = (rng.standard_normal(m) * lr * 0.05).astype(np.float32)
+    b = (w.view(np.uint32) >> 16).astype(np.uint16)
+    t = ((w + upd).view(np.uint32) >> 16).astype(np.uint16)
+    return {"w": from_bits(b, BY_NAME["BF16"])}, {"w": from_bits(t, BY_NAME["BF16"])}
+
+
+def test_writer_codes_steps_by_exponent_where_that_is_smaller():
+    """SPEC.md §8.9: on steps whose size in ulps follows the exponent, with many changes, the writer
+    picks ctx-delta-rc alone (no ctx-delta trial), and the file is smaller than a 1.6 writer's
+    (ctx-delta with the best codec on its magnitudes); every reader rebuilds it."""
+    base, target = _ulp_scaled_pair(5, 1 << 19)
+    d = arcfmt.encode(base, target)
+    blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in blocks} == {"ctx-delta-rc"}
+    assert sum(b["changed"] for b in blocks) > ctx._RC_ALONE
+    with _without("ctx-delta-rc"):
+        older = arcfmt.encode(base, target)
+    assert len(d) < 0.97 * len(older), (len(d), len(older))
+    check_file(base, target, d)
 
 
 # ------------------------------------------------------------------------------ encoder's class choice
@@ -278,13 +311,13 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
         finally:
             tracemalloc.stop()
     if compiled:  # what the kernels allocate at most (arcfmt/kernels.py: ctx_encode, ctx_decode)
-        classes = len(ctx.Params.unpack(enc.params).counts)
+        classes = len(encodings.get(enc.encoding).unpack(enc.params).counts)
         c = int(changed.sum())
         bitmaps = (classes - 1 + 1 + 4) * 8 * (m // 64)  # thresholds, class words, two pairs of counts
         outputs = sum(len(s) for s in enc.streams)
         enc_peak += 17 * c + bitmaps + outputs  # class ids, class order, gaps; the streams it returns
         dec_peak += 8 * c + bitmaps              # ranks, turned into positions in place
-    assert enc.encoding == encodings.CTX_DELTA and np.array_equal(out, target)
+    assert enc.encoding in (encodings.CTX_DELTA, encodings.CTX_DELTA_RC) and np.array_equal(out, target)
     assert enc_peak <= 4 * base.nbytes, enc_peak / base.nbytes
     assert dec_peak <= 4 * base.nbytes, dec_peak / base.nbytes
 
@@ -376,7 +409,8 @@ def test_writer_picks_dense_delta_where_most_elements_change():
     elements change, dense-delta is not even tried."""
     dt, b, t, _ = _dense_block("BF16", 30_000, 600, 3)
     base, target = {"bias": from_bits(b, BY_NAME["BF16"])}, {"bias": from_bits(t, BY_NAME["BF16"])}
-    d = arcfmt.encode(base, target)
+    with _without("ctx-delta-rc"):   # (which codes these magnitudes in fewer bytes: §8.9)
+        d = arcfmt.encode(base, target)
     blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
     assert {x["encoding"] for x in blocks} == {"dense-delta"}
     buf = io.BytesIO()
@@ -386,7 +420,7 @@ def test_writer_picks_dense_delta_where_most_elements_change():
     assert_bit_exact(arcfmt.decode(base, d), target)
     sparse_b, sparse_t = make_pair(4, "BF16", [(30_000,)], 0.02)
     blocks = arcfmt.DeltaReader(arcfmt.encode(sparse_b, sparse_t)).describe()["tensors"][0]["blocks"]
-    assert {x["encoding"] for x in blocks} == {"ctx-delta"}
+    assert {x["encoding"] for x in blocks} <= {"ctx-delta", "ctx-delta-rc"}
 
 
 def test_dense_params_are_checked_in_spec_order():
@@ -407,7 +441,8 @@ def test_a_decoder_without_dense_delta_refuses_it_as_unsupported():
     from arcfmt.errors import UnsupportedError
     dt, b, t, _ = _dense_block("BF16", 1000, 10, 5)
     base, target = {"x": from_bits(b, BY_NAME["BF16"])}, {"x": from_bits(t, BY_NAME["BF16"])}
-    d = arcfmt.encode(base, target)
+    with _without("ctx-delta-rc"):
+        d = arcfmt.encode(base, target)
     with _without("dense-delta"):
         with pytest.raises(UnsupportedError, match="unknown encoding id 6"):
             arcfmt.decode(base, d)
@@ -443,22 +478,25 @@ def _leaning_pair(seed, shape, by_rows=True, lean=0.9):
 
 @pytest.mark.parametrize("by_rows", [True, False])
 def test_writer_codes_leaning_signs_adaptively(by_rows):
-    """Signs that lean per row or column: the writer picks ctx-delta-as, on that axis, and the file is
-    smaller than with raw sign bits; every reader rebuilds it."""
+    """Signs that lean per row or column: the writer picks ctx-delta-rc (a 1.6 writer ctx-delta-as),
+    its signs on that axis, and the file is smaller than with raw sign bits; every reader rebuilds it."""
     base, target = _leaning_pair(1, (256, 256), by_rows)
-    d = arcfmt.encode(base, target)
-    info = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
-    assert {b["encoding"] for b in info} == {"ctx-delta-as"}
-    r = arcfmt.DeltaReader(d)
-    blk = r.load_block("w", 0)
-    assert ctx.Params.unpack(blk.info.params).signs[:2] == ((1, 256) if by_rows else (2, 256))
-    assert len(d) < len(forced(base, target))
-    check_file(base, target, d)
+    with _without("ctx-delta-rc"):
+        older = arcfmt.encode(base, target)
+    for d, name in ((arcfmt.encode(base, target), "ctx-delta-rc"), (older, "ctx-delta-as")):
+        info = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
+        assert {b["encoding"] for b in info} == {name}
+        blk = arcfmt.DeltaReader(d).load_block("w", 0)
+        params = arcfmt.encodings.by_name(name).unpack(blk.info.params)
+        assert params.signs[:2] == ((1, 256) if by_rows else (2, 256))
+        assert len(d) < len(forced(base, target))
+        check_file(base, target, d)
 
 
 def test_writer_keeps_raw_signs_where_they_are_coin_tosses():
     base, target = _leaning_pair(2, (256, 256), lean=0.5)
-    blocks = arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0]["blocks"]
+    with _without("ctx-delta-rc"):
+        blocks = arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0]["blocks"]
     assert {b["encoding"] for b in blocks} == {"ctx-delta"}
 
 
@@ -500,8 +538,9 @@ def test_a_decoder_without_ctx_delta_as_refuses_it_as_unsupported():
     a writer without it writes ctx-delta."""
     from arcfmt.errors import UnsupportedError
     base, target = _leaning_pair(4, (128, 128))
-    d = arcfmt.encode(base, target)
-    with _without("ctx-delta-as"):
+    with _without("ctx-delta-rc"):
+        d = arcfmt.encode(base, target)
+    with _without("ctx-delta-as"), _without("ctx-delta-rc"):
         with pytest.raises(UnsupportedError, match="unknown encoding id 7"):
             arcfmt.decode(base, d)
         plain = arcfmt.encode(base, target)

@@ -48,7 +48,7 @@ def test_writer_inlines_small_one_block_tensors_only():
     base, target = _model()
     data = write_delta(base, target, block_elems=50_000)
     head = records.check_header(data[:L.HEADER_SIZE])
-    assert head.compact_index and head.inline_blocks and head.version == (1, 6)
+    assert head.compact_index and head.inline_blocks and head.version == (L.MAJOR, L.MINOR)
     assert _records(data) == {"small": [True, 0], "big": [False, 1], "multi": [False, 2], "empty": [False, 0]}
     assert_bit_exact(DeltaReader(data).decode_all(base), target)
     assert_bit_exact(stream_decode(data, base), target)

@@ -30,7 +30,9 @@ ROLES = {"bf16-delta": ["positions", "steps", "exceptions", "values"],
          "xor": [f"xor plane {k}" for k in range(8)],
          "keyframe": ["exponent", "sign+mantissa"], "unchanged": [],
          "ctx-delta": ["quotients", "remainders", "signs", "magnitudes"],
-         "dense-delta": ["quotients", "remainders", "signs", "magnitudes"]}
+         "dense-delta": ["quotients", "remainders", "signs", "magnitudes"],
+         "ctx-delta-as": ["quotients", "remainders", "signs", "magnitudes"],
+         "ctx-delta-rc": ["quotients", "remainders", "changes"]}
 
 
 def model(seed: int = 0):

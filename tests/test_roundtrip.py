@@ -36,7 +36,8 @@ from support.data import (
 )
 
 EFFORTS = ["fast", "default"]
-ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta", "dense-delta"}
+ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta", "dense-delta",
+                 "ctx-delta-rc"}
 CTX_DTYPES = [d for d in FLOAT_DTYPES if d.name != "F64"]
 
 
@@ -46,7 +47,7 @@ def delta_name(dt) -> str:
 
 def delta_names(dt) -> set:
     """The sparse-delta encodings the writer may pick for a float dtype (SPEC.md §8.3, §8.4, §8.6)."""
-    return {delta_name(dt)} | ({"ctx-delta"} if dt.name != "F64" else set())
+    return {delta_name(dt)} | ({"ctx-delta", "ctx-delta-rc"} if dt.name != "F64" else set())
 
 
 def encode_forced(base, target, encoding, **kw) -> bytes:
@@ -443,18 +444,23 @@ def _encoding_case(enc):
         return {"x": b}, {"x": t.view(np.float32)}
     if enc == "keyframe":
         return None, {"x": random_values(rng, BY_NAME["BF16"], (100,))}
-    if enc == "ctx-delta":
-        base, target = make_pair(9, "BF16", [(20000,)], 0.02)
+    if enc == "ctx-delta":   # too few changes (10) for ctx-delta-rc's range coder to pay its start
+        base, target = make_pair(9, "BF16", [(20000,)], 0.0005)
         return base, target
-    if enc == "dense-delta":   # a bias that moves every step, by one or two units, but for a few elements
+    if enc == "ctx-delta-rc":   # many changes whose size in ulps follows the exponent (SPEC.md §8.9)
+        w = (rng.standard_normal(100_000) * 0.05).astype(np.float32)
+        u = (rng.standard_normal(100_000) * 1e-4).astype(np.float32)
+        b, t = (w.view(np.uint32) >> 16).astype(np.uint16), ((w + u).view(np.uint32) >> 16).astype(np.uint16)
+        return {"x": b.view(ml_dtypes.bfloat16)}, {"x": t.view(ml_dtypes.bfloat16)}
+    if enc == "dense-delta":   # a bias that moves every step by one unit, but for a few elements
         b = random_values(rng, BY_NAME["BF16"], (20000,))
-        t = bits_of(b) + np.uint16(1) + (np.arange(20000) % 7 == 0).astype(np.uint16)
+        t = bits_of(b) + np.uint16(1)
         t[::97] = bits_of(b)[::97]
         return {"x": b}, {"x": t.view(ml_dtypes.bfloat16)}
     raise AssertionError(enc)
 
 
-_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta"}  # chosen unforced on their cases
+_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta", "ctx-delta-rc"}  # chosen unforced
 
 
 @pytest.mark.parametrize("enc", sorted(ALL_ENCODINGS))
@@ -544,7 +550,7 @@ def test_steps_and_digests_recorded():
     d = arcfmt.encode(base, target, base_step=3, target_step=1 << 40)
     r = arcfmt.DeltaReader(d)
     assert (r.base_step, r.target_step) == (3, 1 << 40)
-    assert r.version == arcfmt.FORMAT_VERSION == (1, 6)
+    assert r.version == arcfmt.FORMAT_VERSION == (1, 7)
     d2 = arcfmt.encode(base, target)
     r2 = arcfmt.DeltaReader(d2)
     assert (r2.base_step, r2.target_step) == (None, None)

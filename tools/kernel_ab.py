@@ -32,7 +32,6 @@ from bench import load, steps_in
 
 import arcfmt
 from arcfmt import backend, encodings, kernels, pipeline, records
-from arcfmt.encodings.ctx_delta import Params
 from arcfmt.reader import DeltaReader
 
 
@@ -48,8 +47,9 @@ def other_kernels(tree: str) -> ModuleType:
 
 
 def blocks(files: list[str]) -> list[tuple]:
-    """``(dtype, params, streams, m, base block)`` of every ctx-delta block of each pair."""
-    ctx = encodings.by_name("ctx-delta").id
+    """``(dtype, params, streams, m, base block)`` of every ctx-delta, -as and -rc block of each pair
+    (the other tree must know every one of these encodings that the pairs use)."""
+    ctx = {encodings.by_name(n).id for n in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc")}
     out = []
     for a, b in zip(files, files[1:]):
         base, target = load(a), load(b)
@@ -59,11 +59,12 @@ def blocks(files: list[str]) -> list[tuple]:
             base_u = pipeline.check_base(th, base.get(name))
             for k in range(th.block_count):
                 lb = r.load_block(name, k)
-                if lb.info.encoding != ctx or base_u is None:
+                if lb.info.encoding not in ctx or base_u is None:
                     continue
                 s, e = th.block_range(k)
                 streams = records.decode_block_streams(lb.payload, lb.info, name)
-                out.append((th.dtype, Params.unpack(lb.info.params), streams, e - s, base_u[s:e]))
+                params = encodings.get(lb.info.encoding).unpack(lb.info.params)
+                out.append((th.dtype, params, streams, e - s, base_u[s:e]))
     return out
 
 

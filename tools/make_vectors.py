@@ -217,6 +217,7 @@ def valid_vectors():
     V += ctx_valid_vectors()
     V += dense_valid_vectors()
     V += ctxas_valid_vectors()
+    V += ctxrc_valid_vectors()
     V += inline_valid_vectors()
     return V
 
@@ -658,15 +659,15 @@ def ctx_case(seed, dt, m=4096, specials=True):
     return u.view(dt), t.view(dt)
 
 
-def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=None) -> bytes:
+def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=None, rc=False) -> bytes:
     """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds, each stream of
     ``codec``; with ``signs`` ``(axis, P, phase)``, ctx-delta-as with that sign axis (``phase`` None: the
-    block's place in the tensor, as the reference encoder sets it)."""
+    block's place in the tensor, as the reference encoder sets it); with ``rc`` too, ctx-delta-rc."""
     from arcfmt import codecs, encodings
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
     be = block_elems or max(1, base.size)
-    name = "ctx-delta" if signs is None else "ctx-delta-as"
+    name = "ctx-delta" if signs is None else "ctx-delta-rc" if rc else "ctx-delta-as"
     d = write_separate({"x": base}, {"x": target}, force_encoding=name, force_codec=codec, block_elems=be)
     p = split(d)
     adt = from_numpy(base.dtype)
@@ -682,8 +683,12 @@ def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=No
         if signs is not None:
             axis, period, phase = signs
             axes = [(axis, period, (k * be) % period if phase is None else phase)]
-        enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), axes=axes, force_signs=bool(axes))
-        assert enc.adaptive_signs == bool(axes)
+        if rc:
+            enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True)
+            assert enc.rc
+        else:
+            enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), axes=axes, force_signs=bool(axes))
+            assert enc.adaptive_signs == bool(axes)
         blk = encodings.EncodedBlock(encodings.by_name(name).id, enc.params, enc.streams, pos.size)
         rec.payload = records.build_block(0, k, blk, [codecs.encode_with(codecs.by_name(codec).id, bytes(x))
                                                       for x in enc.streams])
@@ -865,9 +870,10 @@ def reject_vectors():
       "reserved_bits")
 
     def tr_minor(tb):
-        tb[18:20] = (7).to_bytes(2, "little")
+        tb[18:20] = (0).to_bytes(2, "little")
         fix_trailer_checksum(tb)
-    n("n_version_mismatch", "header says 1.0, trailer 1.7", ["12.1"], assemble(split(good), trailer_fn=tr_minor),
+    n("n_version_mismatch", "the trailer says 1.0, the header the writer's 1.x", ["12.1"],
+      assemble(split(good), trailer_fn=tr_minor),
       "corrupt")
 
     def tr_ck(tb):
@@ -2432,6 +2438,200 @@ def ctxas_reject_vectors():
     return V
 
 
+# ------------------------------------------------------------------------------------ ctx-delta-rc (§8.9)
+
+def ctxrc_custom(base, target, axis, period=1, phase=None, thresholds=(), codec="raw", block_elems=None) -> bytes:
+    """:func:`ctx_custom` as ctx-delta-rc with the given sign axis."""
+    return ctx_custom(base, target, thresholds, codec, block_elems, signs=(axis, period, phase), rc=True)
+
+
+def ctxrc_valid_vectors():
+    V = []
+
+    def y(name, desc, base, target, data=None, **kw):
+        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-rc",
+                                                         **kw)
+        V.append(Vector(name, desc, ["8.9"], {"x": base}, data, expect_tensors={"x": target}))
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctxas_case(140 + i, dt)
+        y(f"y_ctxrc_{nm}", f"ctx-delta-rc on {nm.upper()}: the reference encoder's axis, several classes, specials "
+          "(steps of every bit length up to the dtype's bits)", b, t, effort="max")
+    b, t = ctxas_case(150, BF16, (40, 75), by="rows")
+    y("y_ctxrc_axis0", "one sign context for the block", b, t, data=ctxrc_custom(b, t, 0))
+    y("y_ctxrc_rows", "a sign context per row (P = 75)", b, t, data=ctxrc_custom(b, t, 1, 75))
+    y("y_ctxrc_rows_classes", "a sign context per row, changes coded in class order across three classes", b, t,
+      data=ctxrc_custom(b, t, 1, 75, thresholds=[112, 116, 119]))
+    y("y_ctxrc_rows_blocks_phase", "rows in blocks of 700 elements: each block's phase is its offset mod P, "
+      "streams zstd-coded", b, t, data=ctxrc_custom(b, t, 1, 75, block_elems=700, codec="zstd"))
+    y("y_ctxrc_any_phase", "P and phase the writer's choice (P = 7, phase 6)", b, t,
+      data=ctxrc_custom(b, t, 1, 7, phase=6))
+    b, t = ctxas_case(151, BF16, (40, 75), by="columns")
+    y("y_ctxrc_columns", "a sign context per column (P = 75)", b, t, data=ctxrc_custom(b, t, 2, 75))
+    y("y_ctxrc_period_is_block", "P = m: every element its own sign context (columns), phase m - 1", b, t,
+      data=ctxrc_custom(b, t, 2, 3000, phase=2999))
+    # many changes in few contexts: counts halved many times, the coder carries
+    r = rng(152)
+    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
+    su = sb.view(np.uint16).copy().astype(np.int64)
+    ch = r.random(60000) < 0.5
+    o = np.where(su >= 32768, 32767 - su, su)
+    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1) * np.where(r.random(60000) < 0.9, 1, 3), 0)
+    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    y("y_ctxrc_halving", "about 30000 changes, 97 % of signs alike, 90 % of magnitude 1: the counts are halved "
+      "many times and the range coder carries", sb, su.view(BF16), data=ctxrc_custom(sb, su.view(BF16), 0))
+    # F32 steps of every bit length 1..32 in one exponent: the length and bit contexts of j >= 15 are shared
+    base = np.full(64, 0xBF800000, np.uint32)   # -1.0 steps up, 1.0 down: every step stays in range
+    base[32:] = 0x3F800000
+    o = base.astype(np.int64)
+    o = np.where(o >= 1 << 31, (1 << 31) - 1 - o, o)
+    d = np.array([(1 << n) - 1 if n % 2 else 1 << (n - 1) for n in range(1, 33)] * 2, np.int64)
+    d[32:] = -d[32:]
+    half = 1 << 31
+    v = o + d
+    assert v.min() >= -half and v.max() < half
+    tgt = np.where(v >= 0, v, half - 1 - v).astype(np.uint32)
+    y("y_ctxrc_f32_every_length", "F32 steps of every bit length from 1 to 32 (both signs, the longest "
+      "across zero): length and bit contexts past j = 15 shared", base.view(np.float32),
+      tgt.view(np.float32), data=ctxrc_custom(base.view(np.float32), tgt.view(np.float32), 0))
+    b, t = ctxas_case(153, BF16, (30, 40), by="rows")
+    V.append(Vector("y_ctxrc_inline", "a ctx-delta-rc block inline in its TENS record (1.6 framing)", ["7", "8.9"],
+                    {"x": b}, write_delta({"x": b}, {"x": t}, force_encoding="ctx-delta-rc"),
+                    expect_tensors={"x": t}))
+    return V
+
+
+def _rc_recode(base, target, edit_d):
+    """An edit of ctx-delta-rc's changes stream (and ``nbytes``): the block's steps in class order,
+    passed through ``edit_d`` (a list of ints, edited in place), range-coded again with the block's
+    own contexts."""
+    from arcfmt import twins
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings import ctx_delta as ctx
+
+    def edit(streams, params):
+        adt = from_numpy(base.dtype)
+        p = ctx.Params.unpack_rc(params)
+        bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+        pos = np.flatnonzero(bu != tu)
+        if p.thresholds:
+            cls = np.searchsorted(np.array(p.thresholds), ctx.exponent_field(adt, bu[pos]), side="right")
+            pos = pos[np.argsort(cls, kind="stable")]
+        d = (ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])).tolist()
+        edit_d(d)
+        coded = twins._rc_encode(np.array(d, dtype=object), ctx.exponent_field(adt, bu[pos]), pos, bu.size,
+                                 *p.signs[:3], 1 << adt.exp_bits)
+        streams[2][1] = coded
+        params[-1] = len(coded)
+    return edit
+
+
+def _all_ones_rc_bytes(adt, base, target) -> int:
+    """The bytes §8.9's decoder reads for a block coded with one sign context and no thresholds when its
+    code is never below the bound (an initial code of 2^32 - 1): every bit decodes as 1, so every change
+    is a sign 1 and a bit length 1 (the step -1)."""
+    from arcfmt import twins
+    from arcfmt.encodings import ctx_delta as ctx
+    signs = twins._count_model(1)
+    lengths = twins._count_model(twins._RC_LENGTHS << adt.exp_bits)
+    rng, pos = 0xFFFFFFFF, 5
+    bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+    for x in ctx.exponent_field(adt, bu[np.flatnonzero(bu != tu)]).tolist():
+        for model, i in ((signs, 0), (lengths, x * twins._RC_LENGTHS)):
+            p0, update = model
+            rng -= (rng >> 12) * p0(i)
+            update(i, 1)
+            while rng < 1 << 24:
+                rng, pos = rng << 8, pos + 1
+    return pos
+
+
+def ctxrc_reject_vectors():
+    V = []
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings import ctx_delta as ctx
+    b, t = ctxas_case(160, BF16, (40, 50), by="rows", specials=False)
+    base = {"x": b}
+    rows = ctxrc_custom(b, t, 1, 50, thresholds=[112, 116, 119])
+    one = ctxrc_custom(b, t, 0)
+    m = b.size
+    one_row = ctxrc_custom(b, t, 1, m)   # rows with P = m: one context, as with any P > m would be
+    adt = from_numpy(b.dtype)
+
+    def n(name, desc, fn, error="corrupt", src=None, vb=None):
+        V.append(Vector(name, desc, ["8.9"], vb or base, _restream(fn, src or rows), error=error))
+
+    def setp(i, v):   # the last four params: axis, P, phase, nbytes
+        def edit(streams, params):
+            params[len(params) - 4 + i] = v(params) if callable(v) else v
+        return edit
+
+    def changes_bytes(fn):   # stream 2 edited, nbytes kept equal to its length
+        def edit(streams, params):
+            streams[2][1] = fn(bytearray(streams[2][1]))
+            params[-1] = len(streams[2][1])
+        return edit
+
+    c = int((b.view(np.uint16) != t.view(np.uint16)).sum())
+    top = ctx.rc_limit(adt, c)
+    n("n_ctxrc_axis_too_big", "axis = 3", setp(0, 3))
+    n("n_ctxrc_one_period", "axis 0 with P = 2", setp(1, 2), src=one)
+    n("n_ctxrc_one_phase", "axis 0 with phase = 1", setp(2, 1), src=one)
+    n("n_ctxrc_period_zero", "rows with P = 0", setp(1, 0))
+    n("n_ctxrc_period_beyond_block", "rows with P = m + 1, the block coded with P = m (one row): a decoder "
+      "that does not check P reads the same changes", setp(1, m + 1), src=one_row)
+    n("n_ctxrc_phase_not_below", "phase = P", setp(2, lambda p: p[-3]))
+    n("n_ctxrc_nbytes_small", "nbytes = 4, the stream cut to 4 bytes", changes_bytes(lambda d: bytes(d[:4])))
+    n("n_ctxrc_nbytes_big", "nbytes = (W + 1) c + 9, the stream padded to it",
+      changes_bytes(lambda d: bytes(d) + bytes(top + 1 - len(d))))
+    n("n_ctxrc_first_byte", "the range coder's first byte is 1",
+      changes_bytes(lambda d: bytes([1]) + bytes(d[1:])))
+    n("n_ctxrc_code_max", "the first code is 2^32 - 1, the stream as long as a decoder that reads on takes "
+      "(code >= range: every bit 1, every step -1)",
+      changes_bytes(lambda d: b"\x00" + b"\xff" * 4 + bytes(_all_ones_rc_bytes(adt, b, t) - 5)), src=one)
+    n("n_ctxrc_past_end", "the stream's last byte cut (nbytes too): the last change reads past the end",
+      changes_bytes(lambda d: bytes(d[:-1])))
+    n("n_ctxrc_bytes_left", "one byte more after the last change's bytes (nbytes too)",
+      changes_bytes(lambda d: bytes(d) + b"\x00"))
+    n("n_ctxrc_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
+      lambda streams, params: params.__setitem__(3 * params[0], c - 1))
+
+    def first_step(v):
+        def edit_d(d):
+            d[0] = v(d[0])
+        return edit_d
+    n("n_ctxrc_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in "
+      "its length contexts)", _rc_recode(b, t, first_step(lambda x: 1 << 16)))
+    n("n_ctxrc_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
+      _rc_recode(b, t, first_step(lambda x: 65535 if x > 0 else -65535)))
+    # the last change out of range: every change's bits read before the range check fails
+    n("n_ctxrc_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
+      _rc_recode(b, t, lambda d: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+    n("n_ctxrc_verification", "a well-formed ctx-delta-rc block that rebuilds a different tensor (one step's "
+      "magnitude one larger)", _rc_recode(b, t, first_step(lambda x: x + (1 if x > 0 else -1))),
+      error="verification")
+
+    def then_codec(fn):
+        def edit(streams, params):
+            fn(streams, params)
+            for st in streams:
+                st[0] = 9
+        return edit
+    n("n_ctxrc_axis_then_codec", "axis = 3, and every stream of codec 9: the params come first",
+      then_codec(setp(0, 3)))
+    n("n_ctxrc_nbytes_then_codec", "nbytes = 4, and every stream of codec 9: the params come first",
+      then_codec(setp(3, 4)))
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, 8)
+    V.append(Vector("n_ctxrc_on_f64", "ctx-delta-rc is not defined for F64", ["8", "8.9"], {"x": f64}, assemble(pf),
+                    error="unsupported"))
+    return V
+
+
 # ------------------------------------------------------------------------------------ dense-delta (§8.7)
 
 def dense_case(seed, dt, m=4096, unchanged=0.1, specials=True):
@@ -2898,6 +3098,15 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_dense_quotient_unterminated*", ["R-DENSE-QUOTIENTS.TERMINATED"]),
     ("n_dense_position_beyond_block", ["R-DENSE-RANK"]), ("n_dense_step_out_of_range", ["R-DENSE-STEP"]),
     ("n_dense_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_dense_on_f64", ["R-ENCODING.DTYPE"]),
+    # -- ctx-delta-rc (§8.9)
+    ("y_ctxrc_*", ["R-CTXRC", "R-CTX"]), ("n_ctxrc_axis_*", ["R-CTXRC-PARAMS.AXIS"]),
+    ("n_ctxrc_one_*", ["R-CTXRC-PARAMS.ONE"]), ("n_ctxrc_period_*", ["R-CTXRC-PARAMS.PERIOD"]),
+    ("n_ctxrc_phase_*", ["R-CTXRC-PARAMS.PHASE"]), ("n_ctxrc_nbytes_*", ["R-CTXRC-PARAMS.NBYTES"]),
+    ("n_ctxrc_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxrc_first_byte", ["R-CTXRC-CHANGES.FIRST"]),
+    ("n_ctxrc_code_max", ["R-CTXRC-CHANGES.CODE"]), ("n_ctxrc_past_end", ["R-CTXRC-CHANGES.PAST-END"]),
+    ("n_ctxrc_bytes_left", ["R-CTXRC-CHANGES.LENGTH"]), ("n_ctxrc_length_*", ["R-CTXRC-CHANGES.LONG"]),
+    ("n_ctxrc_step_out_of_range*", ["R-CTXRC-CHANGES.STEP"]), ("n_ctxrc_qbits_*", ["R-CTX-PARAMS.QBITS"]),
+    ("n_ctxrc_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrc_on_f64", ["R-ENCODING.DTYPE"]),
     # -- ctx-delta-as (§8.8)
     ("y_ctxas_*", ["R-CTXAS", "R-CTX"]), ("n_ctxas_axis_*", ["R-CTXAS-PARAMS.AXIS"]),
     ("n_ctxas_one_*", ["R-CTXAS-PARAMS.ONE"]), ("n_ctxas_period_*", ["R-CTXAS-PARAMS.PERIOD"]),
@@ -3133,10 +3342,10 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.6",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.7",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + inline_reject_vectors()
-              + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors()):
+              + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors() + ctxrc_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

@@ -37,10 +37,12 @@ FLOAT_DELTA = float_delta.FloatDelta.id
 KEYFRAME = keyframe.Keyframe.id
 CTX_DELTA = ctx_delta.CtxDelta.id
 DENSE_DELTA = ctx_delta.DenseDelta.id
+CTX_DELTA_AS = ctx_delta.CtxDeltaAs.id
+CTX_DELTA_RC = ctx_delta.CtxDeltaRc.id
 
 __all__ = [
     "Block", "EncodedBlock", "Encoding", "StreamRole", "BY_NAME", "NAMES", "NEEDS_BASE", "by_name",
     "candidates", "decode_block", "encode_forced", "find", "for_dtype", "get", "keeps_base", "register",
     "registered", "unregister", "UNCHANGED", "XOR", "BF16_DELTA", "FLOAT_DELTA", "KEYFRAME", "CTX_DELTA",
-    "DENSE_DELTA",
+    "DENSE_DELTA", "CTX_DELTA_AS", "CTX_DELTA_RC",
 ]

@@ -60,6 +60,9 @@ class Block:
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
         # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
         self.period, self.offset = period, offset
+        # candidates one encoding's pass made for another, by its id (ctx-delta's one pass over a block
+        # makes both ctx-delta's and ctx-delta-rc's streams), taken by that encoding's propose
+        self.made_for: dict[int, EncodedBlock] = {}
 
     @cached_property
     def positions(self) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 from .. import backend
 from .. import layout as L
 from ..dtypes import DType
-from ..errors import CorruptError
+from ..errors import CorruptError, InputError
 from .base import Block, EncodedBlock, Encoding, StreamRole
 from .registry import find, register
 
@@ -39,6 +39,8 @@ _CLASS_OVERHEAD_BITS = 96.0   # params, stream-table entry and codec framing of 
 _MIN_CHANGES_FOR_CLASSES = 64
 _CHUNK = 1 << 16
 _MIN_ADAPTIVE_SIGNS = 512   # fewer changes: at most a few bytes to gain, against 4 more params
+_MIN_RC_CHANGES = 16        # fewer: the range coder's 5-byte start outweighs what it saves
+_RC_ALONE = 8192            # fewer: ctx-delta-rc's contexts are still learning, ctx-delta is tried beside it
 _MIN_SIGNS_FOR_ROWS = 64
 SIGN_SAMPLE = 1 << 14    # the signs each axis is sized on (the first, in class order): the choice, not the coding
 SIGN_PROMISING = 0.97    # ...and coded only where the best estimate is below this many bits a sign
@@ -71,7 +73,8 @@ class Params:
     qbits: int         # bits in the quotient stream
     mag_width: int     # bytes per magnitude
     dense: bool = False  # a dense-delta block (§8.7): one class, its codes the unchanged elements'
-    signs: tuple[int, int, int, int] | None = None  # ctx-delta-as (§8.8): axis, P, phase, sbytes
+    signs: tuple[int, int, int, int] | None = None  # ctx-delta-as (§8.8): axis, P, phase, sbytes; -rc: nbytes last
+    rc: bool = False     # a ctx-delta-rc block (§8.9): signs and magnitudes in stream 2, no mag_width
 
     @property
     def classes(self) -> int:
@@ -82,7 +85,11 @@ class Params:
         return sum(self.counts)
 
     def pack(self) -> list[int]:
-        head = [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits, self.mag_width]
+        head = [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits]
+        if self.rc:
+            assert self.signs is not None
+            return [*head, *self.signs]
+        head.append(self.mag_width)
         return head if self.signs is None else [*head, *self.signs]
 
     @classmethod
@@ -91,6 +98,13 @@ class Params:
         k = p[0]
         signs = (p[3 * k + 2], p[3 * k + 3], p[3 * k + 4], p[3 * k + 5]) if len(p) > 3 * k + 2 else None
         return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1], signs=signs)
+
+    @classmethod
+    def unpack_rc(cls, p: Sequence[int]) -> Params:
+        """ctx-delta-rc's params (§8.9): ctx-delta's without ``mw``, then ``axis, P, phase, nbytes``."""
+        k = p[0]
+        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], 0,
+                   signs=(p[3 * k + 1], p[3 * k + 2], p[3 * k + 3], p[3 * k + 4]), rc=True)
 
 
 def param_count(head: Sequence[int]) -> int:
@@ -118,28 +132,52 @@ def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
         raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
     if not c <= p.qbits <= m:
         raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
+    rbits = sum(map(operator.mul, p.counts, p.rice))
+    if p.rc:
+        assert p.signs is not None
+        return [(p.qbits + 7) // 8, (rbits + 7) // 8, rc_stream_length(dt, p.signs, c, m)]
     if not 1 <= p.mag_width <= dt.itemsize:
         raise CorruptError(f"ctx-delta magnitude width {p.mag_width} outside 1..{dt.itemsize}")
-    rbits = sum(map(operator.mul, p.counts, p.rice))
     sbytes = (c + 7) // 8 if p.signs is None else sign_stream_length(p.signs, c, m)
     return [(p.qbits + 7) // 8, (rbits + 7) // 8, sbytes, c * p.mag_width]
 
 
 def sign_stream_length(signs: Sequence[int], c: int, m: int) -> int:
     """Check ctx-delta-as's sign params (SPEC.md §8.8, in its order); the sign stream's decoded length."""
-    axis, period, phase, sbytes = signs
-    if axis > 2:
-        raise CorruptError(f"ctx-delta-as sign axis {axis} above 2")
-    if axis == 0:
-        if period != 1 or phase != 0:
-            raise CorruptError(f"ctx-delta-as with one sign context has P = {period}, phase = {phase} (not 1, 0)")
-    elif not 1 <= period <= m:
-        raise CorruptError(f"ctx-delta-as sign period {period} outside 1..{m}")
-    elif phase >= period:
-        raise CorruptError(f"ctx-delta-as sign phase {phase} not below the period {period}")
+    _check_sign_axis(signs, m, "ctx-delta-as")
+    sbytes = signs[3]
     if not 5 <= sbytes <= 2 * c + 8:
         raise CorruptError(f"ctx-delta-as sign stream of {sbytes} bytes outside 5..{2 * c + 8}")
     return sbytes
+
+
+def rc_limit(dt: DType, c: int) -> int:
+    """The most bytes ctx-delta-rc's changes stream may take (§8.9): ctx-delta's raw signs and
+    magnitudes at their widest, plus the range coder's start."""
+    return (dt.itemsize + 1) * c + 8
+
+
+def rc_stream_length(dt: DType, signs: Sequence[int], c: int, m: int) -> int:
+    """Check ctx-delta-rc's last four params (SPEC.md §8.9, in its order); stream 2's decoded length."""
+    _check_sign_axis(signs, m, "ctx-delta-rc")
+    nbytes, top = signs[3], rc_limit(dt, c)
+    if not 5 <= nbytes <= top:
+        raise CorruptError(f"ctx-delta-rc changes stream of {nbytes} bytes outside 5..{top}")
+    return nbytes
+
+
+def _check_sign_axis(signs: Sequence[int], m: int, name: str) -> None:
+    """``axis``, ``P`` and ``phase`` (§8.8), in that order."""
+    axis, period, phase = signs[:3]
+    if axis > 2:
+        raise CorruptError(f"{name} sign axis {axis} above 2")
+    if axis == 0:
+        if period != 1 or phase != 0:
+            raise CorruptError(f"{name} with one sign context has P = {period}, phase = {phase} (not 1, 0)")
+    elif not 1 <= period <= m:
+        raise CorruptError(f"{name} sign period {period} outside 1..{m}")
+    elif phase >= period:
+        raise CorruptError(f"{name} sign phase {phase} not below the period {period}")
 
 
 def sign_axes(period: int | None, offset: int, m: int) -> list[tuple[int, int, int]]:
@@ -222,21 +260,47 @@ class Encoded:
     params: list[int]
     streams: list[bytes]
     adaptive_signs: bool = False   # a ctx-delta-as block (§8.8)
+    rc: bool = False               # a ctx-delta-rc block (§8.9)
+    other: Encoded | None = None   # the block as ctx-delta too, where its codec may make that the smaller
+
+
+def _varints(values: Sequence[int]) -> int:
+    return sum(len(L.varint_bytes(v)) for v in values)
 
 
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
            thresholds: Sequence[int] | None = None, max_classes: int = 4, dense: bool = False,
-           axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False) -> Encoded:
+           axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
+           rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
     ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
-    ``axes``: sign contexts (:func:`sign_axes`) to try: the block is ``ctx-delta-as`` (§8.8) where
-    the best of them codes the signs in fewer bytes than the raw bits and the extra params, or always
-    with ``force_signs``."""
+    ``rc_axes``: sign contexts to try for ``ctx-delta-rc`` (§8.9), tried first: the block is that
+    where its changes stream is smaller than ctx-delta's raw signs and magnitudes (with ``force_rc``,
+    wherever it stays within §8.9's bound); on a block of few changes, where a codec may still make
+    ctx-delta the smaller, with ctx-delta as ``other``. Otherwise ``axes``: sign contexts
+    (:func:`sign_axes`) to try: the block is ``ctx-delta-as`` (§8.8) where the best of them codes the
+    signs in fewer bytes than the raw bits and the extra params, or always with ``force_signs``."""
     if dense:
         thresholds = []
     elif thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
     backend.warn_first_compile(backend.ENCODE)
+    c = positions.size
+    if rc_axes and not dense:
+        both = not force_rc and c < _RC_ALONE
+        counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
+            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, False, rc_limit(dt, c), both)
+        if signs is not None:
+            i, coded = signs
+            rc_params = (*rc_axes[i], len(coded))
+            # ctx-delta's signs and magnitudes as they are before any codec, with its one more param
+            raw = (c + 7) // 8 + c * mw + 1
+            if force_rc or len(coded) + _varints(rc_params) < raw:
+                p = Params(list(thresholds), counts, rice, qbits, 0, signs=rc_params, rc=True)
+                other = None
+                if both:
+                    other = Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
+                return Encoded(p.pack(), [streams[0], streams[1], coded], rc=True, other=other)
     counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
         dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
@@ -246,7 +310,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
         i, coded = signs
         extra = [*axes[i], len(coded)]
         assert 5 <= len(coded) <= 2 * p.changed + 8, "the range coder wrote more than §8.8 allows"
-        if force_signs or len(coded) + sum(len(L.varint_bytes(v)) for v in extra) < len(streams[2]):
+        if force_signs or len(coded) + _varints(extra) < len(streams[2]):
             p.signs = (extra[0], extra[1], extra[2], extra[3])
             return Encoded(p.pack(), [streams[0], streams[1], coded, streams[3]], True)
     return Encoded(p.pack(), streams)
@@ -289,8 +353,9 @@ def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.
     if status != backend.OK:
         # Worded from the status, the same for every backend: re-running the numpy twin to find the
         # check again cost ~60 bytes of scratch per element (a 1 KB file made 1 GB, per worker).
-        name = "dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-as"
-        raise CorruptError(f"{name}{_FAILED[status].format(dt=dt.name, m=m)}")
+        name = ("dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-rc" if p.rc
+                else "ctx-delta-as")
+        raise CorruptError(f"{name}{(_FAILED_RC if p.rc else _FAILED)[status].format(dt=dt.name, m=m)}")
 
 
 # What each failed check of a backend's ctx_decode is (its status codes, in SPEC.md §8.6 order)
@@ -306,6 +371,12 @@ _FAILED = {
     backend.S_PAST: " sign stream: the signs read past the end of the stream",
     backend.S_LENGTH: " sign stream: bytes left after the last sign",
 }
+_FAILED_RC = {**_FAILED,   # ctx-delta-rc's stream 2 codes the magnitudes too (§8.9)
+              backend.S_FIRST: " changes stream: the range coder's first byte is not 0",
+              backend.S_CODE: " changes stream: the range coder's first code is 2^32 - 1",
+              backend.S_PAST: " changes stream: the changes read past the end of the stream",
+              backend.S_LENGTH: " changes stream: bytes left after the last change",
+              backend.M_LONG: " changes stream: a magnitude longer than the {dt} bit pattern"}
 
 
 def warm_up() -> None:
@@ -343,6 +414,7 @@ def warm_up() -> None:
 
 _ROLES = (StreamRole("quotients", "positions"), StreamRole("remainders", "positions"),
           StreamRole("signs", "steps"), StreamRole("magnitudes", "steps"))
+_RC_ROLES = (*_ROLES[:2], StreamRole("changes", "steps"))
 
 
 @register
@@ -384,26 +456,38 @@ class CtxDelta(Encoding):
     def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
         return _ROLES
 
-    def encode(self, block: Block, max_classes: int = 4, signs: str = "never") -> EncodedBlock | None:
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "never", rc: str = "never",
+               ) -> EncodedBlock | None:
         """None when nothing changed. ``signs``: ``"never"`` (this encoding), ``"auto"`` (ctx-delta-as
-        where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as)."""
+        where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as). ``rc``: likewise
+        for ctx-delta-rc (§8.9), tried first."""
         positions = block.positions
-        if positions.size == 0:
+        c = positions.size
+        if c == 0:
             return None
         assert block.base is not None, f"{self.name} needs a base: the registry never offers it a block without"
-        axes = (() if signs == "never" or (signs == "auto" and positions.size < _MIN_ADAPTIVE_SIGNS)
-                else sign_axes(block.period, block.offset, block.m))
+        if rc == "auto" and c < _MIN_RC_CHANGES:
+            rc = "never"
+        as_wanted = signs == "always" or (signs == "auto" and c >= _MIN_ADAPTIVE_SIGNS)
+        axes = sign_axes(block.period, block.offset, block.m) if as_wanted or rc != "never" else []
         enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged,
-                     axes=axes, force_signs=signs == "always")
-        return EncodedBlock(CtxDeltaAs.id if enc.adaptive_signs else self.id, enc.params, enc.streams, positions.size,
-                            dense=(0, 1, 2))
+                     axes=axes if as_wanted else (), force_signs=signs == "always",
+                     rc_axes=axes if rc != "never" else (), force_rc=rc == "always")
+        kind = CtxDeltaRc.id if enc.rc else CtxDeltaAs.id if enc.adaptive_signs else self.id
+        out = EncodedBlock(kind, enc.params, enc.streams, c, dense=(0, 1, 2))
+        if enc.other is None:
+            return out
+        block.made_for[CtxDeltaRc.id] = out   # tried beside ctx-delta's own: CtxDeltaRc.propose hands it on
+        return EncodedBlock(self.id, enc.other.params, enc.other.streams, c, dense=(0, 1, 2))
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
-        """ctx-delta, or ctx-delta-as where its signs come out smaller (one candidate: the two share
-        every other stream, so trying both would run the codec trials twice for a few bytes)."""
+        """ctx-delta-rc where its coded signs and magnitudes are smaller than ctx-delta's raw ones, else
+        ctx-delta, or ctx-delta-as where its signs come out smaller (one candidate: they share every
+        other stream, so trying each would run the codec trials again for a few bytes)."""
         effort = block.effort
         signs = "auto" if find(CtxDeltaAs.id) is not None else "never"   # (unregistered: bench.py --without)
-        return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4, signs)
+        rc = "auto" if find(CtxDeltaRc.id) is not None else "never"
+        return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4, signs, rc)
 
 
 @register
@@ -420,11 +504,50 @@ class CtxDeltaAs(CtxDelta):
     def param_count(self, head: Sequence[int]) -> int:
         return param_count(head) + (4 if head else 0)
 
-    def encode(self, block: Block, max_classes: int = 4, signs: str = "always") -> EncodedBlock | None:
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "always", rc: str = "never",
+               ) -> EncodedBlock | None:
         return super().encode(block, max_classes, signs)
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         return None
+
+
+@register
+class CtxDeltaRc(CtxDelta):
+    """``ctx-delta-rc`` (SPEC.md §8.9): ``ctx-delta`` whose signs and magnitudes are range-coded
+    together, change by change: signs in ctx-delta-as's position contexts, magnitudes as a bit length
+    and low bits in contexts of the base's exponent field. Why: the magnitude's size in ulps depends on
+    the exponent, which a byte codec of sorted magnitudes never sees (xz on pure-BF16 training was the
+    slowest part of encoding). ``ctx-delta`` proposes it (``rc="auto"``); forced, it codes every block
+    that stays within §8.9's bound."""
+
+    id = 8
+    name = "ctx-delta-rc"
+    trial_rank = 13
+
+    def unpack(self, params: Sequence[int]) -> Params:
+        return Params.unpack_rc(params)
+
+    def param_count(self, head: Sequence[int]) -> int:
+        return param_count(head) + (3 if head else 0)
+
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
+        return stream_lengths(dt, Params.unpack_rc(params), m)
+
+    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
+        return _RC_ROLES
+
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "never", rc: str = "always",
+               ) -> EncodedBlock | None:
+        out = super().encode(block, max_classes, "never", "always")
+        if out is not None and out.encoding != self.id:
+            raise InputError(f"ctx-delta-rc: this block's changes take more than {rc_limit(block.dt, out.changed)} "
+                             "bytes range-coded (SPEC.md §8.9)")
+        return out
+
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        """The candidate ctx-delta's pass made beside its own (a block of few changes), if any."""
+        return block.made_for.pop(self.id, None)
 
 
 @register
@@ -443,7 +566,8 @@ class DenseDelta(CtxDelta):
     def unpack(self, params: Sequence[int]) -> Params:
         return dense_unpack(params)
 
-    def encode(self, block: Block, max_classes: int = 4, signs: str = "never") -> EncodedBlock | None:
+    def encode(self, block: Block, max_classes: int = 4, signs: str = "never", rc: str = "never",
+               ) -> EncodedBlock | None:
         return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
