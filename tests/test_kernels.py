@@ -175,6 +175,82 @@ def test_corrupt_adaptive_signs_fail_alike(seed, flips, cut):
     assert outcome == "ok" or outcome.startswith("ctx-delta-as")
 
 
+def _wide_block(name, m, seed, lengths):
+    """A block whose steps have random bit lengths up to ``lengths`` (capped by the dtype's range), both
+    signs, over random exponents: every length and bit context of ctx-delta-rc (§8.9) in use."""
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    base = bits_of(random_values(rng, BY_NAME[name], (m,))).astype(dt.uint)
+    pos = np.unique(rng.integers(0, m, max(1, m // 3)))
+    bits = 8 * dt.itemsize
+    n = rng.integers(1, min(lengths, bits) + 1, pos.size)
+    d = (np.int64(1) << (n - 1)) + (rng.integers(0, 1 << 62, pos.size) & ((np.int64(1) << (n - 1)) - 1))
+    d = np.where(rng.random(pos.size) < 0.5, -d, d)
+    half = 1 << (bits - 1)
+    o = ctx.ordered(dt, base[pos]) + d
+    keep = (o >= -half) & (o < half)
+    target = base.copy()
+    target[pos[keep]] = ctx.unordered(dt, o[keep])
+    return dt, base, target, np.flatnonzero(base != target)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1),
+       lengths=st.integers(1, 32), period=st.integers(1, 64), offset=st.integers(0, 10**6), k=st.integers(1, 4))
+def test_range_coded_changes_match_the_numpy_twins(name, m, seed, lengths, period, offset, k):
+    """ctx-delta-rc (SPEC.md §8.9): the same sign axis chosen, the same changes stream, the same elements
+    back, for every dtype, bit length (up to the dtype's), sign context and class count."""
+    dt, base, target, pos = _wide_block(name, m, seed, lengths)
+    if not pos.size:
+        return
+    top = (1 << dt.exp_bits) - 1
+    thresholds = sorted({max(1, top * j // k) for j in range(1, k)})
+    axes = ctx.sign_axes(period, offset, m)
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, thresholds=thresholds, rc_axes=axes,
+                                              force_rc=True))
+    assert a.rc and b.rc
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    p = ctx.Params.unpack_rc(a.params)
+    assert p.signs is not None and len(a.streams[2]) == p.signs[3] <= ctx.rc_limit(dt, pos.size)
+    _rebuilt_alike(dt, p, a.streams, base, target)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), flips=st.integers(1, 3), cut=st.integers(-2, 2),
+       name=st.sampled_from(CTX_NAMES))
+def test_corrupt_range_coded_changes_fail_alike(seed, flips, cut, name):
+    """A flipped bit in ctx-delta-rc's changes stream, or bytes cut off or added (``nbytes`` following):
+    the same outcome and message both ways (a bit length past the dtype's bits included); in place, a
+    rejected block leaves the array untouched."""
+    dt, base, target, pos = _wide_block(name, 3000, seed, 12)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[1], rc_axes=[(1, 50, seed % 50)], force_rc=True)
+    p = ctx.Params.unpack_rc(enc.params)
+    rng = np.random.default_rng(seed)
+    coded = bytearray(enc.streams[2])
+    for _ in range(flips):
+        bit = int(rng.integers(0, 8 * len(coded)))
+        coded[bit >> 3] ^= 1 << (bit & 7)
+    coded = coded[:len(coded) + cut] if cut < 0 else coded + bytes(cut)
+    assert p.signs is not None
+    p.signs = (*p.signs[:3], len(coded))
+    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], bytes(coded)], base)
+    assert outcome == "ok" or outcome.startswith("ctx-delta-rc")
+
+
+def test_a_bit_length_past_the_dtype_fails_alike():
+    """SPEC.md §8.9 step 2: sixteen 0 bits in a BF16 change's length contexts are corrupt, by the
+    kernels and by the twins, before the magnitude's bits are read."""
+    dt, base, target, pos = _wide_block("BF16", 500, 3, 4)
+    d = ctx.ordered(dt, target[pos]) - ctx.ordered(dt, base[pos])
+    d[0] = 1 << 16
+    coded = twins._rc_encode(d, ctx.exponent_field(dt, base[pos]), pos, base.size, 0, 1, 0, 1 << dt.exp_bits)
+    enc = ctx.encode(dt, base, target, pos, rc_axes=[(0, 1, 0)], force_rc=True)
+    p = ctx.Params.unpack_rc(enc.params)
+    p.signs = (0, 1, 0, len(coded))
+    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], coded], base)
+    assert "longer than" in outcome
+
+
 @settings(max_examples=100, deadline=None)
 @given(m=st.integers(1, 5000), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1))
 def test_select_matches_numpy(m, density, seed):
