@@ -1359,7 +1359,7 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
                         if w < out.size:
                             out[w] = np.uint8((temp + carry) & 0xFF)
                         w += 1
-                        temp = 0xFF
+                        temp = np.int64(0xFF)
                         pending -= 1
                     cache = (low >> 24) & 0xFF
                 pending += 1

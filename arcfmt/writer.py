@@ -132,13 +132,14 @@ def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
-def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0)):
+def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0), readers=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total.
-    ``where``: the tensor's last dimension (None for a vector) and the block's first flat element."""
+    ``where``: the tensor's last dimension (None for a vector) and the block's first flat element;
+    ``readers``: the oldest format version that must read the file (None: this one)."""
     if force_encoding is not None:
         cands = [encodings.encode_forced(dt, base, target, force_encoding, *where)]
     else:
-        cands = encodings.candidates(dt, base, target, effort, *where)
+        cands = encodings.candidates(dt, base, target, effort, where[0], where[1], readers)
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
@@ -216,9 +217,10 @@ class DeltaWriter:
         ``force_encoding`` / ``force_codec`` (names from SPEC.md §8/§9) pin every changed block to one
         encoding and every stream to one codec: for tests and conformance vectors, not for size.
         ``compact_index=False`` writes the index with its offset and checksum columns, as before 1.5
-        (SPEC.md §10), and no inline blocks: a file readers of 1.4 read. ``inline_blocks=False`` (with
-        a compact index) writes a one-block tensor's block as a BLCK record, as before 1.6 (§7): for
-        vectors and for readers of 1.5."""
+        (SPEC.md §10), no inline blocks and no encoding added after 1.4: a file readers of 1.4 read.
+        ``inline_blocks=False`` (with a compact index) writes a one-block tensor's block as a BLCK
+        record, as before 1.6 (§7), and no encoding added after 1.5: for vectors and for readers of
+        1.5. (``force_encoding`` is obeyed either way.)"""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
                                      or not 0 <= step < L.NO_STEP):
@@ -249,6 +251,7 @@ class DeltaWriter:
         self.size: int | None = None  # the file's, once closed
         self._flags = records.header_flags(compact_index, inline_blocks)
         self._inline = bool(self._flags & L.INLINE_BLOCKS)
+        self._readers = (1, 4) if not compact_index else (1, 5) if not inline_blocks else None
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
         self._write(records.build_header(self._flags))
         self._meta = records.Meta(base_step, target_step, prefixed_names=True)
@@ -338,7 +341,7 @@ class DeltaWriter:
                 bb = None if b is None else b[s:e]
                 slot: list[_Coded] = []
                 jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
-                             self._force_codec, (th.shape[-1] if len(th.shape) >= 2 else None, s)))
+                             self._force_codec, (th.shape[-1] if len(th.shape) >= 2 else None, s), self._readers))
                 sizes.append(e - s)
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
                 held[0] += (e - s) * th.dtype.itemsize * (1 if bb is None else 2)

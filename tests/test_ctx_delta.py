@@ -136,9 +136,10 @@ def test_special_values_and_zero_crossings():
 
 
 def test_writer_prefers_ctx_delta_on_rl_like_data():
-    """Few changes of random size: ctx-delta, or ctx-delta-rc where that is the smaller (both are
-    tried); a 1.6 writer (no ctx-delta-rc) writes ctx-delta, never a smaller file."""
-    base, target = make_pair(3, "BF16", [(200_000,)], 0.01)
+    """Few changes (200) of random size: ctx-delta, or ctx-delta-rc where that is the smaller (on blocks
+    of fewer than 256 changes both are tried); a 1.6 writer (no ctx-delta-rc) writes ctx-delta, never
+    a smaller file."""
+    base, target = make_pair(3, "BF16", [(200_000,)], 0.001)
     d = arcfmt.encode(base, target)
     blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
     assert {b["encoding"] for b in blocks} <= {"ctx-delta", "ctx-delta-rc"}
@@ -547,3 +548,25 @@ def test_a_decoder_without_ctx_delta_as_refuses_it_as_unsupported():
         blocks = arcfmt.DeltaReader(plain).describe()["tensors"][0]["blocks"]
         assert {b["encoding"] for b in blocks} == {"ctx-delta"}
     assert_bit_exact(arcfmt.decode(base, d), target)
+
+
+@pytest.mark.parametrize("kw", [{"compact_index": False}, {"inline_blocks": False}])
+def test_files_for_older_readers_never_use_ctx_delta_rc(kw):
+    """SPEC.md §16: a file written for 1.4 readers (``compact_index=False``, ``--full-index``) or 1.5
+    readers (``inline_blocks=False``) uses no encoding added after them: ctx-delta-rc (1.7) is not tried,
+    so such readers decode it; ``force_encoding`` is obeyed still."""
+    base, target = _ulp_scaled_pair(6, 1 << 17)
+    assert {b["encoding"] for b in arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0][
+        "blocks"]} == {"ctx-delta-rc"}
+    buf = io.BytesIO()
+    with arcfmt.DeltaWriter(buf, **kw) as w:
+        w.write_tensors((n, base[n], t) for n, t in target.items())
+    blocks = arcfmt.DeltaReader(buf.getvalue()).describe()["tensors"][0]["blocks"]
+    assert {b["encoding"] for b in blocks} <= {"ctx-delta", "ctx-delta-as"}
+    with _without("ctx-delta-rc"):   # a 1.6 decoder
+        assert_bit_exact(arcfmt.decode(base, buf.getvalue()), target)
+    forced = io.BytesIO()
+    with arcfmt.DeltaWriter(forced, force_encoding="ctx-delta-rc", **kw) as w:
+        w.write_tensors((n, base[n], t) for n, t in target.items())
+    assert {b["encoding"] for b in arcfmt.DeltaReader(forced.getvalue()).describe()["tensors"][0]["blocks"]} == {
+        "ctx-delta-rc"}

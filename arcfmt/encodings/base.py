@@ -55,8 +55,11 @@ class Block:
     """
 
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
-                 effort: str | Trials = "default", period: int | None = None, offset: int = 0) -> None:
+                 effort: str | Trials = "default", period: int | None = None, offset: int = 0,
+                 readers: tuple[int, int] | None = None) -> None:
         self.dt, self.base, self.target, self.effort = dt, base, target, effort
+        # the oldest format version that must read the file (None: this one): newer encodings are not tried
+        self.readers = readers
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
         # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
         self.period, self.offset = period, offset
@@ -73,6 +76,11 @@ class Block:
     @property
     def m(self) -> int:
         return self.target.size
+
+    def may_use(self, enc: type[Encoding] | Encoding) -> bool:
+        """Whether the writer may try ``enc`` here: registered, and known to the file's readers."""
+        from .registry import find
+        return find(enc.id) is not None and (self.readers is None or enc.since <= self.readers)
 
 
 class Encoding(ABC):
@@ -94,6 +102,7 @@ class Encoding(ABC):
     dtypes: ClassVar[frozenset[str] | None] = None  # dtype names it is defined for; None: all
     param_names: ClassVar[tuple[str, ...]] = ()  # its fixed params, in order (their number is the param count)
     trial_rank: ClassVar[int] = 100  # encoder: order in which candidates are tried (ties go to the first)
+    since: ClassVar[tuple[int, int]] = (1, 0)  # the format version that added it (SPEC.md §16)
 
     # -- reading
 

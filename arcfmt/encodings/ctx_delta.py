@@ -25,7 +25,7 @@ from .. import layout as L
 from ..dtypes import DType
 from ..errors import CorruptError, InputError
 from .base import Block, EncodedBlock, Encoding, StreamRole
-from .registry import find, register
+from .registry import register
 
 if TYPE_CHECKING:
     from ..layout import BytesLike
@@ -40,7 +40,7 @@ _MIN_CHANGES_FOR_CLASSES = 64
 _CHUNK = 1 << 16
 _MIN_ADAPTIVE_SIGNS = 512   # fewer changes: at most a few bytes to gain, against 4 more params
 _MIN_RC_CHANGES = 16        # fewer: the range coder's 5-byte start outweighs what it saves
-_RC_ALONE = 8192            # fewer: ctx-delta-rc's contexts are still learning, ctx-delta is tried beside it
+_RC_ALONE = 256   # fewer: ctx-delta-rc's contexts are still learning, ctx-delta is tried beside it
 _MIN_SIGNS_FOR_ROWS = 64
 SIGN_SAMPLE = 1 << 14    # the signs each axis is sized on (the first, in class order): the choice, not the coding
 SIGN_PROMISING = 0.97    # ...and coded only where the best estimate is below this many bits a sign
@@ -421,6 +421,7 @@ _RC_ROLES = (*_ROLES[:2], StreamRole("changes", "steps"))
 class CtxDelta(Encoding):
     id = 5
     name = "ctx-delta"
+    since = (1, 1)
     dtypes = DTYPES
     codes_unchanged = False   # the Rice codes list the changes (dense-delta: the unchanged elements)
     trial_rank = 10  # nearly always the smallest where it is defined
@@ -485,8 +486,8 @@ class CtxDelta(Encoding):
         ctx-delta, or ctx-delta-as where its signs come out smaller (one candidate: they share every
         other stream, so trying each would run the codec trials again for a few bytes)."""
         effort = block.effort
-        signs = "auto" if find(CtxDeltaAs.id) is not None else "never"   # (unregistered: bench.py --without)
-        rc = "auto" if find(CtxDeltaRc.id) is not None else "never"
+        signs = "auto" if block.may_use(CtxDeltaAs) else "never"   # (unregistered: bench.py --without)
+        rc = "auto" if block.may_use(CtxDeltaRc) else "never"   # (or a file for readers of 1.6 or older)
         return self.encode(block, CLASS_LIMITS.get(effort, 4) if isinstance(effort, str) else 4, signs, rc)
 
 
@@ -499,6 +500,7 @@ class CtxDeltaAs(CtxDelta):
 
     id = 7
     name = "ctx-delta-as"
+    since = (1, 4)
     trial_rank = 12
 
     def param_count(self, head: Sequence[int]) -> int:
@@ -523,6 +525,7 @@ class CtxDeltaRc(CtxDelta):
 
     id = 8
     name = "ctx-delta-rc"
+    since = (1, 7)
     trial_rank = 13
 
     def unpack(self, params: Sequence[int]) -> Params:
@@ -559,6 +562,7 @@ class DenseDelta(CtxDelta):
 
     id = 6
     name = "dense-delta"
+    since = (1, 2)
     param_names = ("c", "r", "qbits", "mw")
     trial_rank = 11  # right after ctx-delta, on the same blocks
     codes_unchanged = True

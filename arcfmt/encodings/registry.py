@@ -116,18 +116,22 @@ NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e:
 # ------------------------------------------------------------------------------------ writing
 
 def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
-               effort: str | Trials = "default", period: int | None = None, offset: int = 0) -> list[EncodedBlock]:
+               effort: str | Trials = "default", period: int | None = None, offset: int = 0,
+               readers: tuple[int, int] | None = None) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
-    no streams ends the trials: nothing is smaller."""
+    no streams ends the trials: nothing is smaller. ``readers``: the oldest format version that must
+    read the file; encodings added after it are not tried."""
     every, cache = _trials
     key = (dt.code, base is not None)
     trials = cache.get(key)
     if trials is None:
         trials = cache[key] = tuple(e for e in every if (base is not None or not e.needs_base) and e.defined_for(dt))
-    block = Block(dt, base, target, effort, period, offset)
+    block = Block(dt, base, target, effort, period, offset, readers)
     out: list[EncodedBlock] = []
     for enc in trials:
+        if readers is not None and enc.since > readers:
+            continue
         cand = enc.propose(block, out)
         if cand is not None:
             out.append(cand)
