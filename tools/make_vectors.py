@@ -2279,6 +2279,27 @@ def ctxas_custom(base, target, axis, period=1, phase=None, thresholds=(), codec=
     return ctx_custom(base, target, thresholds, codec, block_elems, signs=(axis, period, phase))
 
 
+def _sign_axis_vectors(y, prefix, custom, seed, unit):
+    """The sign contexts of §8.8, as ctx-delta-as and ctx-delta-rc share them: one for the block, rows,
+    columns, classes, blocks and their phases, P and phase chosen freely, P = m. ``custom(b, t, axis, P,
+    ...)`` writes the file; ``unit``: what is coded in class order."""
+    b, t = ctxas_case(seed, BF16, (40, 75), by="rows")
+    y(f"{prefix}_axis0", "one sign context for the block", b, t, data=custom(b, t, 0))
+    y(f"{prefix}_rows", "a context per row (P = 75)", b, t, data=custom(b, t, 1, 75))
+    y(f"{prefix}_rows_classes", f"a context per row, {unit} coded in class order across three classes", b, t,
+      data=custom(b, t, 1, 75, thresholds=[112, 116, 119]))
+    y(f"{prefix}_rows_blocks_phase", "rows in blocks of 700 elements: each block's phase is its offset mod P, "
+      "streams zstd-coded", b, t, data=custom(b, t, 1, 75, block_elems=700, codec="zstd"))
+    y(f"{prefix}_rows_any_phase", "P and phase the writer's choice, not the tensor's (P = 7, phase 6)", b, t,
+      data=custom(b, t, 1, 7, phase=6))
+    b, t = ctxas_case(seed + 1, BF16, (40, 75), by="columns")
+    y(f"{prefix}_columns", "a context per column (P = 75)", b, t, data=custom(b, t, 2, 75))
+    y(f"{prefix}_columns_blocks_phase", "columns in blocks of 1000 elements (phases 0, 25, 50, …)", b, t,
+      data=custom(b, t, 2, 75, block_elems=1000))
+    y(f"{prefix}_period_is_block", "P = m: every element its own context (columns), phase m - 1", b, t,
+      data=custom(b, t, 2, 3000, phase=2999))
+
+
 def ctxas_valid_vectors():
     V = []
 
@@ -2291,21 +2312,7 @@ def ctxas_valid_vectors():
         b, t = ctxas_case(100 + i, dt)
         y(f"y_ctxas_{nm}", f"ctx-delta-as on {nm.upper()}: the reference encoder's axis, several classes, specials",
           b, t, effort="max")
-    b, t = ctxas_case(110, BF16, (40, 75), by="rows")
-    y("y_ctxas_axis0", "one sign context for the block", b, t, data=ctxas_custom(b, t, 0))
-    y("y_ctxas_rows", "a context per row (P = 75)", b, t, data=ctxas_custom(b, t, 1, 75))
-    y("y_ctxas_rows_classes", "a context per row, signs coded in class order across three classes", b, t,
-      data=ctxas_custom(b, t, 1, 75, thresholds=[112, 116, 119]))
-    y("y_ctxas_rows_blocks_phase", "rows in blocks of 700 elements: each block's phase is its offset mod P, "
-      "streams zstd-coded", b, t, data=ctxas_custom(b, t, 1, 75, block_elems=700, codec="zstd"))
-    y("y_ctxas_rows_any_phase", "P and phase the writer's choice, not the tensor's (P = 7, phase 6)", b, t,
-      data=ctxas_custom(b, t, 1, 7, phase=6))
-    b, t = ctxas_case(111, BF16, (40, 75), by="columns")
-    y("y_ctxas_columns", "a context per column (P = 75)", b, t, data=ctxas_custom(b, t, 2, 75))
-    y("y_ctxas_columns_blocks_phase", "columns in blocks of 1000 elements (phases 0, 25, 50, …)", b, t,
-      data=ctxas_custom(b, t, 2, 75, block_elems=1000))
-    y("y_ctxas_period_is_block", "P = m: every element its own context (columns), phase m - 1", b, t,
-      data=ctxas_custom(b, t, 2, 3000, phase=2999))
+    _sign_axis_vectors(y, "y_ctxas", ctxas_custom, 110, "signs")
     r = rng(112)
     sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
     su = sb.view(np.uint16).copy().astype(np.int64)
@@ -2332,6 +2339,60 @@ def _all_ones_bytes(c: int) -> int:
     return pos
 
 
+def _last_param(i, v):
+    """An edit of one of a block's last four params (``axis, P, phase`` and the coded stream's length:
+    ctx-delta-as's and ctx-delta-rc's), ``v`` a value or a function of the params."""
+    def edit(streams, params):
+        params[len(params) - 4 + i] = v(params) if callable(v) else v
+    return edit
+
+
+def _coded_bytes(fn):
+    """An edit of stream 2 (range-coded), its length param following it."""
+    def edit(streams, params):
+        streams[2][1] = fn(bytearray(streams[2][1]))
+        params[-1] = len(streams[2][1])
+    return edit
+
+
+def _then_codec(fn):
+    """``fn``, and every stream of the unknown codec 9: the params' checks come first."""
+    def edit(streams, params):
+        fn(streams, params)
+        for st in streams:
+            st[0] = 9
+    return edit
+
+
+def _sign_axis_rejects(n, prefix, length, top, m, one, one_row, code_max_bytes, unit):
+    """The checks ctx-delta-as and ctx-delta-rc share (§8.8's sign params, the range coder's start and
+    length): ``length`` names the stream-length param, ``top`` its bound, ``code_max_bytes`` the bytes a
+    decoder that skips the first code's check reads; ``one`` and ``one_row`` files with one sign context."""
+    n(f"{prefix}_axis_too_big", "axis = 3", _last_param(0, 3))
+    n(f"{prefix}_one_period", "axis 0 with P = 2", _last_param(1, 2), src=one)
+    n(f"{prefix}_one_phase", "axis 0 with phase = 1", _last_param(2, 1), src=one)
+    n(f"{prefix}_period_zero", "rows with P = 0", _last_param(1, 0))
+    n(f"{prefix}_period_beyond_block", "rows with P = m + 1, the block coded with P = m (one row): a decoder "
+      f"that does not check P reads the same {unit}", _last_param(1, m + 1), src=one_row)
+    n(f"{prefix}_phase_not_below", "phase = P", _last_param(2, lambda p: p[-3]))
+    n(f"{prefix}_{length[0]}_small", f"{length[0]} = 4, the stream cut to 4 bytes",
+      _coded_bytes(lambda d: bytes(d[:4])))
+    n(f"{prefix}_{length[0]}_big", f"{length[0]} = {length[1]}, the stream padded to it",
+      _coded_bytes(lambda d: bytes(d) + bytes(top + 1 - len(d))))
+    n(f"{prefix}_first_byte", "the range coder's first byte is 1", _coded_bytes(lambda d: bytes([1]) + bytes(d[1:])))
+    n(f"{prefix}_code_max", "the first code is 2^32 - 1, the stream as long as a decoder that reads on takes "
+      f"(code >= range: every {'sign' if unit == 'signs' else 'bit'} 1)",
+      _coded_bytes(lambda d: b"\x00" + b"\xff" * 4 + bytes(code_max_bytes - 5)), src=one)
+    n(f"{prefix}_past_end", f"the stream's last byte cut ({length[0]} too): the last {unit} read past the end",
+      _coded_bytes(lambda d: bytes(d[:-1])))
+    n(f"{prefix}_bytes_left", f"one byte more after the last {unit[:-1]}'s bytes ({length[0]} too)",
+      _coded_bytes(lambda d: bytes(d) + b"\x00"))
+    n(f"{prefix}_axis_then_codec", "axis = 3, and every stream of codec 9: the params come first",
+      _then_codec(_last_param(0, 3)))
+    n(f"{prefix}_{length[0]}_then_codec", f"{length[0]} = 4, and every stream of codec 9: the params come first",
+      _then_codec(_last_param(3, 4)))
+
+
 def ctxas_reject_vectors():
     V = []
     from arcfmt.encodings import ctx_delta as ctx
@@ -2345,54 +2406,15 @@ def ctxas_reject_vectors():
     def n(name, desc, fn, error="corrupt", src=None):
         V.append(Vector(name, desc, ["8.8"], base, _restream(fn, src or rows), error=error))
 
-    def setp(i, v):   # the sign params: axis, P, phase, sbytes are the last four
-        def edit(streams, params):
-            params[len(params) - 4 + i] = v(params) if callable(v) else v
-        return edit
-
-    def sign_bytes(fn):   # stream 2 edited, sbytes kept equal to its length
-        def edit(streams, params):
-            streams[2][1] = fn(bytearray(streams[2][1]))
-            params[-1] = len(streams[2][1])
-        return edit
-
     c = sum(ctx.Params.unpack(records.parse_block(next(r for r in split(rows).recs if r.type == L.BLCK).payload,
                                                   records.parse_tensor(split(rows).recs[1].payload, ""), 0, 0,
                                                   "").params).counts)
-    n("n_ctxas_axis_too_big", "axis = 3", setp(0, 3))
-    n("n_ctxas_one_period", "axis 0 with P = 2", setp(1, 2), src=one)
-    n("n_ctxas_one_phase", "axis 0 with phase = 1", setp(2, 1), src=one)
-    n("n_ctxas_period_zero", "rows with P = 0", setp(1, 0))
-    n("n_ctxas_period_beyond_block", "rows with P = m + 1, the block coded with P = m (one row): a decoder "
-      "that does not check P reads the same signs", setp(1, m + 1), src=one_row)
-    n("n_ctxas_phase_not_below", "phase = P", setp(2, lambda p: p[-3]))
-    n("n_ctxas_sbytes_small", "sbytes = 4, the stream cut to 4 bytes", sign_bytes(lambda d: bytes(d[:4])))
-    n("n_ctxas_sbytes_big", "sbytes = 2c + 9, the stream padded to it",
-      sign_bytes(lambda d: bytes(d) + bytes(2 * c + 9 - len(d))))
-    n("n_ctxas_first_byte", "the range coder's first byte is 1", sign_bytes(lambda d: bytes([1]) + bytes(d[1:])))
-    n("n_ctxas_code_max", "the first code is 2^32 - 1, the stream as long as a decoder that reads on takes "
-      "(code >= range: every sign 1)", sign_bytes(lambda d: b"\x00" + b"\xff" * 4 + bytes(_all_ones_bytes(c) - 5)),
-      src=one)
-    n("n_ctxas_past_end", "the stream's last byte cut (sbytes too): the last signs read past the end",
-      sign_bytes(lambda d: bytes(d[:-1])))
-    n("n_ctxas_bytes_left", "one byte more after the last sign's bytes (sbytes too)",
-      sign_bytes(lambda d: bytes(d) + b"\x00"))
+    _sign_axis_rejects(n, "n_ctxas", ("sbytes", "2c + 9"), 2 * c + 8, m, one, one_row, _all_ones_bytes(c), "signs")
 
     def step_out(streams, params):
         k = params[0]
         _magnitude_out(streams, params, 3 * k + 1, sum(params[k:2 * k]))
     n("n_ctxas_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
-
-    def then_codec(fn):
-        def edit(streams, params):
-            fn(streams, params)
-            for st in streams:
-                st[0] = 9
-        return edit
-    n("n_ctxas_axis_then_codec", "axis = 3, and every stream of codec 9: the params come first",
-      then_codec(setp(0, 3)))
-    n("n_ctxas_sbytes_then_codec", "sbytes = 4, and every stream of codec 9: the params come first",
-      then_codec(setp(3, 4)))
 
     # a stream that decodes, to the right length, but to one sign different: the target hash refuses it
     from arcfmt.dtypes import from_numpy
@@ -2457,19 +2479,7 @@ def ctxrc_valid_vectors():
         b, t = ctxas_case(140 + i, dt)
         y(f"y_ctxrc_{nm}", f"ctx-delta-rc on {nm.upper()}: the reference encoder's axis, several classes, specials "
           "(steps of every bit length up to the dtype's bits)", b, t, effort="max")
-    b, t = ctxas_case(150, BF16, (40, 75), by="rows")
-    y("y_ctxrc_axis0", "one sign context for the block", b, t, data=ctxrc_custom(b, t, 0))
-    y("y_ctxrc_rows", "a sign context per row (P = 75)", b, t, data=ctxrc_custom(b, t, 1, 75))
-    y("y_ctxrc_rows_classes", "a sign context per row, changes coded in class order across three classes", b, t,
-      data=ctxrc_custom(b, t, 1, 75, thresholds=[112, 116, 119]))
-    y("y_ctxrc_rows_blocks_phase", "rows in blocks of 700 elements: each block's phase is its offset mod P, "
-      "streams zstd-coded", b, t, data=ctxrc_custom(b, t, 1, 75, block_elems=700, codec="zstd"))
-    y("y_ctxrc_any_phase", "P and phase the writer's choice (P = 7, phase 6)", b, t,
-      data=ctxrc_custom(b, t, 1, 7, phase=6))
-    b, t = ctxas_case(151, BF16, (40, 75), by="columns")
-    y("y_ctxrc_columns", "a sign context per column (P = 75)", b, t, data=ctxrc_custom(b, t, 2, 75))
-    y("y_ctxrc_period_is_block", "P = m: every element its own sign context (columns), phase m - 1", b, t,
-      data=ctxrc_custom(b, t, 2, 3000, phase=2999))
+    _sign_axis_vectors(y, "y_ctxrc", ctxrc_custom, 150, "changes")
     # many changes in few contexts: counts halved many times, the coder carries
     r = rng(152)
     sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
@@ -2561,38 +2571,9 @@ def ctxrc_reject_vectors():
     def n(name, desc, fn, error="corrupt", src=None, vb=None):
         V.append(Vector(name, desc, ["8.9"], vb or base, _restream(fn, src or rows), error=error))
 
-    def setp(i, v):   # the last four params: axis, P, phase, nbytes
-        def edit(streams, params):
-            params[len(params) - 4 + i] = v(params) if callable(v) else v
-        return edit
-
-    def changes_bytes(fn):   # stream 2 edited, nbytes kept equal to its length
-        def edit(streams, params):
-            streams[2][1] = fn(bytearray(streams[2][1]))
-            params[-1] = len(streams[2][1])
-        return edit
-
     c = int((b.view(np.uint16) != t.view(np.uint16)).sum())
-    top = ctx.rc_limit(adt, c)
-    n("n_ctxrc_axis_too_big", "axis = 3", setp(0, 3))
-    n("n_ctxrc_one_period", "axis 0 with P = 2", setp(1, 2), src=one)
-    n("n_ctxrc_one_phase", "axis 0 with phase = 1", setp(2, 1), src=one)
-    n("n_ctxrc_period_zero", "rows with P = 0", setp(1, 0))
-    n("n_ctxrc_period_beyond_block", "rows with P = m + 1, the block coded with P = m (one row): a decoder "
-      "that does not check P reads the same changes", setp(1, m + 1), src=one_row)
-    n("n_ctxrc_phase_not_below", "phase = P", setp(2, lambda p: p[-3]))
-    n("n_ctxrc_nbytes_small", "nbytes = 4, the stream cut to 4 bytes", changes_bytes(lambda d: bytes(d[:4])))
-    n("n_ctxrc_nbytes_big", "nbytes = (W + 1) c + 9, the stream padded to it",
-      changes_bytes(lambda d: bytes(d) + bytes(top + 1 - len(d))))
-    n("n_ctxrc_first_byte", "the range coder's first byte is 1",
-      changes_bytes(lambda d: bytes([1]) + bytes(d[1:])))
-    n("n_ctxrc_code_max", "the first code is 2^32 - 1, the stream as long as a decoder that reads on takes "
-      "(code >= range: every bit 1, every step -1)",
-      changes_bytes(lambda d: b"\x00" + b"\xff" * 4 + bytes(_all_ones_rc_bytes(adt, b, t) - 5)), src=one)
-    n("n_ctxrc_past_end", "the stream's last byte cut (nbytes too): the last change reads past the end",
-      changes_bytes(lambda d: bytes(d[:-1])))
-    n("n_ctxrc_bytes_left", "one byte more after the last change's bytes (nbytes too)",
-      changes_bytes(lambda d: bytes(d) + b"\x00"))
+    _sign_axis_rejects(n, "n_ctxrc", ("nbytes", "(W + 1) c + 9"), ctx.rc_limit(adt, c), m, one, one_row,
+                       _all_ones_rc_bytes(adt, b, t), "changes")
     n("n_ctxrc_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
       lambda streams, params: params.__setitem__(3 * params[0], c - 1))
 
@@ -2610,17 +2591,6 @@ def ctxrc_reject_vectors():
     n("n_ctxrc_verification", "a well-formed ctx-delta-rc block that rebuilds a different tensor (one step's "
       "magnitude one larger)", _rc_recode(b, t, first_step(lambda x: x + (1 if x > 0 else -1))),
       error="verification")
-
-    def then_codec(fn):
-        def edit(streams, params):
-            fn(streams, params)
-            for st in streams:
-                st[0] = 9
-        return edit
-    n("n_ctxrc_axis_then_codec", "axis = 3, and every stream of codec 9: the params come first",
-      then_codec(setp(0, 3)))
-    n("n_ctxrc_nbytes_then_codec", "nbytes = 4, and every stream of codec 9: the params come first",
-      then_codec(setp(3, 4)))
 
     f64 = np.arange(16, dtype=np.float64)
     f64t = f64.copy()
