@@ -1164,6 +1164,8 @@ def _sign_p0(counts, x, p0tab):
 
 @_jit
 def _sign_update(counts, x, s):
+    """After a bit ``s`` in context ``x``: its count grows, both are halved at 256. Counts are uint16
+    (a context per element, rows of one element, is 4 bytes an element: an int32 pair took 8)."""
     counts[2 * x + s] += 1
     if counts[2 * x] + counts[2 * x + 1] == 256:
         counts[2 * x] = (counts[2 * x] + 1) >> 1
@@ -1175,9 +1177,9 @@ def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab):
     """Estimated bits of the signs (class order, bit ``j`` of ``sbuf``) in one context, per row and
     (``n_axes`` 3) per column of ``period``, in one pass (one division a sign gives row and column):
     ``cost[s, p0]`` is ``-log2`` of the model's probability of ``s``."""
-    one = np.zeros(2, np.int32)
-    rows = np.zeros(2 * _sign_contexts(m, 1, period, phase), np.int32)
-    cols = np.zeros(2 * period if n_axes > 2 else 2, np.int32)
+    one = np.zeros(2, np.uint16)
+    rows = np.zeros(2 * _sign_contexts(m, 1, period, phase), np.uint16)
+    cols = np.zeros(2 * period if n_axes > 2 else 2, np.uint16)
     est = np.zeros(n_axes)
     for j in range(cpos.size):
         q = cpos[j] + phase
@@ -1199,7 +1201,7 @@ def _sign_encode(sbuf, cpos, m, axis, period, phase, p0tab):
     """The range coder of §8.8 (LZMA's) over the signs: the stream's bytes."""
     c = cpos.size
     out = np.empty(2 * c + 8, np.uint8)   # the most §8.8 allows; the model never spends 9.01 bits on a sign
-    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
+    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
     low, cache, pending, w = np.int64(0), np.int64(0), np.int64(1), np.int64(0)   # low: 33 bits
     rng = np.int64(0xFFFFFFFF)
     for j in range(c):
@@ -1253,7 +1255,7 @@ def _sign_decode(sbuf, pos, m, axis, period, phase, bits, p0tab):
     code = np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])
     rng = np.int64(0xFFFFFFFF)
     r = 5
-    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
+    counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
     for t in range(pos.size):
         x = _sign_context(pos[t], axis, period, phase)
         bound = (rng >> 12) * _sign_p0(counts, x, p0tab)
@@ -1293,7 +1295,7 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
     width = RC_LENGTHS * (emask + 1)
     fixed = 2 * width             # a context of p0 = 2048 that is never updated: the bits of one half
     first_sign = fixed + 1        # the sign contexts follow
-    counts = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.int32)
+    counts = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.uint16)
     chunk = 1024
     bits = np.empty(chunk * (2 * nbits + 2), np.int64)   # (context << 1) | bit; at most 2 B + 1 bits a change
     low, rng, cache, pending, w = np.int64(0), np.int64(0xFFFFFFFF), np.int64(0), np.int64(1), np.int64(0)
@@ -1380,9 +1382,9 @@ def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbi
     code = np.int64(buf[1]) << 24 | np.int64(buf[2]) << 16 | np.int64(buf[3]) << 8 | np.int64(buf[4])
     rng = np.int64(0xFFFFFFFF)
     r = 5
-    scounts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.int32)
-    ucounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.int32)
-    vcounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.int32)
+    scounts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
+    ucounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)
+    vcounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)
     for t in range(pos.size):
         b = bv[t]
         sx = _sign_context(pos[t], axis, period, phase)

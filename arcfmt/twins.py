@@ -7,6 +7,8 @@ of the first failed check, as the kernels do, so that one table words it for bot
 """
 from __future__ import annotations
 
+import array
+
 import numpy as np
 
 from .backend import (
@@ -245,7 +247,7 @@ def _context(p: int, axis: int, period: int, phase: int) -> int:
 def _count_model(n: int):
     """``(p0, update)`` over ``n`` fresh contexts of §8.8: the probability (of 4096) of a 0 bit in a
     context, and the count update after a bit (halved at 256)."""
-    counts = [0] * (2 * n)
+    counts = array.array("H", bytes(4 * n))   # two uint16 a context: a list took 16 bytes
 
     def p0(x: int) -> int:
         n0, n1 = counts[2 * x], counts[2 * x + 1]

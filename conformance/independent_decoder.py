@@ -188,16 +188,13 @@ Version 1.6 (header flag INLINE_BLOCKS, TENS flag INLINE_BLOCK; §3, §4, §7, �
   the name checks of §12.2 step 3, is settled by §7 "Checks, in this order" and §12.2 step 3: the
   name checks first, then the inline block's, then the base.)
 
-Version 1.7 ASSUMPTIONs (ctx-delta-rc, §8.9; R-CTXRC*):
-  D1 §8.9 step 2 "A 0 bit when n = B is `corrupt`": the bit is decoded in full (its
-     renormalisation and its context's count update included) before it is compared, so a
-     renormalisation that needs a byte beyond nbytes is reported first (R-CTXRC-CHANGES.PAST-END,
-     then .LONG).  Both are `corrupt`; only the message depends on it.
-  D2 §8.9 decoding step 4 comes within each change, before the next change's sign is decoded
-     ("for each change `p` in class order ... 1. ... 4."): a step out of range (R-CTXRC-CHANGES.STEP)
-     is reported before any failure of a later change's bits and before the byte count of
-     R-CTXRC-CHANGES.LENGTH (unlike ctx-delta, A17, whose range check follows every sign and
-     magnitude).  Every failure is `corrupt`; only the message depends on it.
+Version 1.7 (ctx-delta-rc, §8.9; R-CTXRC*): no ASSUMPTION left.  The two this decoder first made
+were settled by the text that followed: D1, (b)'s 0 bit when n = B is decoded in full (its
+renormalisation included) before it is compared, so a renormalisation that needs a byte beyond
+nbytes is reported first (R-CTXRC-CHANGES.PAST-END, then .LONG); D2, items (a)-(d) run change by
+change, so a step out of range (R-CTXRC-CHANGES.STEP) is reported before any failure of a later
+change's bits and before the byte count of R-CTXRC-CHANGES.LENGTH (unlike ctx-delta, A17, whose
+range check follows every sign and magnitude).  (The count update of that bit is not observable.)
 The rest of §8.9 is taken as written: the 3K + 5 params (no mw) are all read, K checked as soon as it
 is read, then §8.6's checks but mw's (read_ctx_params), then R-CTXRC-PARAMS (check_ctxrc_params, its
 own check sites, one per condition: AXIS, ONE, PERIOD, PHASE, NBYTES); S = 3 streams (quotients,

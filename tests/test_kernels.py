@@ -238,7 +238,7 @@ def test_corrupt_range_coded_changes_fail_alike(seed, flips, cut, name):
 
 
 def test_a_bit_length_past_the_dtype_fails_alike():
-    """SPEC.md §8.9 step 2: sixteen 0 bits in a BF16 change's length contexts are corrupt, by the
+    """SPEC.md §8.9 (b): sixteen 0 bits in a BF16 change's length contexts are corrupt, by the
     kernels and by the twins, before the magnitude's bits are read."""
     dt, base, target, pos = _wide_block("BF16", 500, 3, 4)
     d = ctx.ordered(dt, target[pos]) - ctx.ordered(dt, base[pos])

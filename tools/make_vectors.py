@@ -2207,6 +2207,19 @@ def ctx_reject_vectors():
         t_, c, r, q, mw = at(params)
         _magnitude_out(streams, params, mw, sum(params[c:r]))
     n("n_ctx_step_out_of_range", "a magnitude of 65535: the step leaves the BF16 range", step_out)
+    # steps one past each end of the range (§8.6 step 4: v must lie in [-H, H)), on a block of one change
+    for sign, edge, desc in ((1, "to_h", "v = H (32768), one above the largest"),
+                             (-1, "below_minus_h", "v = -H - 1 (-32769), one below the smallest")):
+        eb = np.full(8, 0x3F80, np.uint16)   # 1.0: ord 16256
+        et = eb.copy()
+        et[3] = np.uint16(0x3F80 + sign)
+        a = (1 << 15) - 16256 if sign > 0 else 16256 + (1 << 15) + 1
+
+        def edge_mag(streams, params, a=a):
+            params[3 * params[0] + 1] = 2   # mw: two bytes, the one magnitude a - 1
+            streams[3][1] = bytes([(a - 1) & 0xFF, (a - 1) >> 8])
+        n(f"n_ctx_step_out_of_range_{edge}", f"one change's step to {desc}: just outside the BF16 range",
+          edge_mag, src=ctx_custom(eb.view(BF16), et.view(BF16), []), base_={"x": eb.view(BF16)})
 
     n("n_ctx_verification", "a well-formed ctx-delta block that rebuilds a different tensor (one sign bit)",
       _wrong_sign, error="verification")
@@ -2513,8 +2526,8 @@ def ctxrc_valid_vectors():
 
 def _rc_recode(base, target, edit_d):
     """An edit of ctx-delta-rc's changes stream (and ``nbytes``): the block's steps in class order,
-    passed through ``edit_d`` (a list of ints, edited in place), range-coded again with the block's
-    own contexts."""
+    passed through ``edit_d(d, ords)`` (``d`` a list of ints, edited in place; ``ords`` the bases'
+    order-preserving integers), range-coded again with the block's own contexts."""
     from arcfmt import twins
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
@@ -2528,7 +2541,7 @@ def _rc_recode(base, target, edit_d):
             cls = np.searchsorted(np.array(p.thresholds), ctx.exponent_field(adt, bu[pos]), side="right")
             pos = pos[np.argsort(cls, kind="stable")]
         d = (ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])).tolist()
-        edit_d(d)
+        edit_d(d, ctx.ordered(adt, bu[pos]).tolist())
         coded = twins._rc_encode(np.array(d, dtype=object), ctx.exponent_field(adt, bu[pos]), pos, bu.size,
                                  *p.signs[:3], 1 << adt.exp_bits)
         streams[2][1] = coded
@@ -2578,8 +2591,13 @@ def ctxrc_reject_vectors():
       lambda streams, params: params.__setitem__(3 * params[0], c - 1))
 
     def first_step(v):
-        def edit_d(d):
+        def edit_d(d, ords):
             d[0] = v(d[0])
+        return edit_d
+
+    def step_to(v):   # the first change's step made to land on v
+        def edit_d(d, ords):
+            d[0] = v - ords[0]
         return edit_d
     n("n_ctxrc_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in "
       "its length contexts)", _rc_recode(b, t, first_step(lambda x: 1 << 16)))
@@ -2587,7 +2605,11 @@ def ctxrc_reject_vectors():
       _rc_recode(b, t, first_step(lambda x: 65535 if x > 0 else -65535)))
     # the last change out of range: every change's bits read before the range check fails
     n("n_ctxrc_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
-      _rc_recode(b, t, lambda d: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+      _rc_recode(b, t, lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+    n("n_ctxrc_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
+      _rc_recode(b, t, step_to(1 << 15)))
+    n("n_ctxrc_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
+      "smallest", _rc_recode(b, t, step_to(-(1 << 15) - 1)))
     n("n_ctxrc_verification", "a well-formed ctx-delta-rc block that rebuilds a different tensor (one step's "
       "magnitude one larger)", _rc_recode(b, t, first_step(lambda x: x + (1 if x > 0 else -1))),
       error="verification")
@@ -3096,7 +3118,7 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_ctx_quotient_extra_code", ["R-CTX-QUOTIENTS.COUNT"]),
     ("n_ctx_quotient_unterminated", ["R-CTX-QUOTIENTS.TERMINATED"]),
     ("n_ctx_rank_beyond_class", ["R-CTX-RANK"]), ("n_ctx_position_beyond_block", ["R-CTX-RANK"]),
-    ("n_ctx_step_out_of_range", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
+    ("n_ctx_step_out_of_range*", ["R-CTX-STEP"]), ("n_ctx_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]),
     ("n_ctx_on_f64", ["R-ENCODING.DTYPE"]),
     # -- valid files
     ("y_bf16_*", ["R-DELTA"]), ("y_float_delta_*", ["R-DELTA", "R-DTYPE"]), ("y_xor_*", ["R-XOR", "R-DTYPE"]),
