@@ -261,10 +261,6 @@ def _count_model(n: int):
     return p0, update
 
 
-def _sign_model(m: int, axis: int, period: int, phase: int):
-    return _count_model(_contexts(m, axis, period, phase))
-
-
 class _RangeEncoder:
     """LZMA's range coder (§8.8's informative encoder)."""
 
@@ -339,7 +335,7 @@ class _RangeDecoder:
 
 
 def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> float:
-    p0, update = _sign_model(m, axis, period, phase)
+    p0, update = _count_model(_contexts(m, axis, period, phase))
     cost0, cost1 = SIGN_COST[0].tolist(), SIGN_COST[1].tolist()
     total = 0.0
     for p, s in zip(cpos, sbits):
@@ -351,7 +347,7 @@ def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: i
 
 def _sign_encode(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> bytes:
     """LZMA's range coder over the signs (§8.8)."""
-    model = _sign_model(m, axis, period, phase)
+    model = _count_model(_contexts(m, axis, period, phase))
     coder = _RangeEncoder()
     for p, s in zip(cpos, sbits):
         coder.put_modelled(model, _context(p, axis, period, phase), s)
@@ -370,7 +366,7 @@ def _sign_start(buf) -> int:
 
 def _sign_decode(buf, code: int, cpos: list, m: int, axis: int, period: int, phase: int) -> list:
     """The signs of the changes at ``cpos`` (class order), as §8.8 decodes them."""
-    model = _sign_model(m, axis, period, phase)
+    model = _count_model(_contexts(m, axis, period, phase))
     dec = _RangeDecoder(buf, code)
     bits = [dec.get_modelled(model, _context(p, axis, period, phase)) for p in cpos]
     dec.finish()

@@ -163,16 +163,21 @@ def test_corrupt_adaptive_signs_fail_alike(seed, flips, cut):
     dt, base, target, pos = _leaning_block(4000, 50, seed)
     enc = ctx.encode(dt, base, target, pos, thresholds=[118, 121], axes=[(1, 50, seed % 50)], force_signs=True)
     p = ctx.Params.unpack(enc.params)
-    rng = np.random.default_rng(seed)
-    signs = bytearray(enc.streams[2])
-    for _ in range(flips):
-        bit = int(rng.integers(0, 8 * len(signs)))
-        signs[bit >> 3] ^= 1 << (bit & 7)
-    signs = signs[:len(signs) + cut] if cut < 0 else signs + bytes(cut)
+    signs = _damaged(enc.streams[2], seed, flips, cut)
     assert p.signs is not None
     p.signs = (*p.signs[:3], len(signs))
-    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], bytes(signs), enc.streams[3]], base)
+    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], signs, enc.streams[3]], base)
     assert outcome == "ok" or outcome.startswith("ctx-delta-as")
+
+
+def _damaged(stream, seed, flips, cut):
+    """``stream`` with ``flips`` random bits flipped, then ``cut`` bytes cut off (< 0) or zeros added."""
+    rng = np.random.default_rng(seed)
+    out = bytearray(stream)
+    for _ in range(flips):
+        bit = int(rng.integers(0, 8 * len(out)))
+        out[bit >> 3] ^= 1 << (bit & 7)
+    return bytes(out[:len(out) + cut] if cut < 0 else out + bytes(cut))
 
 
 def _wide_block(name, m, seed, lengths):
@@ -225,15 +230,10 @@ def test_corrupt_range_coded_changes_fail_alike(seed, flips, cut, name):
     dt, base, target, pos = _wide_block(name, 3000, seed, 12)
     enc = ctx.encode(dt, base, target, pos, thresholds=[1], rc_axes=[(1, 50, seed % 50)], force_rc=True)
     p = ctx.Params.unpack_rc(enc.params)
-    rng = np.random.default_rng(seed)
-    coded = bytearray(enc.streams[2])
-    for _ in range(flips):
-        bit = int(rng.integers(0, 8 * len(coded)))
-        coded[bit >> 3] ^= 1 << (bit & 7)
-    coded = coded[:len(coded) + cut] if cut < 0 else coded + bytes(cut)
+    coded = _damaged(enc.streams[2], seed, flips, cut)
     assert p.signs is not None
     p.signs = (*p.signs[:3], len(coded))
-    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], bytes(coded)], base)
+    outcome = _in_place_alike(dt, p, [enc.streams[0], enc.streams[1], coded], base)
     assert outcome == "ok" or outcome.startswith("ctx-delta-rc")
 
 
