@@ -231,23 +231,25 @@ def _args(dt, thresholds):
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
     the estimate says the raw bits are about as small. ``rc_limit`` > 0 (with ``sign_axes``): ``coded``
     is ctx-delta-rc's changes stream (§8.9) instead, or ``signs`` None where it would pass
-    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``."""
+    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp`` (with
+    ``rc_limit``): 1 where the gaps' model estimate is below the quotient and remainder bits, 2 always:
+    ``coded`` is ctx-delta-rp's stream (§8.10; at most ``rp_limit`` bytes) and ``rp`` returned True."""
     base = np.ascontiguousarray(base)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
-    counts, rice, qbits, q, r, s, mw, mag, choice, coded = _call(
+    counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_used = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
         base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
-        rc_limit, rc_planes, 8 * dt.itemsize)
+        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
-            signs)
+            signs, bool(rp_used))
 
 
 def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
@@ -271,13 +273,15 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
     if positions is None:
         positions = _NO_POSITIONS
     axis, period, phase = p.signs[:3] if p.signs is not None else (-1, 1, 0)
+    if p.rp:   # ctx-delta-rp's one stream (§8.10) stands where -rc's changes stream is
+        streams = (b"", b"", streams[0])
     # the streams are read-only uint8 (_bytes_array), counts and rice new int64 arrays, the rest by dtype
     return _call(
         _ctx_decode, (dt.code, base.flags.num, out.flags.num, positions.flags.num), base, out,
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
-        axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize)
+        axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -478,14 +482,15 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
     positions; the changes are the others. ``saxis`` ≥ 0: a ``ctx-delta-as`` block (§8.8), whose
     sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``; with ``rc``
     too, a ``ctx-delta-rc`` block (§8.9), whose stream 2 codes each change's sign and magnitude
-    (``nbits``: the dtype's bits).
+    (``nbits``: the dtype's bits); with ``rp`` too, a ``ctx-delta-rp`` block (§8.10), whose one stream
+    (``sbuf``) codes the gaps first.
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -496,9 +501,15 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     for k in range(counts.size):
         c += counts[k]
     m = base.size
+    code, rng, r = np.int64(0), np.int64(0xFFFFFFFF), 5   # the range decoder's state (rc)
     if dense:
         kept = np.empty(m - c, np.int64)   # the unchanged elements' positions
         status = _rice_decode(qbuf, qbits, rbuf, np.full(1, m - c, np.int64), rice, kept)
+    elif rp:
+        ranks = np.empty(c, np.int64)
+        status = _sign_start(sbuf)
+        if status == OK:
+            status, code, rng, r = _rp_ranks(sbuf, counts, rice, m, ranks, p0tab)
     else:
         ranks = np.empty(c, np.int64)
         status = _rice_decode(qbuf, qbits, rbuf, counts, rice, ranks)
@@ -508,7 +519,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         for b in range(c, 8 * sbuf.size):
             if sbuf[b >> 3] >> (b & 7) & 1:
                 return S_PADDING
-    else:
+    elif not rp:   # (rp: started before the gaps)
         status = _sign_start(sbuf)
         if status != OK:
             return status
@@ -530,7 +541,10 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         return BEYOND
     nv = np.empty(c, base.dtype)
     if rc:
-        status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab)
+        if not rp:
+            code = np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])
+        status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab,
+                            code, rng, r)
         if status != OK:
             return status
         return _commit(out, pos, nv, pos_out)
@@ -994,7 +1008,7 @@ def _best_rice(g, lo, hi, max_rice):
 
 @_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
-                sign_cost, p0tab, rc_limit, rc_planes, nbits):
+                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
@@ -1004,9 +1018,11 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
     ``sign_cost``; the one of least estimate is range-coded: the signs alone, or with ``rc_limit`` > 0
     the signs and magnitudes (``ctx-delta-rc``, §8.9; ``nbits``: the dtype's bits), given up (-1) where
     that passes ``rc_limit`` bytes. The magnitude planes are made only where they are used (with the
-    range-coded magnitudes, only if ``rc_planes``).
+    range-coded magnitudes, only if ``rc_planes``). ``rp`` (with ``rc_limit``): 1 codes the gaps in
+    the same stream first (``ctx-delta-rp``, §8.10, at most ``rp_limit`` bytes) where the model's
+    estimate of them is below the Rice bits, 2 always.
     Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
-    chosen or -1, range-coded signs)``.
+    chosen or -1, range-coded signs, rp chosen)``.
     """
     c = pos.size
     n_classes = edges.size + 1
@@ -1110,17 +1126,36 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
                     choice = i
             promising = force_signs or est[choice] < SIGN_PROMISING * n   # else no coding pass
         if rc_limit > 0:
+            use_rp = False
+            if rp:
+                rp_rice = rice.copy()
+                est = _rp_rice(g, counts, rp_rice, sign_cost, p0tab)
+                use_rp = rp == 2 or est < qbits + rbits
+                if use_rp:
+                    rice = rp_rice
+            limit = rp_limit if use_rp else rc_limit
             coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
-                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, rc_limit)
-            if coded.size > rc_limit:
+                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rice,
+                               use_rp)
+            if coded.size > limit:
                 choice = -1
             elif not rc_planes:
-                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, np.empty(0, np.uint8), choice, coded
+                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, np.empty(0, np.uint8), choice, coded, use_rp
+            else:
+                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, _planes(bv, tv, corder, start, c, mw, shift, emask,
+                                                                         half), choice, coded, use_rp
         elif promising:
             coded = _sign_encode(sbuf, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
                                  sign_axes[choice, 2], p0tab)
         else:
             choice = -1
+    planes = _planes(bv, tv, corder, start, c, mw, shift, emask, half)
+    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded, False
+
+
+@_jit
+def _planes(bv, tv, corder, start, c, mw, shift, emask, half):
+    """ctx-delta's magnitude planes (``start``: each exponent field's first slot, advanced here)."""
     planes = np.empty(c * mw, np.uint8)
     for j in range(c):  # magnitude order: class order sorted stably by the base's exponent field
         t = corder[j]
@@ -1130,7 +1165,51 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         v = abs(_ordered(tv[t], half) - _ordered(bv[t], half)) - 1
         for b in range(mw):
             planes[b * c + at] = np.uint8((v >> (8 * b)) & 0xFF)
-    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded
+    return planes
+
+
+@_jit
+def _rp_rice(g, counts, rice, cost, p0tab):
+    """Each class's Rice parameter for §8.10, in place: ``ctx-delta``'s (``rice``) or one less, whichever
+    the model's estimate makes the smaller (a modelled quotient bit can cost less than the field's
+    raw top bit). Returns the estimated bits of the gaps with them."""
+    est = 0.0
+    lo = 0
+    for k in range(counts.size):
+        hi = lo + counts[k]
+        if hi > lo:
+            best = _rp_cost(g, lo, hi, rice[k], cost, p0tab)
+            if rice[k] > 0:
+                down = _rp_cost(g, lo, hi, rice[k] - 1, cost, p0tab)
+                if down < best:
+                    best = down
+                    rice[k] -= 1
+            est += best
+        lo = hi
+    return est
+
+
+@_jit
+def _rp_cost(g, lo, hi, rk, cost, p0tab):
+    """Estimated bits of one class's gaps ``g[lo:hi]`` coded as §8.10 codes them with Rice parameter
+    ``rk``: the sum of ``cost`` (``-log2`` of the model's probability) over the modelled bits, one bit
+    each for the rest (every class has contexts of its own)."""
+    qcounts = np.zeros(2 * RC_LENGTHS, np.uint16)
+    fcounts = np.zeros(2, np.uint16)
+    est = 0.0
+    for i in range(lo, hi):
+        gi = g[i]
+        q = gi >> rk
+        for j in range(q + 1):
+            u = min(j, RC_LENGTHS - 1)
+            e = np.int64(j == q)
+            est += cost[e, _sign_p0(qcounts, u, p0tab)]
+            _sign_update(qcounts, u, e)
+        if rk:
+            e = (gi >> (rk - 1)) & 1
+            est += cost[e, _sign_p0(fcounts, 0, p0tab)] + (rk - 1)
+            _sign_update(fcounts, 0, e)
+    return est
 
 
 # ---------------------------------------------------------------------- ctx-delta-as signs (§8.8)
@@ -1280,12 +1359,15 @@ RC_LENGTHS = 16   # length and bit contexts per exponent field value: U(x, j), V
 
 
 @_jit
-def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half, nbits, p0tab, limit):
+def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half, nbits, p0tab, limit, g, counts,
+               rice, rp):
     """§8.9's changes stream: each change's sign (in its context of ``axis``, ``P``, ``phase``), bit
     length (unary, in length contexts of its base's exponent field) and the bits below its top one
     (the first in a bit context, the rest of probability one half), in class order (``corder`` into
     ``bv``/``tv``; ``cpos``: their positions). More than ``limit`` bytes: stops, returning
-    ``limit + 1`` of them (the caller writes the block in another encoding).
+    ``limit + 1`` of them (the caller writes the block in another encoding). With ``rp``, §8.10's
+    stream: first the gaps ``g`` (class order; ``counts`` and ``rice`` per class), each as its Rice
+    quotient in unary in contexts G(k, j) and its field, the top bit in F(k).
 
     Two passes per chunk of changes: the first lists each bit with its context, the second codes the
     list. Why: coded as they are found, a bit's context and whether it is coded at all depend on the
@@ -1294,14 +1376,48 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
     out = np.empty(limit + 1, np.uint8)
     width = RC_LENGTHS * (emask + 1)
     fixed = 2 * width             # a context of p0 = 2048 that is never updated: the bits of one half
-    first_sign = fixed + 1        # the sign contexts follow
-    counts = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.uint16)
+    n_classes = counts.size
+    first_q = fixed + 1           # G(k, j), then F(k) (§8.10)
+    first_f = first_q + RC_LENGTHS * n_classes
+    first_sign = first_f + n_classes   # the sign contexts follow
+    ctx = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.uint16)
     chunk = 1024
     bits = np.empty(chunk * (2 * nbits + 2), np.int64)   # (context << 1) | bit; at most 2 B + 1 bits a change
     low, rng, cache, pending, w = np.int64(0), np.int64(0xFFFFFFFF), np.int64(0), np.int64(1), np.int64(0)
-    for lo in range(0, corder.size, chunk):
+    c = corder.size
+    n_gaps = c if rp else 0
+    kc = 0                     # the class of the next gap, and where the class after it starts
+    kc_end = counts[0]
+    for lo in range(0, n_gaps + c, chunk):
+        hi = min(lo + chunk, n_gaps + c)
+        if lo < n_gaps:   # a chunk of gaps: a long quotient can take more bits than the list holds
+            need = (hi - min(hi, n_gaps)) * (2 * nbits + 2)
+            kk, kk_end = kc, kc_end
+            for i in range(lo, min(hi, n_gaps)):
+                while i >= kk_end:
+                    kk += 1
+                    kk_end += counts[kk]
+                need += (g[i] >> rice[kk]) + 1 + rice[kk]
+            if need > bits.size:
+                bits = np.empty(need, np.int64)
         nb = 0
-        for j in range(lo, min(lo + chunk, corder.size)):
+        for i in range(lo, min(hi, n_gaps)):
+            while i >= kc_end:
+                kc += 1
+                kc_end += counts[kc]
+            rk = rice[kc]
+            gi = g[i]
+            q = gi >> rk
+            for j in range(q + 1):   # q zeros, then the 1 that ends the quotient
+                bits[nb] = ((first_q + kc * RC_LENGTHS + min(j, RC_LENGTHS - 1)) << 1) | np.int64(j == q)
+                nb += 1
+            if rk:
+                bits[nb] = ((first_f + kc) << 1) | ((gi >> (rk - 1)) & 1)
+                nb += 1
+                for b in range(rk - 2, -1, -1):
+                    bits[nb] = (fixed << 1) | ((gi >> b) & 1)
+                    nb += 1
+        for j in range(max(lo, n_gaps) - n_gaps, hi - n_gaps):
             t = corder[j]
             d = _ordered(tv[t], half) - _ordered(bv[t], half)
             s = np.int64(d < 0)
@@ -1322,13 +1438,13 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
         for i in range(nb):
             ci = bits[i] >> 1
             e = bits[i] & 1
-            n0 = np.int64(counts[2 * ci])
-            n1 = np.int64(counts[2 * ci + 1])
+            n0 = np.int64(ctx[2 * ci])
+            n1 = np.int64(ctx[2 * ci + 1])
             live = np.int64(ci != fixed)
-            counts[2 * ci + e] += live
+            ctx[2 * ci + e] += live
             if n0 + n1 + live == 256:
-                counts[2 * ci] = (counts[2 * ci] + 1) >> 1
-                counts[2 * ci + 1] = (counts[2 * ci + 1] + 1) >> 1
+                ctx[2 * ci] = (ctx[2 * ci] + 1) >> 1
+                ctx[2 * ci + 1] = (ctx[2 * ci + 1] + 1) >> 1
             # the coder's step (LZMA's, :func:`_rc_shift` inlined), written out here: through helpers
             # returning its state it took three times as long, calling _rc_shift alone 15-20 % longer
             bound = (rng >> 12) * np.int64(p0tab[(n0 << 8) | n1])
@@ -1376,12 +1492,55 @@ def _rc_bit(buf, code, rng, r, p0):
 
 
 @_jit
-def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab):
-    """§8.9's changes: for each change at ``pos`` (class order, its base value in ``bv``) its sign,
-    bit length and magnitude, its new value into ``nv``, checked: OK or the first failed check."""
+def _rp_ranks(buf, counts, rice, m, ranks, p0tab):
+    """§8.10 step 2: each class's gaps from the range decoder (started: ``buf`` checked by
+    :func:`_sign_start`) → member ranks, concatenated in class order. Returns ``status, code, rng, r``:
+    the decoder's state for the changes that follow."""
     code = np.int64(buf[1]) << 24 | np.int64(buf[2]) << 16 | np.int64(buf[3]) << 8 | np.int64(buf[4])
     rng = np.int64(0xFFFFFFFF)
     r = 5
+    n_classes = counts.size
+    qcounts = np.zeros(2 * RC_LENGTHS * n_classes, np.uint16)   # G(k, j)
+    fcounts = np.zeros(2 * n_classes, np.uint16)                # F(k)
+    idx = 0
+    for k in range(n_classes):
+        rk = rice[k]
+        prev = np.int64(-1)
+        for _ in range(counts[k]):
+            q = np.int64(0)
+            while True:
+                u = k * RC_LENGTHS + min(int(q), RC_LENGTHS - 1)
+                e, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(qcounts, u, p0tab))
+                if e < 0:
+                    return S_PAST, code, rng, r
+                _sign_update(qcounts, u, e)
+                if e:
+                    break
+                q += 1
+                if prev + 1 + (q << rk) >= m:
+                    return BEYOND, code, rng, r
+            f = np.int64(0)
+            if rk:
+                f, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(fcounts, k, p0tab))
+                if f < 0:
+                    return S_PAST, code, rng, r
+                _sign_update(fcounts, k, f)
+                for _ in range(rk - 1):
+                    e, code, rng, r = _rc_bit(buf, code, rng, r, 2048)
+                    if e < 0:
+                        return S_PAST, code, rng, r
+                    f = 2 * f + e
+            prev += (q << rk) + f + 1
+            ranks[idx] = prev
+            idx += 1
+    return OK, code, rng, r
+
+
+@_jit
+def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab, code, rng, r):
+    """§8.9's changes: for each change at ``pos`` (class order, its base value in ``bv``) its sign,
+    bit length and magnitude, its new value into ``nv``, checked: OK or the first failed check. The
+    range decoder goes on from ``code, rng, r`` (its start, or where §8.10's gaps left it)."""
     scounts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
     ucounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)
     vcounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)

@@ -104,14 +104,15 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs)``. ``dense`` (no thresholds):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
     the estimate says the raw bits are about as small (as the kernels decide it). ``rc_limit`` > 0:
     ``coded`` is ctx-delta-rc's changes stream (§8.9), or ``signs`` None where it would pass
-    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``."""
+    ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp``: ``coded`` is
+    ctx-delta-rp's stream (§8.10) where the gaps' estimate is below their Rice bits (1) or always (2)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -161,13 +162,21 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
             promising = force_signs or est[i] < SIGN_PROMISING * n
         if rc_limit > 0:
             axis, period, phase = sign_axes[i]
-            changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits)
-            if len(changes) <= rc_limit:
+            use_rp = False
+            if rp:
+                rp_rice = list(rice)
+                use_rp = rp == 2 or _rp_rice(g.tolist(), counts, rp_rice) < qbits + rbits
+                if use_rp:
+                    rice = rp_rice
+            limit = rp_limit if use_rp else rc_limit
+            changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits,
+                                 (g, counts, rice) if use_rp else None)
+            if len(changes) <= limit:
                 planes = to_planes(mag, mw) if rc_planes else b""
-                return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes)
+                return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes), use_rp
         elif promising:
             signs = (i, _sign_encode(sbits, cpos, m, *sign_axes[i]))
-    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs
+    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs, False
 
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
@@ -191,14 +200,22 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
         ranks = _ranks(p, streams, p.counts)
         sbits = _unpack(streams[2], c, S_PADDING)
         pos = _positions(dt, p, ranks, m, base)
+    elif p.rp:   # ctx-delta-rp (§8.10): the gaps, then the changes, from one range decoder
+        assert p.signs is not None
+        dec = _RangeDecoder(streams[0], _sign_start(streams[0]))
+        pos = _positions(dt, p, _rp_ranks(dec, p.counts, p.rice, m), m, base)
+        v = _rc_decode(dec, pos, ordered(dt, base[pos]), exponent_field(dt, base[pos]), m,
+                       p.signs[0], p.signs[1], p.signs[2], 8 * dt.itemsize, 1 << dt.exp_bits)
+        return _commit(dt, pos, v, base, out, positions)
     else:   # ctx-delta-as (§8.8), -rc (§8.9): the range coder starts at step 2, after the positions
         ranks = _ranks(p, streams, p.counts)
         code = _sign_start(streams[2])
         pos = _positions(dt, p, ranks, m, base)
         if p.rc:
             assert p.signs is not None
-            v = _rc_decode(streams[2], code, pos, ordered(dt, base[pos]), exponent_field(dt, base[pos]), m,
-                           p.signs[0], p.signs[1], p.signs[2], 8 * dt.itemsize, 1 << dt.exp_bits)
+            v = _rc_decode(_RangeDecoder(streams[2], code), pos, ordered(dt, base[pos]),
+                           exponent_field(dt, base[pos]), m, p.signs[0], p.signs[1], p.signs[2], 8 * dt.itemsize,
+                           1 << dt.exp_bits)
             return _commit(dt, pos, v, base, out, positions)
         sbits = np.array(_sign_decode(streams[2], code, pos.tolist(), m, *p.signs[:3]), np.uint8)
     # In place where numpy allows: a block of 2^24 changes took ~60 bytes of scratch per element with
@@ -393,10 +410,24 @@ def _chunks(*arrays: np.ndarray):
 
 
 def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis: int, period: int, phase: int,
-               n_fields: int) -> bytes:
-    """§8.9's changes stream: for each change (class order) its sign, bit length and low bits."""
+               n_fields: int, gaps: tuple | None = None) -> bytes:
+    """§8.9's changes stream: for each change (class order) its sign, bit length and low bits. With
+    ``gaps`` (``g, counts, rice``, class order): §8.10's stream, those gaps coded first."""
     signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
     coder = _RangeEncoder()
+    if gaps is not None:
+        g, counts, rice = gaps
+        quotients, fields_top = _count_model(_RC_LENGTHS * len(counts)), _count_model(len(counts))
+        for k, gk in _class_gaps(g, counts):
+            rk = rice[k]
+            for gi in gk:
+                q = gi >> rk
+                for j in range(q + 1):
+                    coder.put_modelled(quotients, k * _RC_LENGTHS + min(j, _RC_LENGTHS - 1), int(j == q))
+                if rk:
+                    coder.put_modelled(fields_top, k, (gi >> (rk - 1)) & 1)
+                    for b in range(rk - 2, -1, -1):
+                        coder.put(2048, (gi >> b) & 1)
     for step, x, p in _chunks(d, fields, cpos):
         s, a = int(step < 0), abs(step)
         coder.put_modelled(signs, _context(p, axis, period, phase), s)
@@ -410,12 +441,78 @@ def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis
     return coder.finish()
 
 
-def _rc_decode(buf, code: int, cpos: np.ndarray, ords: np.ndarray, fields: np.ndarray, m: int, axis: int,
+def _class_gaps(g, counts):
+    """``(k, gaps of class k as Python ints)`` for each class with changes, in class order."""
+    off = 0
+    for k, ck in enumerate(counts):
+        if ck:
+            yield k, g[off:off + ck].tolist() if isinstance(g, np.ndarray) else g[off:off + ck]
+            off += ck
+
+
+def _rp_rice(g: list, counts: list, rice: list) -> float:
+    """The kernels' choice of §8.10's Rice parameters (in place: ``rice`` or one less per class) and
+    their estimate of its gap bits, operation for operation (the same float sums)."""
+    est = 0.0
+    for k, gk in _class_gaps(g, counts):
+        best = _rp_cost(gk, rice[k])
+        if rice[k] > 0:
+            down = _rp_cost(gk, rice[k] - 1)
+            if down < best:
+                best = down
+                rice[k] -= 1
+        est += best
+    return est
+
+
+def _rp_cost(gk: list, rk: int) -> float:
+    """The estimated bits of one class's gaps coded with Rice parameter ``rk`` (§8.10)."""
+    p0, update = _count_model(_RC_LENGTHS)
+    f0, fupdate = _count_model(1)
+    cost0, cost1 = SIGN_COST[0].tolist(), SIGN_COST[1].tolist()
+    est = 0.0
+    for gi in gk:
+        q = gi >> rk
+        for j in range(q + 1):
+            u = min(j, _RC_LENGTHS - 1)
+            est += cost1[p0(u)] if j == q else cost0[p0(u)]
+            update(u, int(j == q))
+        if rk:
+            e = (gi >> (rk - 1)) & 1
+            est += (cost1[f0(0)] if e else cost0[f0(0)]) + (rk - 1)
+            fupdate(0, e)
+    return est
+
+
+def _rp_ranks(dec: _RangeDecoder, counts: list, rice: list, m: int) -> np.ndarray:
+    """§8.10 step 2: each class's member ranks (class order) from the gaps at the stream's start."""
+    quotients, fields_top = _count_model(_RC_LENGTHS * len(counts)), _count_model(len(counts))
+    ranks = np.empty(sum(counts), np.int64)
+    t = 0
+    for k, ck in enumerate(counts):
+        rk, prev = rice[k], -1
+        for _ in range(ck):
+            q = 0
+            while not dec.get_modelled(quotients, k * _RC_LENGTHS + min(q, _RC_LENGTHS - 1)):
+                q += 1
+                if prev + 1 + (q << rk) >= m:
+                    raise _Failed(BEYOND)
+            f = 0
+            if rk:
+                f = dec.get_modelled(fields_top, k)
+                for _ in range(rk - 1):
+                    f = 2 * f + dec.get(2048)
+            prev += (q << rk) + f + 1
+            ranks[t] = prev
+            t += 1
+    return ranks
+
+
+def _rc_decode(dec: _RangeDecoder, cpos: np.ndarray, ords: np.ndarray, fields: np.ndarray, m: int, axis: int,
                period: int, phase: int, nbits: int, n_fields: int) -> np.ndarray:
     """The new values (order-preserving integers) of the changes at ``cpos`` (class order), as §8.9
-    decodes them from their bases' ``ords`` and exponent ``fields``."""
+    decodes them from their bases' ``ords`` and exponent ``fields``, ``dec`` going on from where it is."""
     signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
-    dec = _RangeDecoder(buf, code)
     half = 1 << (nbits - 1)
     out = np.empty(cpos.size, np.int64)
     t = 0

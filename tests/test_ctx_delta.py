@@ -168,7 +168,7 @@ def test_writer_codes_steps_by_exponent_where_that_is_smaller():
     base, target = _ulp_scaled_pair(5, 1 << 19)
     d = arcfmt.encode(base, target)
     blocks = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
-    assert {b["encoding"] for b in blocks} == {"ctx-delta-rc"}
+    assert {b["encoding"] for b in blocks} <= {"ctx-delta-rc", "ctx-delta-rp"}
     assert sum(b["changed"] for b in blocks) > ctx._RC_ALONE
     with _without("ctx-delta-rc"):
         older = arcfmt.encode(base, target)
@@ -318,7 +318,8 @@ def test_block_memory_within_four_times_its_bytes(effort, compiled):
         outputs = sum(len(s) for s in enc.streams)
         enc_peak += 17 * c + bitmaps + outputs  # class ids, class order, gaps; the streams it returns
         dec_peak += 8 * c + bitmaps              # ranks, turned into positions in place
-    assert enc.encoding in (encodings.CTX_DELTA, encodings.CTX_DELTA_RC) and np.array_equal(out, target)
+    assert enc.encoding in (encodings.CTX_DELTA, encodings.CTX_DELTA_RC, encodings.CTX_DELTA_RP)
+    assert np.array_equal(out, target)
     assert enc_peak <= 4 * base.nbytes, enc_peak / base.nbytes
     assert dec_peak <= 4 * base.nbytes, dec_peak / base.nbytes
 
@@ -421,7 +422,7 @@ def test_writer_picks_dense_delta_where_most_elements_change():
     assert_bit_exact(arcfmt.decode(base, d), target)
     sparse_b, sparse_t = make_pair(4, "BF16", [(30_000,)], 0.02)
     blocks = arcfmt.DeltaReader(arcfmt.encode(sparse_b, sparse_t)).describe()["tensors"][0]["blocks"]
-    assert {x["encoding"] for x in blocks} <= {"ctx-delta", "ctx-delta-rc"}
+    assert {x["encoding"] for x in blocks} <= {"ctx-delta", "ctx-delta-rc", "ctx-delta-rp"}
 
 
 def test_dense_params_are_checked_in_spec_order():
@@ -479,14 +480,16 @@ def _leaning_pair(seed, shape, by_rows=True, lean=0.9):
 
 @pytest.mark.parametrize("by_rows", [True, False])
 def test_writer_codes_leaning_signs_adaptively(by_rows):
-    """Signs that lean per row or column: the writer picks ctx-delta-rc (a 1.6 writer ctx-delta-as),
+    """Signs that lean per row or column: the writer picks ctx-delta-rc or -rp (a 1.6 writer ctx-delta-as),
     its signs on that axis, and the file is smaller than with raw sign bits; every reader rebuilds it."""
     base, target = _leaning_pair(1, (256, 256), by_rows)
     with _without("ctx-delta-rc"):
         older = arcfmt.encode(base, target)
-    for d, name in ((arcfmt.encode(base, target), "ctx-delta-rc"), (older, "ctx-delta-as")):
+    for d, names in ((arcfmt.encode(base, target), {"ctx-delta-rc", "ctx-delta-rp"}), (older, {"ctx-delta-as"})):
         info = arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]
-        assert {b["encoding"] for b in info} == {name}
+        got = {b["encoding"] for b in info}
+        assert len(got) == 1 and got <= names
+        name = got.pop()
         blk = arcfmt.DeltaReader(d).load_block("w", 0)
         params = arcfmt.encodings.by_name(name).unpack(blk.info.params)
         assert params.signs[:2] == ((1, 256) if by_rows else (2, 256))
@@ -553,11 +556,12 @@ def test_a_decoder_without_ctx_delta_as_refuses_it_as_unsupported():
 @pytest.mark.parametrize("kw", [{"compact_index": False}, {"inline_blocks": False}])
 def test_files_for_older_readers_never_use_ctx_delta_rc(kw):
     """SPEC.md §16: a file written for 1.4 readers (``compact_index=False``, ``--full-index``) or 1.5
-    readers (``inline_blocks=False``) uses no encoding added after them: ctx-delta-rc (1.7) is not tried,
+    readers (``inline_blocks=False``) uses no encoding added after them: ctx-delta-rc (1.7) and -rp
+    (1.8) are not tried,
     so such readers decode it; ``force_encoding`` is obeyed still."""
     base, target = _ulp_scaled_pair(6, 1 << 17)
     assert {b["encoding"] for b in arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0][
-        "blocks"]} == {"ctx-delta-rc"}
+        "blocks"]} <= {"ctx-delta-rc", "ctx-delta-rp"}
     buf = io.BytesIO()
     with arcfmt.DeltaWriter(buf, **kw) as w:
         w.write_tensors((n, base[n], t) for n, t in target.items())
@@ -570,3 +574,58 @@ def test_files_for_older_readers_never_use_ctx_delta_rc(kw):
         w.write_tensors((n, base[n], t) for n, t in target.items())
     assert {b["encoding"] for b in arcfmt.DeltaReader(forced.getvalue()).describe()["tensors"][0]["blocks"]} == {
         "ctx-delta-rc"}
+
+
+# ------------------------------------------------------------------------------ ctx-delta-rp (§8.10)
+
+def test_writer_range_codes_the_gaps_where_that_is_smaller():
+    """SPEC.md §8.10: on RL-like steps the writer puts the gaps in the range coder too, and the file is
+    smaller than a 1.7 writer's (ctx-delta-rc); a 1.7 decoder refuses it as an unknown encoding, never
+    misreads it; every reader rebuilds it."""
+    from arcfmt.errors import UnsupportedError
+    base, target = _ulp_scaled_pair(8, 1 << 19, lr=5e-4)
+    d = arcfmt.encode(base, target)
+    assert {b["encoding"] for b in arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]} == {"ctx-delta-rp"}
+    with _without("ctx-delta-rp"):
+        older = arcfmt.encode(base, target)
+        assert {b["encoding"] for b in arcfmt.DeltaReader(older).describe()["tensors"][0]["blocks"]} == {
+            "ctx-delta-rc"}
+        with pytest.raises(UnsupportedError, match="unknown encoding id 9"):
+            arcfmt.decode(base, d)
+    assert len(d) < len(older), (len(d), len(older))
+    check_file(base, target, d)
+
+
+def test_rp_params_are_checked_in_spec_order():
+    """SPEC.md §8.10: 3K + 4 params; §8.6's checks without qbits and mw, then axis, P, phase as §8.8,
+    then 5 ≤ nbytes ≤ (W + 4)·c + ceil(m / 8) + 9; each corrupt."""
+    m, head = 100, [1, 10, 0]   # K = 1, c = 10, r = 0
+    rp = arcfmt.encodings.by_name("ctx-delta-rp")
+    top = (2 + 4) * 10 + 13 + 9
+    assert rp.param_count([1]) == 7 and rp.stream_lengths(BF16, head + [1, 10, 3, top], m) == [top]
+    for tail, words in (([3, 10, 3, 7], "axis"), ([0, 2, 0, 7], "one sign context"), ([1, 0, 0, 7], "period"),
+                        ([1, 10, 10, 7], "phase"), ([1, 10, 3, 4], f"5..{top}"), ([1, 10, 3, top + 1], f"5..{top}")):
+        with pytest.raises(CorruptError, match=words):
+            rp.stream_lengths(BF16, head + tail, m)
+    for bad, words in (([1, 0, 0], "changed count"), ([1, 101, 0], "changed count"), ([1, 10, 25], "Rice")):
+        with pytest.raises(CorruptError, match=words):   # ctx-delta's own checks come first
+            rp.stream_lengths(BF16, bad + [3, 0, 0, 0], m)
+
+
+def test_rp_reads_exactly_its_bytes():
+    """The one stream holds exactly what the decoder reads: a byte less runs past its end, a byte more
+    is left over, a bad start is refused; all corrupt, nothing written in place."""
+    base, target = _ulp_scaled_pair(9, 1 << 14)
+    b, t = bits_of(base["w"]).reshape(-1), bits_of(target["w"]).reshape(-1)
+    pos = np.flatnonzero(b != t)
+    enc = ctx.encode(BF16, b, t, pos, rc_axes=[(0, 1, 0)], force_rc=True, rp=2)
+    assert enc.rp and len(enc.streams) == 1
+    p = ctx.Params.unpack_rp(enc.params)
+    for stream, words in ((enc.streams[0][:-1], "past the end"), (enc.streams[0] + b"\0", "bytes left"),
+                          (b"\1" + enc.streams[0][1:], "first byte"),
+                          (enc.streams[0][:1] + b"\xff" * 4 + enc.streams[0][5:], "first code")):
+        p.signs = (*p.signs[:3], len(stream))
+        out = b.copy()
+        with pytest.raises(CorruptError, match=words):
+            ctx.decode(BF16, p, [stream], b.size, out, out)
+        assert np.array_equal(out, b)

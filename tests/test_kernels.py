@@ -251,6 +251,59 @@ def test_a_bit_length_past_the_dtype_fails_alike():
     assert "longer than" in outcome
 
 
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1),
+       lengths=st.integers(1, 32), period=st.integers(1, 64), offset=st.integers(0, 10**6), k=st.integers(1, 16),
+       rp=st.sampled_from([1, 2]))
+def test_range_coded_gaps_match_the_numpy_twins(name, m, seed, lengths, period, offset, k, rp):
+    """ctx-delta-rp (SPEC.md §8.10): the same choice (auto or forced), Rice parameters and stream, the
+    same elements back, for every dtype and up to 16 classes."""
+    dt, base, target, pos = _wide_block(name, m, seed, lengths)
+    if not pos.size:
+        return
+    top = (1 << dt.exp_bits) - 1
+    rng = np.random.default_rng(seed + 1)
+    thresholds = sorted(set(rng.integers(1, top + 1, min(k, top + 1) - 1).tolist()))
+    axes = ctx.sign_axes(period, offset, m)
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, thresholds=thresholds, rc_axes=axes,
+                                              force_rc=True, rp=rp))
+    assert a.rp == b.rp and (a.rp or rp == 1)
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    if a.rp:
+        p = ctx.Params.unpack_rp(a.params)
+        assert p.signs is not None and len(a.streams[0]) == p.signs[3] <= ctx.rp_limit(dt, pos.size, m)
+        _rebuilt_alike(dt, p, a.streams, base, target)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), flips=st.integers(1, 3), cut=st.integers(-2, 2),
+       name=st.sampled_from(CTX_NAMES))
+def test_corrupt_range_coded_gaps_fail_alike(seed, flips, cut, name):
+    """A flipped bit in ctx-delta-rp's stream (its gaps or its changes), or bytes cut off or added:
+    the same outcome and message both ways; in place, a rejected block leaves the array untouched."""
+    dt, base, target, pos = _wide_block(name, 3000, seed, 12)
+    enc = ctx.encode(dt, base, target, pos, thresholds=[1, 3], rc_axes=[(1, 50, seed % 50)], force_rc=True, rp=2)
+    p = ctx.Params.unpack_rp(enc.params)
+    coded = _damaged(enc.streams[0], seed, flips, cut)
+    assert p.signs is not None
+    p.signs = (*p.signs[:3], len(coded))
+    outcome = _in_place_alike(dt, p, [coded], base)
+    assert outcome == "ok" or outcome.startswith("ctx-delta-rp")
+
+
+def test_a_quotient_past_the_block_fails_alike():
+    """SPEC.md §8.10 step 2 (a): a quotient whose next 0 bit takes the rank to m is corrupt as soon as
+    that bit is read, by the kernels and by the twins (the decoder never runs on through the stream)."""
+    dt, base, target, pos = _wide_block("BF16", 500, 4, 4)
+    d = ctx.ordered(dt, target[pos]) - ctx.ordered(dt, base[pos])
+    g = np.diff(pos, prepend=-1) - 1
+    g[0] = 10 * base.size   # one class, Rice parameter 0: quotient 5000 in a block of 500
+    coded = twins._rc_encode(d, ctx.exponent_field(dt, base[pos]), pos, base.size, 0, 1, 0, 1 << dt.exp_bits,
+                             (g, [pos.size], [0]))
+    p = ctx.Params([], [pos.size], [0], 0, 0, signs=(0, 1, 0, len(coded)), rc=True, rp=True)
+    assert "beyond" in _in_place_alike(dt, p, [coded], base)
+
+
 @settings(max_examples=100, deadline=None)
 @given(m=st.integers(1, 5000), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1))
 def test_select_matches_numpy(m, density, seed):

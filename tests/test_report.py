@@ -32,7 +32,7 @@ ROLES = {"bf16-delta": ["positions", "steps", "exceptions", "values"],
          "ctx-delta": ["quotients", "remainders", "signs", "magnitudes"],
          "dense-delta": ["quotients", "remainders", "signs", "magnitudes"],
          "ctx-delta-as": ["quotients", "remainders", "signs", "magnitudes"],
-         "ctx-delta-rc": ["quotients", "remainders", "changes"]}
+         "ctx-delta-rc": ["quotients", "remainders", "changes"], "ctx-delta-rp": ["changes"]}
 
 
 def model(seed: int = 0):

@@ -37,7 +37,7 @@ from support.data import (
 
 EFFORTS = ["fast", "default"]
 ALL_ENCODINGS = {"unchanged", "xor", "bf16-delta", "float-delta", "keyframe", "ctx-delta", "dense-delta",
-                 "ctx-delta-rc"}
+                 "ctx-delta-rc", "ctx-delta-rp"}
 CTX_DTYPES = [d for d in FLOAT_DTYPES if d.name != "F64"]
 
 
@@ -47,7 +47,7 @@ def delta_name(dt) -> str:
 
 def delta_names(dt) -> set:
     """The sparse-delta encodings the writer may pick for a float dtype (SPEC.md §8.3, §8.4, §8.6)."""
-    return {delta_name(dt)} | ({"ctx-delta", "ctx-delta-rc"} if dt.name != "F64" else set())
+    return {delta_name(dt)} | ({"ctx-delta", "ctx-delta-rc", "ctx-delta-rp"} if dt.name != "F64" else set())
 
 
 def encode_forced(base, target, encoding, **kw) -> bytes:
@@ -447,7 +447,7 @@ def _encoding_case(enc):
     if enc == "ctx-delta":   # too few changes (10) for ctx-delta-rc's range coder to pay its start
         base, target = make_pair(9, "BF16", [(20000,)], 0.0005)
         return base, target
-    if enc == "ctx-delta-rc":   # many changes whose size in ulps follows the exponent (SPEC.md §8.9)
+    if enc in ("ctx-delta-rc", "ctx-delta-rp"):   # many changes whose size in ulps follows the exponent (§8.9)
         w = (rng.standard_normal(100_000) * 0.05).astype(np.float32)
         u = (rng.standard_normal(100_000) * 1e-4).astype(np.float32)
         b, t = (w.view(np.uint32) >> 16).astype(np.uint16), ((w + u).view(np.uint32) >> 16).astype(np.uint16)
@@ -460,7 +460,7 @@ def _encoding_case(enc):
     raise AssertionError(enc)
 
 
-_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta", "ctx-delta-rc"}  # chosen unforced
+_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta", "ctx-delta-rp"}  # chosen unforced
 
 
 @pytest.mark.parametrize("enc", sorted(ALL_ENCODINGS))
@@ -468,7 +468,7 @@ def test_each_block_encoding_occurs(enc):
     base, target = _encoding_case(enc)
     if enc in _WRITER_PICKS:
         d = roundtrip(base, target, effort="fast")
-    else:  # bf16-delta / float-delta: ctx-delta is usually smaller, so ask for them by name
+    else:  # bf16-delta / float-delta (ctx-delta is usually smaller), ctx-delta-rc (-rp): ask for them by name
         d = encode_forced(base, target, enc)
         assert_bit_exact(arcfmt.decode(base, d), target)
         assert_bit_exact(stream_decode(d, base), target)
@@ -550,7 +550,7 @@ def test_steps_and_digests_recorded():
     d = arcfmt.encode(base, target, base_step=3, target_step=1 << 40)
     r = arcfmt.DeltaReader(d)
     assert (r.base_step, r.target_step) == (3, 1 << 40)
-    assert r.version == arcfmt.FORMAT_VERSION == (1, 7)
+    assert r.version == arcfmt.FORMAT_VERSION == (1, 8)
     d2 = arcfmt.encode(base, target)
     r2 = arcfmt.DeltaReader(d2)
     assert (r2.base_step, r2.target_step) == (None, None)

@@ -218,6 +218,7 @@ def valid_vectors():
     V += dense_valid_vectors()
     V += ctxas_valid_vectors()
     V += ctxrc_valid_vectors()
+    V += ctxrp_valid_vectors()
     V += inline_valid_vectors()
     return V
 
@@ -659,15 +660,16 @@ def ctx_case(seed, dt, m=4096, specials=True):
     return u.view(dt), t.view(dt)
 
 
-def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=None, rc=False) -> bytes:
+def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=None, rc=False, rp=False) -> bytes:
     """A one-tensor file whose blocks are ctx-delta with exactly the given thresholds, each stream of
     ``codec``; with ``signs`` ``(axis, P, phase)``, ctx-delta-as with that sign axis (``phase`` None: the
-    block's place in the tensor, as the reference encoder sets it); with ``rc`` too, ctx-delta-rc."""
+    block's place in the tensor, as the reference encoder sets it); with ``rc`` too, ctx-delta-rc (with
+    ``rp`` as well, ctx-delta-rp)."""
     from arcfmt import codecs, encodings
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
     be = block_elems or max(1, base.size)
-    name = "ctx-delta" if signs is None else "ctx-delta-rc" if rc else "ctx-delta-as"
+    name = "ctx-delta" if signs is None else "ctx-delta-rp" if rp else "ctx-delta-rc" if rc else "ctx-delta-as"
     d = write_separate({"x": base}, {"x": target}, force_encoding=name, force_codec=codec, block_elems=be)
     p = split(d)
     adt = from_numpy(base.dtype)
@@ -684,8 +686,8 @@ def ctx_custom(base, target, thresholds, codec="raw", block_elems=None, signs=No
             axis, period, phase = signs
             axes = [(axis, period, (k * be) % period if phase is None else phase)]
         if rc:
-            enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True)
-            assert enc.rc
+            enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True, rp=2 * rp)
+            assert enc.rc and enc.rp == rp
         else:
             enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), axes=axes, force_signs=bool(axes))
             assert enc.adaptive_signs == bool(axes)
@@ -1131,7 +1133,7 @@ def reject_vectors():
                     "random access checks every base first (§12.1 step 6)", ["12.1", "12.2", "12.3"],
                     {"a": b, "b": b2_wrong}, restream(wrong_step, two_raw), error="verification",
                     errors={"random": "wrong_base"}))
-    n("n_unknown_encoding", "encoding id 9", ["8"], mod(lambda p: set_first_encoding(p, 9)), "unsupported")
+    n("n_unknown_encoding", "encoding id 10", ["8"], mod(lambda p: set_first_encoding(p, 10)), "unsupported")
 
     n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(lambda p: set_first_encoding(p, 3)),
       "unsupported")
@@ -2360,12 +2362,15 @@ def _last_param(i, v):
     return edit
 
 
-def _coded_bytes(fn):
-    """An edit of stream 2 (range-coded), its length param following it."""
+def _coded_bytes(fn, i=2):
+    """An edit of stream ``i`` (range-coded), its length param following it."""
     def edit(streams, params):
-        streams[2][1] = fn(bytearray(streams[2][1]))
-        params[-1] = len(streams[2][1])
+        streams[i][1] = fn(bytearray(streams[i][1]))
+        params[-1] = len(streams[i][1])
     return edit
+
+
+_coded_bytes_of = _coded_bytes
 
 
 def _then_codec(fn):
@@ -2377,10 +2382,13 @@ def _then_codec(fn):
     return edit
 
 
-def _sign_axis_rejects(n, prefix, length, top, m, one, one_row, code_max_bytes, unit):
-    """The checks ctx-delta-as and ctx-delta-rc share (§8.8's sign params, the range coder's start and
+def _sign_axis_rejects(n, prefix, length, top, m, one, one_row, code_max_bytes, unit, stream=2):
+    """The checks ctx-delta-as, -rc and -rp share (§8.8's sign params, the range coder's start and
     length): ``length`` names the stream-length param, ``top`` its bound, ``code_max_bytes`` the bytes a
-    decoder that skips the first code's check reads; ``one`` and ``one_row`` files with one sign context."""
+    decoder that skips the first code's check reads; ``one`` and ``one_row`` files with one sign context;
+    ``stream``: the range-coded stream's number."""
+    def _coded_bytes(fn):
+        return _coded_bytes_of(fn, stream)
     n(f"{prefix}_axis_too_big", "axis = 3", _last_param(0, 3))
     n(f"{prefix}_one_period", "axis 0 with P = 2", _last_param(1, 2), src=one)
     n(f"{prefix}_one_phase", "axis 0 with phase = 1", _last_param(2, 1), src=one)
@@ -2621,6 +2629,211 @@ def ctxrc_reject_vectors():
     set_first_encoding(pf, 8)
     V.append(Vector("n_ctxrc_on_f64", "ctx-delta-rc is not defined for F64", ["8", "8.9"], {"x": f64}, assemble(pf),
                     error="unsupported"))
+    return V
+
+
+# ------------------------------------------------------------------------------------ ctx-delta-rp (§8.10)
+
+def ctxrp_custom(base, target, axis, period=1, phase=None, thresholds=(), codec="raw", block_elems=None) -> bytes:
+    """:func:`ctx_custom` as ctx-delta-rp with the given sign axis."""
+    return ctx_custom(base, target, thresholds, codec, block_elems, signs=(axis, period, phase), rc=True, rp=True)
+
+
+def _long_gaps_case(seed):
+    """BF16 changes packed tight in part of the block and far apart in the rest: small Rice parameters,
+    so some quotients run past 15 bits (G(k, 15) shared), in several classes."""
+    r = rng(seed)
+    b = (r.standard_normal(20000) * 0.02).astype(np.float32).astype(BF16)
+    u = b.view(np.uint16).copy()
+    pos = np.concatenate([np.arange(0, 3000, 2), np.arange(3000, 20000, 1700), [19999]])
+    u[pos] = np.where(u[pos] >= 32768, u[pos] - 1, u[pos] + 1)
+    return b, u.view(BF16)
+
+
+def ctxrp_valid_vectors():
+    V = []
+
+    def y(name, desc, base, target, data=None, **kw):
+        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-rp",
+                                                         **kw)
+        V.append(Vector(name, desc, ["8.10"], {"x": base}, data, expect_tensors={"x": target}))
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctxas_case(170 + i, dt)
+        y(f"y_ctxrp_{nm}", f"ctx-delta-rp on {nm.upper()}: the reference encoder's axis and Rice parameters, up to "
+          "16 classes, specials (steps of every bit length up to the dtype's bits)", b, t, effort="max")
+    _sign_axis_vectors(y, "y_ctxrp", ctxrp_custom, 180, "gaps and changes")
+    b, t = _long_gaps_case(182)
+    y("y_ctxrp_long_quotients", "gaps of 1 and of 1700 in one block, one class: quotients of every length up to "
+      "hundreds of bits (the contexts past j = 15 shared)", b, t, data=ctxrp_custom(b, t, 0))
+    y("y_ctxrp_long_quotients_classes", "the same gaps over four classes, each with its own contexts and Rice "
+      "parameter", b, t, data=ctxrp_custom(b, t, 0, thresholds=[115, 118, 120]))
+    r = rng(183)
+    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
+    su = sb.view(np.uint16).copy().astype(np.int64)
+    ch = r.random(60000) < 0.6
+    o = np.where(su >= 32768, 32767 - su, su)
+    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1), 0)
+    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    y("y_ctxrp_halving", "about 36000 changes in one class: the gap and change counts are halved many times and "
+      "the range coder carries", sb, su.view(BF16), data=ctxrp_custom(sb, su.view(BF16), 0))
+    b, t = ctxas_case(184, BF16, (30, 40), by="rows")
+    V.append(Vector("y_ctxrp_inline", "a ctx-delta-rp block inline in its TENS record (1.6 framing)", ["7", "8.10"],
+                    {"x": b}, write_delta({"x": b}, {"x": t}, force_encoding="ctx-delta-rp"),
+                    expect_tensors={"x": t}))
+    return V
+
+
+def _rp_recode(base, target, edit_g=None, edit_d=None):
+    """An edit of ctx-delta-rp's stream (and ``nbytes``): the block's gaps (class order) passed through
+    ``edit_g(g, counts)`` and its steps through ``edit_d(d, ords)`` (lists of ints, edited in place),
+    range-coded again with the block's own params."""
+    from arcfmt import twins
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings import ctx_delta as ctx
+
+    def edit(streams, params):
+        adt = from_numpy(base.dtype)
+        p = ctx.Params.unpack_rp(params)
+        bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+        pos = np.flatnonzero(bu != tu)
+        cls_all = np.searchsorted(np.array(p.thresholds, np.int64), ctx.exponent_field(adt, bu), side="right")
+        gaps, members = [], []
+        for k in range(p.classes):
+            members.append(np.flatnonzero(cls_all == k))
+            ranks = np.searchsorted(members[k], pos[cls_all[pos] == k])
+            gaps += (np.diff(ranks, prepend=-1) - 1).tolist()
+        pos = pos[np.argsort(cls_all[pos], kind="stable")]
+        d = (ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])).tolist()
+        if edit_g:
+            edit_g(gaps, p.counts)
+            ranks = np.cumsum(np.array(gaps, np.int64) + 1)
+            off, moved = 0, []
+            for k, ck in enumerate(p.counts):   # the positions the edited gaps name (sign contexts follow them)
+                rk = ranks[off:off + ck] - (ranks[off - 1] if off else 0) - 1
+                off += ck
+                if ck and rk[-1] >= members[k].size:
+                    break   # past the class: the decoder stops there, the changes are never read
+                moved.append(members[k][rk])
+            else:
+                pos = np.concatenate(moved)
+        if edit_d:
+            edit_d(d, ctx.ordered(adt, bu[pos]).tolist())
+        coded = twins._rc_encode(np.array(d, dtype=object), ctx.exponent_field(adt, bu[pos]), pos, bu.size,
+                                 *p.signs[:3], 1 << adt.exp_bits, (np.array(gaps, np.int64), p.counts, p.rice))
+        streams[0][1] = coded
+        params[-1] = len(coded)
+    return edit
+
+
+def _all_ones_rp_bytes(adt, base, target, rice) -> int:
+    """The bytes §8.10's decoder reads for a block of one class (Rice parameter ``rice``) and one sign
+    context when its code is never below the bound (2^32 - 1): every bit decodes as 1, so every gap is
+    2^r - 1 and every change a sign 1 and a bit length 1."""
+    from arcfmt import twins
+    from arcfmt.encodings import ctx_delta as ctx
+    quotients, fields, signs = twins._count_model(twins._RC_LENGTHS), twins._count_model(1), twins._count_model(1)
+    lengths = twins._count_model(twins._RC_LENGTHS << adt.exp_bits)
+    rng_, pos = 0xFFFFFFFF, 5
+
+    def one(model, i):
+        nonlocal rng_, pos
+        rng_ -= (rng_ >> 12) * (model[0](i) if model else 2048)
+        if model:
+            model[1](i, 1)
+        while rng_ < 1 << 24:
+            rng_, pos = rng_ << 8, pos + 1
+    bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+    fields_x = ctx.exponent_field(adt, bu[np.flatnonzero(bu != tu)]).tolist()
+    for _ in fields_x:
+        one(quotients, 0)
+        if rice:
+            one(fields, 0)
+            for _ in range(rice - 1):
+                one(None, 0)
+    for x in fields_x:
+        one(signs, 0)
+        one(lengths, x * twins._RC_LENGTHS)
+    return pos
+
+
+def ctxrp_reject_vectors():
+    V = []
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings import ctx_delta as ctx
+    b, t = ctxas_case(190, BF16, (40, 50), by="rows", specials=False)
+    base = {"x": b}
+    rows = ctxrp_custom(b, t, 1, 50, thresholds=[112, 116, 119])
+    one = ctxrp_custom(b, t, 0)
+    m = b.size
+    one_row = ctxrp_custom(b, t, 1, m)
+    adt = from_numpy(b.dtype)
+
+    def n(name, desc, fn, error="corrupt", src=None):
+        V.append(Vector(name, desc, ["8.10"], base, _restream(fn, src or rows), error=error))
+
+    def params_of(src):
+        p = split(src)
+        i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
+        return ctx.Params.unpack_rp(records.parse_block(p.recs[i].payload, records.parse_tensor(
+            p.recs[i - 1].payload, ""), 0, 0, "").params)
+    c = int((b.view(np.uint16) != t.view(np.uint16)).sum())
+    r_one = params_of(one).rice[0]
+    assert c << r_one <= m   # every gap 2^r - 1: the ranks stay in the block
+    _sign_axis_rejects(n, "n_ctxrp", ("nbytes", "(W + 4) c + ceil(m / 8) + 10"), ctx.rp_limit(adt, c, m), m, one,
+                       one_row, _all_ones_rp_bytes(adt, b, t, r_one), "changes", stream=0)
+    n("n_ctxrp_rice_big", "r_0 = 25: ctx-delta's checks come first (there is no qbits param)",
+      lambda streams, params: params.__setitem__(2 * params[0], 25))
+
+    def first_step(v):
+        def edit_d(d, ords):
+            d[0] = v(d[0])
+        return edit_d
+
+    def step_to(v):
+        def edit_d(d, ords):
+            d[0] = v - ords[0]
+        return edit_d
+    n("n_ctxrp_length_beyond_bits", "the first change's bit length goes on past 16 bits",
+      _rp_recode(b, t, edit_d=first_step(lambda x: 1 << 16)))
+    n("n_ctxrp_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
+      _rp_recode(b, t, edit_d=step_to(1 << 15)))
+    n("n_ctxrp_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1, one below the smallest",
+      _rp_recode(b, t, edit_d=step_to(-(1 << 15) - 1)))
+    n("n_ctxrp_step_out_of_range_last", "the last change's step made 65535 (its sign kept)",
+      _rp_recode(b, t, edit_d=lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+
+    def far(g, counts):
+        g[0] = 4 * m   # a quotient that passes the block long before its end bit
+    n("n_ctxrp_quotient_far", "the first gap is 4m: its quotient's 0 bits take the rank to m and on (the stream "
+      "ends the quotient later, then codes every change)", _rp_recode(b, t, edit_g=far))
+
+    members0 = int((ctx.exponent_field(adt, b.view(np.uint16).reshape(-1)) < 112).sum())
+    pr = params_of(rows)
+
+    def to_class_end(g, counts):
+        k = next(k for k, ck in enumerate(counts) if ck)
+        last = sum(g[:counts[k]]) + counts[k] - 1   # the class's last rank
+        n_k = members0 if k == 0 else None
+        assert n_k is not None and last < n_k < m
+        g[counts[k] - 1] += n_k - last   # that rank made n_k: past its class, still inside the block
+    assert pr.counts[0] > 0
+    n("n_ctxrp_rank_beyond_class", "class 0's last rank made n_0 (its member count, below m): beyond its class",
+      _rp_recode(b, t, edit_g=to_class_end))
+
+    def moved(g, counts):
+        j = next(j for j, x in enumerate(g) if x > 0)
+        g[j] -= 1   # one class's changes from here on move to the member before
+    n("n_ctxrp_verification", "a well-formed ctx-delta-rp block that rebuilds a different tensor (one gap one "
+      "shorter)", _rp_recode(b, t, edit_g=moved), error="verification")
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, 9)
+    V.append(Vector("n_ctxrp_on_f64", "ctx-delta-rp is not defined for F64", ["8", "8.10"], {"x": f64},
+                    assemble(pf), error="unsupported"))
     return V
 
 
@@ -3099,6 +3312,16 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_ctxrc_bytes_left", ["R-CTXRC-CHANGES.LENGTH"]), ("n_ctxrc_length_*", ["R-CTXRC-CHANGES.LONG"]),
     ("n_ctxrc_step_out_of_range*", ["R-CTXRC-CHANGES.STEP"]), ("n_ctxrc_qbits_*", ["R-CTX-PARAMS.QBITS"]),
     ("n_ctxrc_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrc_on_f64", ["R-ENCODING.DTYPE"]),
+    # -- ctx-delta-rp (§8.10)
+    ("y_ctxrp_*", ["R-CTXRP", "R-CTXRC", "R-CTX"]), ("n_ctxrp_axis_*", ["R-CTXRP-PARAMS.AXIS"]),
+    ("n_ctxrp_one_*", ["R-CTXRP-PARAMS.ONE"]), ("n_ctxrp_period_*", ["R-CTXRP-PARAMS.PERIOD"]),
+    ("n_ctxrp_phase_*", ["R-CTXRP-PARAMS.PHASE"]), ("n_ctxrp_nbytes_*", ["R-CTXRP-PARAMS.NBYTES"]),
+    ("n_ctxrp_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxrp_first_byte", ["R-CTXRP-CHANGES.FIRST"]),
+    ("n_ctxrp_code_max", ["R-CTXRP-CHANGES.CODE"]), ("n_ctxrp_past_end*", ["R-CTXRP-CHANGES.PAST-END"]),
+    ("n_ctxrp_bytes_left", ["R-CTXRP-CHANGES.LENGTH"]), ("n_ctxrp_length_*", ["R-CTXRP-CHANGES.LONG"]),
+    ("n_ctxrp_quotient_far", ["R-CTXRP-CHANGES.FAR"]), ("n_ctxrp_rank_beyond_class", ["R-CTXRP-CHANGES.RANK"]),
+    ("n_ctxrp_step_out_of_range*", ["R-CTXRP-CHANGES.STEP"]), ("n_ctxrp_rice_*", ["R-CTX-PARAMS.RICE"]),
+    ("n_ctxrp_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrp_on_f64", ["R-ENCODING.DTYPE"]),
     # -- ctx-delta-as (§8.8)
     ("y_ctxas_*", ["R-CTXAS", "R-CTX"]), ("n_ctxas_axis_*", ["R-CTXAS-PARAMS.AXIS"]),
     ("n_ctxas_one_*", ["R-CTXAS-PARAMS.ONE"]), ("n_ctxas_period_*", ["R-CTXAS-PARAMS.PERIOD"]),
@@ -3334,10 +3557,11 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.7",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.8",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + inline_reject_vectors()
-              + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors() + ctxrc_reject_vectors()):
+              + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors() + ctxrc_reject_vectors()
+              + ctxrp_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
         if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")

@@ -39,10 +39,11 @@ CTX_DELTA = ctx_delta.CtxDelta.id
 DENSE_DELTA = ctx_delta.DenseDelta.id
 CTX_DELTA_AS = ctx_delta.CtxDeltaAs.id
 CTX_DELTA_RC = ctx_delta.CtxDeltaRc.id
+CTX_DELTA_RP = ctx_delta.CtxDeltaRp.id
 
 __all__ = [
     "Block", "EncodedBlock", "Encoding", "StreamRole", "BY_NAME", "NAMES", "NEEDS_BASE", "by_name",
     "candidates", "decode_block", "encode_forced", "find", "for_dtype", "get", "keeps_base", "register",
     "registered", "unregister", "UNCHANGED", "XOR", "BF16_DELTA", "FLOAT_DELTA", "KEYFRAME", "CTX_DELTA",
-    "DENSE_DELTA", "CTX_DELTA_AS", "CTX_DELTA_RC",
+    "DENSE_DELTA", "CTX_DELTA_AS", "CTX_DELTA_RC", "CTX_DELTA_RP",
 ]

@@ -76,6 +76,7 @@ class Params:
     dense: bool = False  # a dense-delta block (§8.7): one class, its codes the unchanged elements'
     signs: tuple[int, int, int, int] | None = None  # ctx-delta-as (§8.8): axis, P, phase, sbytes; -rc: nbytes last
     rc: bool = False     # a ctx-delta-rc block (§8.9): signs and magnitudes in stream 2, no mag_width
+    rp: bool = False     # with rc: a ctx-delta-rp block (§8.10): gaps, signs, magnitudes in stream 0, no qbits
 
     @property
     def classes(self) -> int:
@@ -87,6 +88,9 @@ class Params:
 
     def pack(self) -> list[int]:
         head = [len(self.counts), *self.thresholds, *self.counts, *self.rice, self.qbits]
+        if self.rp:
+            assert self.signs is not None
+            return [*head[:-1], *self.signs]
         if self.rc:
             assert self.signs is not None
             return [*head, *self.signs]
@@ -106,6 +110,13 @@ class Params:
         k = p[0]
         return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], 0,
                    signs=(p[3 * k + 1], p[3 * k + 2], p[3 * k + 3], p[3 * k + 4]), rc=True)
+
+    @classmethod
+    def unpack_rp(cls, p: Sequence[int]) -> Params:
+        """ctx-delta-rp's params (§8.10): ctx-delta-rc's without ``qbits``."""
+        k = p[0]
+        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), 0, 0,
+                   signs=(p[3 * k], p[3 * k + 1], p[3 * k + 2], p[3 * k + 3]), rc=True, rp=True)
 
 
 def param_count(head: Sequence[int]) -> int:
@@ -131,6 +142,13 @@ def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
         raise CorruptError(f"ctx-delta changed count {c} outside 1..{m}")
     if max(p.rice, default=0) > MAX_RICE:
         raise CorruptError(f"ctx-delta Rice parameter above {MAX_RICE}")
+    if p.rp:
+        assert p.signs is not None
+        _check_sign_axis(p.signs, m, "ctx-delta-rp")
+        nbytes, top = p.signs[3], rp_limit(dt, c, m)
+        if not 5 <= nbytes <= top:
+            raise CorruptError(f"ctx-delta-rp stream of {nbytes} bytes outside 5..{top}")
+        return [nbytes]
     if not c <= p.qbits <= m:
         raise CorruptError(f"ctx-delta quotient bit count {p.qbits} outside {c}..{m}")
     rbits = sum(map(operator.mul, p.counts, p.rice))
@@ -156,6 +174,12 @@ def rc_limit(dt: DType, c: int) -> int:
     """The most bytes ctx-delta-rc's changes stream may take (§8.9): ctx-delta's raw signs and
     magnitudes at their widest, plus the range coder's start."""
     return (dt.itemsize + 1) * c + 8
+
+
+def rp_limit(dt: DType, c: int, m: int) -> int:
+    """The most bytes ctx-delta-rp's stream may take (§8.10): ctx-delta-rc's bound plus the most
+    §8.6's quotient and remainder streams hold (``qbits ≤ m``, ``R ≤ 24c``)."""
+    return (dt.itemsize + 4) * c + (m + 7) // 8 + 9
 
 
 def rc_stream_length(dt: DType, signs: Sequence[int], c: int, m: int) -> int:
@@ -263,6 +287,7 @@ class Encoded:
     streams: list[bytes]
     adaptive_signs: bool = False   # a ctx-delta-as block (§8.8)
     rc: bool = False               # a ctx-delta-rc block (§8.9)
+    rp: bool = False               # with rc: a ctx-delta-rp block (§8.10)
     other: Encoded | None = None   # the block as ctx-delta too, where its codec may make that the smaller
 
 
@@ -273,7 +298,7 @@ def _varints(values: Sequence[int]) -> int:
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
            thresholds: Sequence[int] | None = None, max_classes: int = DEFAULT_CLASSES, dense: bool = False,
            axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
-           rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False) -> Encoded:
+           rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False, rp: int = 0) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
     ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
     ``rc_axes``: sign contexts to try for ``ctx-delta-rc`` (§8.9), tried first: the block is that
@@ -281,7 +306,9 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     wherever it stays within §8.9's bound); on a block of few changes, where a codec may still make
     ctx-delta the smaller, with ctx-delta as ``other``. Otherwise ``axes``: sign contexts
     (:func:`sign_axes`) to try: the block is ``ctx-delta-as`` (§8.8) where the best of them codes the
-    signs in fewer bytes than the raw bits and the extra params, or always with ``force_signs``."""
+    signs in fewer bytes than the raw bits and the extra params, or always with ``force_signs``.
+    ``rp`` (with ``rc_axes``): 1 makes a ctx-delta-rc block ``ctx-delta-rp`` (§8.10) where the model's
+    estimate of its gaps is below their Rice bits, 2 always."""
     if dense:
         thresholds = []
     elif thresholds is None:
@@ -290,20 +317,23 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     c = positions.size
     if rc_axes and not dense:
         both = not force_rc and c < _RC_ALONE
-        counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
-            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, False, rc_limit(dt, c), both)
+        counts, rice, qbits, mw, streams, signs, used_rp = backend.selected().ctx_encode(
+            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, False, rc_limit(dt, c), both,
+            rp, rp_limit(dt, c, base.size))
         if signs is not None:
             i, coded = signs
             rc_params = (*rc_axes[i], len(coded))
-            # ctx-delta's signs and magnitudes as they are before any codec, with its one more param
-            raw = (c + 7) // 8 + c * mw + 1
+            # ctx-delta's signs and magnitudes as they are before any codec, with its one more param;
+            # -rp's stream holds the positions too
+            raw = (c + 7) // 8 + c * mw + 1 + (len(streams[0]) + len(streams[1]) if used_rp else 0)
             if force_rc or len(coded) + _varints(rc_params) < raw:
-                p = Params(list(thresholds), counts, rice, qbits, 0, signs=rc_params, rc=True)
+                p = Params(list(thresholds), counts, rice, qbits, 0, signs=rc_params, rc=True, rp=used_rp)
                 other = None
                 if both:
                     other = Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
-                return Encoded(p.pack(), [streams[0], streams[1], coded], rc=True, other=other)
-    counts, rice, qbits, mw, streams, signs = backend.selected().ctx_encode(
+                coded_streams = [coded] if used_rp else [streams[0], streams[1], coded]
+                return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, other=other)
+    counts, rice, qbits, mw, streams, signs, _ = backend.selected().ctx_encode(
         dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
     if dense:
@@ -355,9 +385,10 @@ def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.
     if status != backend.OK:
         # Worded from the status, the same for every backend: re-running the numpy twin to find the
         # check again cost ~60 bytes of scratch per element (a 1 KB file made 1 GB, per worker).
-        name = ("dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-rc" if p.rc
-                else "ctx-delta-as")
-        raise CorruptError(f"{name}{(_FAILED_RC if p.rc else _FAILED)[status].format(dt=dt.name, m=m)}")
+        name = ("dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-rp" if p.rp
+                else "ctx-delta-rc" if p.rc else "ctx-delta-as")
+        failed = _FAILED_RP if p.rp else _FAILED_RC if p.rc else _FAILED
+        raise CorruptError(f"{name}{failed[status].format(dt=dt.name, m=m)}")
 
 
 # What each failed check of a backend's ctx_decode is (its status codes, in SPEC.md §8.6 order)
@@ -379,6 +410,9 @@ _FAILED_RC = {**_FAILED,   # ctx-delta-rc's stream 2 codes the magnitudes too (�
               backend.S_PAST: " changes stream: the changes read past the end of the stream",
               backend.S_LENGTH: " changes stream: bytes left after the last change",
               backend.M_LONG: " changes stream: a magnitude longer than the {dt} bit pattern"}
+_FAILED_RP = {**_FAILED_RC,   # ctx-delta-rp's one stream codes the gaps first (§8.10)
+              backend.BEYOND: ": a position beyond its class of the block of {m} elements",
+              backend.S_PAST: " changes stream: the gaps or changes read past the end of the stream"}
 
 
 def warm_up() -> None:
@@ -417,6 +451,7 @@ def warm_up() -> None:
 _ROLES = (StreamRole("quotients", "positions"), StreamRole("remainders", "positions"),
           StreamRole("signs", "steps"), StreamRole("magnitudes", "steps"))
 _RC_ROLES = (*_ROLES[:2], StreamRole("changes", "steps"))
+_RP_ROLES = (StreamRole("changes", "positions+steps"),)
 
 
 @register
@@ -460,10 +495,10 @@ class CtxDelta(Encoding):
         return _ROLES
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               ) -> EncodedBlock | None:
+               rp: str = "never") -> EncodedBlock | None:
         """None when nothing changed. ``signs``: ``"never"`` (this encoding), ``"auto"`` (ctx-delta-as
         where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as). ``rc``: likewise
-        for ctx-delta-rc (§8.9), tried first."""
+        for ctx-delta-rc (§8.9), tried first; ``rp``: likewise for ctx-delta-rp (§8.10) in its place."""
         positions = block.positions
         c = positions.size
         if c == 0:
@@ -475,12 +510,15 @@ class CtxDelta(Encoding):
         axes = sign_axes(block.period, block.offset, block.m) if as_wanted or rc != "never" else []
         enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged,
                      axes=axes if as_wanted else (), force_signs=signs == "always",
-                     rc_axes=axes if rc != "never" else (), force_rc=rc == "always")
-        kind = CtxDeltaRc.id if enc.rc else CtxDeltaAs.id if enc.adaptive_signs else self.id
+                     rc_axes=axes if rc != "never" else (), force_rc=rc == "always",
+                     rp=("never", "auto", "always").index(rp))
+        kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRc.id if enc.rc else CtxDeltaAs.id if enc.adaptive_signs
+                else self.id)
         out = EncodedBlock(kind, enc.params, enc.streams, c, dense=(0, 1, 2))
         if enc.other is None:
             return out
         block.made_for[CtxDeltaRc.id] = out   # tried beside ctx-delta's own: CtxDeltaRc.propose hands it on
+        # (a ctx-delta-rp candidate too: it stands where -rc's would)
         return EncodedBlock(self.id, enc.other.params, enc.other.streams, c, dense=(0, 1, 2))
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -490,8 +528,9 @@ class CtxDelta(Encoding):
         effort = block.effort
         signs = "auto" if block.may_use(CtxDeltaAs) else "never"   # (unregistered: bench.py --without)
         rc = "auto" if block.may_use(CtxDeltaRc) else "never"   # (or a file for readers of 1.6 or older)
+        rp = "auto" if rc == "auto" and block.may_use(CtxDeltaRp) else "never"
         classes = CLASS_LIMITS.get(effort, DEFAULT_CLASSES) if isinstance(effort, str) else DEFAULT_CLASSES
-        return self.encode(block, classes, signs, rc)
+        return self.encode(block, classes, signs, rc, rp)
 
 
 @register
@@ -510,7 +549,7 @@ class CtxDeltaAs(CtxDelta):
         return param_count(head) + (4 if head else 0)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "always", rc: str = "never",
-               ) -> EncodedBlock | None:
+               rp: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, signs)
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -544,7 +583,7 @@ class CtxDeltaRc(CtxDelta):
         return _RC_ROLES
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
-               ) -> EncodedBlock | None:
+               rp: str = "never") -> EncodedBlock | None:
         out = super().encode(block, max_classes, "never", "always")
         if out is not None and out.encoding != self.id:
             raise InputError(f"ctx-delta-rc: this block's changes take more than {rc_limit(block.dt, out.changed)} "
@@ -554,6 +593,44 @@ class CtxDeltaRc(CtxDelta):
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """The candidate ctx-delta's pass made beside its own (a block of few changes), if any."""
         return block.made_for.pop(self.id, None)
+
+
+@register
+class CtxDeltaRp(CtxDeltaRc):
+    """``ctx-delta-rp`` (SPEC.md §8.10): ``ctx-delta-rc`` whose gaps are range-coded too, first in its one
+    stream: each Rice quotient in unary in contexts of its class and place, each field's top bit in a
+    context of its class. Why: a class mixes exponents of different change rates and its Rice parameter
+    is a whole power of two, so those bits are not the fair coins a static code pays one bit each for.
+    ``ctx-delta`` proposes it in ctx-delta-rc's place (``rp="auto"``); forced, it codes every block
+    that stays within §8.10's bound."""
+
+    id = 9
+    name = "ctx-delta-rp"
+    since = (1, 8)
+    trial_rank = 14
+
+    def unpack(self, params: Sequence[int]) -> Params:
+        return Params.unpack_rp(params)
+
+    def param_count(self, head: Sequence[int]) -> int:
+        return param_count(head) + (2 if head else 0)
+
+    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
+        return stream_lengths(dt, Params.unpack_rp(params), m)
+
+    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
+        return _RP_ROLES
+
+    def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
+               rp: str = "always") -> EncodedBlock | None:
+        out = CtxDelta.encode(self, block, max_classes, "never", "always", "always")
+        if out is not None and out.encoding != self.id:
+            raise InputError(f"ctx-delta-rp: this block takes more than {rp_limit(block.dt, out.changed, block.m)} "
+                             "bytes range-coded (SPEC.md §8.10)")
+        return out
+
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        return None   # ctx-delta's pass makes it, in ctx-delta-rc's place
 
 
 @register
@@ -574,7 +651,7 @@ class DenseDelta(CtxDelta):
         return dense_unpack(params)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               ) -> EncodedBlock | None:
+               rp: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
