@@ -157,15 +157,16 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
         i, promising = 0, True
         if len(sign_axes) > 1:
             n = min(len(cpos), SIGN_SAMPLE)
-            est = [_sign_cost(sbits[:n], cpos[:n], m, *axes) for axes in sign_axes]
-            i = est.index(min(est))
-            promising = force_signs or est[i] < SIGN_PROMISING * n
+            ests = [_sign_cost(sbits[:n], cpos[:n], m, *axes) for axes in sign_axes]
+            i = ests.index(min(ests))
+            promising = force_signs or ests[i] < SIGN_PROMISING * n
         if rc_limit > 0:
             axis, period, phase = sign_axes[i]
             use_rp = False
             if rp:
                 rp_rice = list(rice)
-                use_rp = rp == 2 or _rp_rice(g.tolist(), counts, rp_rice) < qbits + rbits
+                est = _rp_rice(g.tolist(), counts, rp_rice)   # (forced too: it picks the Rice parameters)
+                use_rp = rp == 2 or est < qbits + rbits
                 if use_rp:
                     rice = rp_rice
             limit = rp_limit if use_rp else rc_limit

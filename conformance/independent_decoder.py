@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.7 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.8 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -207,6 +207,44 @@ when it is needed; then exactly nbytes bytes read; then §8.6 step 5.  The conte
 in every block, as in §8.8.  The header/trailer minor version needs no change: any minor is read
 (§4, §16), 7 included.
 
+Version 1.8 (ctx-delta-rp, encoding 9, §8.10; R-CTXRP*):
+  - read_block_fields: id 9 is known (KNOWN_ENCODINGS), defined for the dtypes of ctx-delta
+    (`unsupported` on any other); its 3K + 4 params (K; thresholds; counts; Rice parameters; axis;
+    P; phase; nbytes: no qbits, no mw) are all read, K checked as soon as it is read, then §8.6's
+    checks on the thresholds, c and the r_k (read_ctx_params with positions_rp: no qbits check, no
+    mw check), then check_ctxrp_params: AXIS, ONE, PERIOD, PHASE, NBYTES
+    (5 <= nbytes <= (W + 4) c + ceil(m / 8) + 9), check sites of their own.  S = 1 stream (changes,
+    decoded length nbytes, decoded with its codec as any stream).
+  - decode_ctx_delta_rp, in §8.10's order: step 1 starts the range decoder on stream 0
+    (ctxrp_range_start: FIRST, CODE); step 2 (ctxrp_decode_gaps) decodes the gaps of every class,
+    class 0 first, each quotient in unary in G(k, min(Q, 15)) with the FAR check made after each 0
+    bit is decoded in full (renormalisation included, so PAST-END comes first), then the field (its
+    top bit in F(k), r_k - 1 bits of probability one half), rank q = prev + g + 1; step 3 checks each
+    class's last rank against n_k, class by class (RANK), and maps ranks to members (class_members,
+    shared with ctx-delta); step 4 is §8.9's (a)-(d), run by ctxrc_decode_changes on the same range
+    decoder (``rd``), followed by the byte count (LENGTH).  The range decoder and the contexts' p0 and
+    count update are one class, CtxRangeDecoder, shared with ctx-delta-rc; each R-CTXRP check
+    (PAST-END, LONG, STEP, LENGTH) is a check site of its own beside the R-CTXRC one, chosen by
+    whether the decoder is ctx-delta-rp's, so that each can be switched off alone (mutate.py).
+  - The header/trailer minor version needs no change: any minor is read (§4, §16), 8 included
+    (and, as §16 has a 1.m decoder do, any later minor: an encoding id above 9 is still refused
+    where it is met, `unsupported`).
+  ASSUMPTIONs:
+  E1 §8.10 step 2 "for each class k with c_k > 0, with prev = -1, c_k times": prev starts again
+     at -1 for each class (ranks count members within one class, §8.6), not once for the block.
+  E2 §8.10 step 2 (a): the FAR bound is m, the block's element count, as written (not n_k): a
+     class's rank in [n_k, m) passes step 2 and is refused by step 3's RANK check, after the gaps
+     of every class were decoded; so a later class's PAST-END or FAR failure is reported before an
+     earlier class's RANK failure.  (All `corrupt`: only the message depends on it.)  No FAR check
+     is made for Q = 0 (only "while it is 0, Q grows ... if now ..."); a rank past m reached with
+     Q = 0 (through the field) is likewise left to RANK.
+  E3 §8.10 "decoding steps 1-3" that §8.10 replaces are taken to be §8.6's steps 1-3 as §8.9 uses
+     them (quotient and remainder streams, the range decoder's start): §8.9 numbers no steps of its
+     own.  §8.6's quotient-stream checks (padding, c one bits, bit qbits - 1) and the remainder
+     stream's padding check have no counterpart: there are no such streams.
+  E4 The sign, U and V contexts of step 4 are the block's (counts 0 at its start, §8.10
+     "Contexts"); step 2 uses none of them, so they are made when step 4 starts.
+
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
   P2 S2 "null means absent" vs "a missing field is corrupt": every key of the S5-S7 tables must
@@ -335,8 +373,9 @@ ENC_CTX_DELTA = 5  # added in version 1.1 (§8.6)
 ENC_DENSE_DELTA = 6  # added in version 1.2 (§8.7)
 ENC_CTX_DELTA_AS = 7  # added in version 1.4 (§8.8)
 ENC_CTX_DELTA_RC = 8  # added in version 1.7 (§8.9)
+ENC_CTX_DELTA_RP = 9  # added in version 1.8 (§8.10)
 KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
-                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC}
+                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RP}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
@@ -354,6 +393,9 @@ CTX_DELTA_RC_DTYPES = CTX_DELTA_DTYPES  # §8.9: the dtypes of ctx-delta
 CTXRC_MIN_NBYTES = 5  # §8.9: as §8.8's sbytes, the range decoder's first byte and its 4-byte code
 CTXRC_MAX_J = 15  # §8.9: the length and bit contexts U(x, j), V(x, j) have 0 <= j <= 15
 CTXRC_HALF = 2048  # §8.9: a bit "of probability one half" is coded with p0 = 2048, in no context
+CTX_DELTA_RP_DTYPES = CTX_DELTA_DTYPES  # §8.10: the dtypes of ctx-delta
+CTXRP_MIN_NBYTES = 5  # §8.10: as §8.9's nbytes, the range decoder's first byte and its 4-byte code
+CTXRP_MAX_J = 15  # §8.10: the quotient contexts G(k, j) have 0 <= j <= 15
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -1047,6 +1089,8 @@ def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.sbytes, ctx.c * ctx.mw]
     if enc == ENC_CTX_DELTA_RC:  # §8.9: S = 3, stream 2 holds nbytes range-coded bytes; no stream 3
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]
+    if enc == ENC_CTX_DELTA_RP:  # §8.10: S = 1, stream 0 holds nbytes range-coded bytes (gaps, then changes)
+        return [ctx.nbytes]
     if enc == ENC_DENSE_DELTA:  # §8.7
         return [ceil_div(dense.qbits, 8), ceil_div(dense.u * dense.r, 8), ceil_div(dense.c, 8),
                 dense.c * dense.mw]
@@ -1070,7 +1114,7 @@ class CtxParams:
     pass
 
 
-def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False):
+def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False, positions_rp=False):
     """§8.6 params, read in order (all varints): K; T_1 .. T_{K-1}; c_0 .. c_{K-1};
     r_0 .. r_{K-1}; qbits; mw.  `K` is checked as soon as it is read (R-CTX-CLASSES), the rest
     after the last param (§8 check 1 "after the params"), in the order §8.6 lists them; all
@@ -1082,10 +1126,16 @@ def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False):
 
     changes_rc (ctx-delta-rc, §8.9): no mw; axis, P, phase, nbytes follow qbits (3K + 5 params) and
     are read before any check but K's (§8.9: "once all params are read"); §8.6's checks are made
-    without mw's; the caller then makes §8.9's own param checks (check_ctxrc_params)."""
+    without mw's; the caller then makes §8.9's own param checks (check_ctxrc_params).
+
+    positions_rp (ctx-delta-rp, §8.10): no qbits and no mw; axis, P, phase, nbytes follow
+    r_{K-1} (3K + 4 params) and are read before any check but K's (§8.10: "once all params are
+    read"); §8.6's checks are made on the thresholds, c and the r_k only (no qbits check, no mw
+    check); the caller then makes §8.10's own param checks (check_ctxrp_params)."""
     p = CtxParams()
     p.signs_as = signs_as
     p.changes_rc = changes_rc
+    p.positions_rp = positions_rp
     K = cur.varint("K")
     # ASSUMPTION A12: K at once (R-CTX-CLASSES); the rest after the last param, in §8.6's order.
     if not 1 <= K <= CTX_MAX_CLASSES:
@@ -1094,14 +1144,22 @@ def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False):
     p.thresholds = [cur.varint(f"T_{j + 1}") for j in range(K - 1)]
     p.counts = [cur.varint(f"c_{k}") for k in range(K)]
     p.rice = [cur.varint(f"r_{k}") for k in range(K)]
-    p.qbits = cur.varint("qbits")
-    if changes_rc:  # §8.9: 3K + 5 params in all, no mw
+    if positions_rp:  # §8.10: 3K + 4 params in all, no qbits, no mw
+        p.qbits = None
         p.mw = None
         p.axis = cur.varint("axis")
         p.P = cur.varint("P")
         p.phase = cur.varint("phase")
         p.nbytes = cur.varint("nbytes")
     else:
+        p.qbits = cur.varint("qbits")
+    if changes_rc:  # §8.9: 3K + 5 params in all, no mw
+        p.mw = None
+        p.axis = cur.varint("axis")
+        p.P = cur.varint("P")
+        p.phase = cur.varint("phase")
+        p.nbytes = cur.varint("nbytes")
+    elif not positions_rp:
         p.mw = cur.varint("mw")
     if signs_as:  # §8.8: 3K + 6 params in all
         p.axis = cur.varint("axis")
@@ -1125,9 +1183,9 @@ def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False):
     for k, r in enumerate(p.rice):
         if r > CTX_MAX_RICE:
             fail("corrupt", f"{what}: ctx-delta r_{k} = {r} > {CTX_MAX_RICE}")
-    if not p.c <= p.qbits <= m:
+    if not positions_rp and not p.c <= p.qbits <= m:  # §8.10 has no qbits
         fail("corrupt", f"{what}: ctx-delta qbits = {p.qbits} not in [c = {p.c}, m = {m}]")
-    if not changes_rc and not 1 <= p.mw <= ti.W:  # §8.9 "has no mw here"
+    if not changes_rc and not positions_rp and not 1 <= p.mw <= ti.W:  # §8.9 "has no mw here"; §8.10 neither
         fail("corrupt", f"{what}: ctx-delta mw = {p.mw} not in [1, W = {ti.W}]")
     p.R = sum(ck * rk for ck, rk in zip(p.counts, p.rice))
     return p
@@ -1259,7 +1317,65 @@ def ctxrc_range_start(s2, what):
     return code
 
 
-def ctxrc_decode_changes(s2, code, positions, base, p, ti, what):
+class CtxRangeDecoder:
+    """§8.8's range decoder over one range-coded stream, and §8.8's adaptive binary contexts, as
+    ctx-delta-rc (§8.9: stream 2, `changes`) and ctx-delta-rp (§8.10: stream 0, the gaps and then the
+    changes) use them.  Made after the caller's two start checks (first byte 0, code below
+    2^32 - 1: ctxrc_range_start, ctxrp_range_start); range = 2^32 - 1, five bytes read.
+
+    bit(p0): one bit of probability p0 (out of 4096), then the renormalisation; a byte beyond the
+    stream's nbytes is `corrupt` (R-CTXRC-CHANGES.PAST-END, R-CTXRP-CHANGES.PAST-END: one check site
+    per encoding, ``rp`` telling which).  context_bit(n0, n1, j): one bit in the context whose counts
+    are n0[j], n1[j], with §8.8's p0, then §8.8's count update (halving included).  ``at`` says what is
+    being decoded, for the messages only."""
+
+    def __init__(self, data, code, rp, what):
+        self.data = data
+        self.nbytes = len(data)
+        self.rng = 0xFFFFFFFF  # range = 2^32 - 1
+        self.code = code
+        self.pos = CTXRC_MIN_NBYTES  # the start read the first byte and the four code bytes
+        self.rp = rp
+        self.what = what
+        self.at = None
+
+    def bit(self, p0):
+        rng, cd, pos = self.rng, self.code, self.pos
+        bound = (rng >> CTXAS_PROB_BITS) * p0
+        if cd < bound:
+            bit = 0
+            rng = bound
+        else:
+            bit = 1
+            cd -= bound
+            rng -= bound
+        while rng < RC_TOP:
+            if pos >= self.nbytes and not self.rp:  # §8.9 (R-CTXRC-CHANGES.PAST-END)
+                fail("corrupt", f"{self.what}: change {self.at} reads past the {self.nbytes} bytes "
+                                f"of the stream")
+            if pos >= self.nbytes and self.rp:  # §8.10 (R-CTXRP-CHANGES.PAST-END)
+                fail("corrupt", f"{self.what}: {self.at} reads past the {self.nbytes} bytes of the "
+                                f"stream (R-CTXRP-CHANGES.PAST-END)")
+            rng *= 256
+            cd = cd * 256 + self.data[pos]
+            pos += 1
+        self.rng, self.code, self.pos = rng, cd, pos
+        return bit
+
+    def context_bit(self, n0, n1, j):
+        a, b = n0[j], n1[j]
+        bit = self.bit((2 * a + 1) * 4096 // (2 * (a + b) + 2))
+        if bit:
+            b += 1
+        else:
+            a += 1
+        if a + b == CTXAS_COUNT_LIMIT:
+            a, b = (a + 1) // 2, (b + 1) // 2
+        n0[j], n1[j] = a, b
+        return bit
+
+
+def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None):
     """§8.9 decoding, after §8.6 steps 1-3: for each change (``positions``: each change's index in
     the block, in class order), with b = base[p] and x = x(p) its exponent field:
       1. the sign s, one bit in the sign context of p (§8.8: axis, P, phase);
@@ -1273,11 +1389,20 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what):
     the range decoder is §8.8's over stream 2: a byte beyond its nbytes is `corrupt`
     (R-CTXRC-CHANGES.PAST-END); after the last change (its renormalisation included) exactly nbytes
     bytes must have been read (R-CTXRC-CHANGES.LENGTH).  Returns the target elements (§8.6 step 5:
-    every other element keeps its base value)."""
+    every other element keeps its base value).
+
+    rd (ctx-delta-rp, §8.10 step 4): the range decoder of stream 0, going on from where the gaps
+    (step 2) left it; s2 and code are then unused.  The same items (a)-(d) and the same contexts
+    (sign, U, V: none was used by the gaps, so their counts are still 0), with §8.10's own check
+    sites: R-CTXRP-CHANGES.LONG, .STEP, .PAST-END (in CtxRangeDecoder.bit) and .LENGTH."""
     E, M, B = ti.E, ti.M, 8 * ti.W
     H = 2 ** (B - 1)
     emask = 2 ** E - 1
-    m, c, nbytes = len(base), len(positions), len(s2)
+    m, c = len(base), len(positions)
+    rp = rd is not None
+    if not rp:
+        rd = CtxRangeDecoder(s2, code, False, f"{what} stream 2 (changes)")
+    nbytes = rd.nbytes
     axis, P, phase = p.axis, p.P, p.phase
     if axis == 0:  # the sign contexts of §8.8
         J = 1
@@ -1290,44 +1415,11 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what):
     sign_n0, sign_n1 = [0] * J, [0] * J
     len_n0, len_n1 = [0] * ((emask + 1) * nj), [0] * ((emask + 1) * nj)
     bit_n0, bit_n1 = [0] * ((emask + 1) * nj), [0] * ((emask + 1) * nj)
-    state = [0xFFFFFFFF, code, CTXRC_MIN_NBYTES]  # range, code, bytes read (the start read five)
-
-    def decode_bit(p0, t):
-        """§8.8: one bit of probability p0 (out of 4096), then the renormalisation."""
-        rng, cd, pos = state
-        bound = (rng >> CTXAS_PROB_BITS) * p0
-        if cd < bound:
-            bit = 0
-            rng = bound
-        else:
-            bit = 1
-            cd -= bound
-            rng -= bound
-        while rng < RC_TOP:
-            if pos >= nbytes:
-                fail("corrupt", f"{what} stream 2 (changes): change {t} of {c} reads past the "
-                                f"{nbytes} bytes of the stream")
-            rng *= 256
-            cd = cd * 256 + s2[pos]
-            pos += 1
-        state[0], state[1], state[2] = rng, cd, pos
-        return bit
-
-    def context_bit(n0, n1, j, t):
-        """§8.8: one bit in context j (counts n0[j], n1[j]) with its p0, then the count update."""
-        a, b = n0[j], n1[j]
-        bit = decode_bit((2 * a + 1) * 4096 // (2 * (a + b) + 2), t)
-        if bit:
-            b += 1
-        else:
-            a += 1
-        if a + b == CTXAS_COUNT_LIMIT:
-            a, b = (a + 1) // 2, (b + 1) // 2
-        n0[j], n1[j] = a, b
-        return bit
+    context_bit = rd.context_bit
 
     target = base[:]  # §8.6 step 5: every other element keeps its base value
     for t, i in enumerate(positions):
+        rd.at = f"change {t} of {c}" if rp else f"{t} of {c}"
         bu = base[i]
         x = (bu >> M) & emask
         # 1. The sign, in the sign context of the change's position (§8.8).
@@ -1337,32 +1429,167 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what):
             j = (i + phase) // P
         else:
             j = (i + phase) % P
-        s = context_bit(sign_n0, sign_n1, j, t)
+        s = context_bit(sign_n0, sign_n1, j)
         # 2. The bit length n, unary in the length contexts U(x, min(n - 1, 15)).
         n = 1
-        while not context_bit(len_n0, len_n1, x * nj + min(n - 1, CTXRC_MAX_J), t):
-            if n == B:  # ASSUMPTION D1: after the bit (and its renormalisation) is decoded
+        while not context_bit(len_n0, len_n1, x * nj + min(n - 1, CTXRC_MAX_J)):
+            if n == B and not rp:  # ASSUMPTION D1: after the bit (and its renormalisation) is decoded
                 fail("corrupt", f"{what} stream 2 (changes): change {t} at element {i}: bit length "
                                 f"passes B = {B} bits")
+            if n == B and rp:  # §8.10 step 4, §8.9 (b): after the bit, its renormalisation included
+                fail("corrupt", f"{what} stream 0 (changes): change {t} at element {i}: bit length "
+                                f"passes B = {B} bits (R-CTXRP-CHANGES.LONG)")
             n += 1
         # 3. The magnitude a: its top bit implied, the next in V(x, min(n - 2, 15)), the rest halves.
         if n == 1:
             a = 1
         else:
-            a = 2 + context_bit(bit_n0, bit_n1, x * nj + min(n - 2, CTXRC_MAX_J), t)
+            a = 2 + context_bit(bit_n0, bit_n1, x * nj + min(n - 2, CTXRC_MAX_J))
             for _ in range(n - 2):
-                a = 2 * a + decode_bit(CTXRC_HALF, t)
+                a = 2 * a + rd.bit(CTXRC_HALF)
         # 4. The order-preserving step (ASSUMPTION D2: checked within the change).
         d = -a if s else a
         v = (bu if bu < H else H - 1 - bu) + d
-        if not -H <= v < H:
+        if not -H <= v < H and not rp:
             fail("corrupt", f"{what}: ctx-delta-rc step {d} at element {i} takes the order-preserving "
                             f"integer {v} outside [-2^{B - 1}, 2^{B - 1})")
+        if not -H <= v < H and rp:  # §8.10 step 4, §8.9 (d) (R-CTXRP-CHANGES.STEP)
+            fail("corrupt", f"{what}: ctx-delta-rp step {d} at element {i} takes the order-preserving "
+                            f"integer {v} outside [-2^{B - 1}, 2^{B - 1}) (R-CTXRP-CHANGES.STEP)")
         target[i] = v if v >= 0 else H - 1 - v
-    if state[2] != nbytes:
-        fail("corrupt", f"{what} stream 2 (changes): the {c} changes read {state[2]} of its "
+    if rd.pos != nbytes and not rp:
+        fail("corrupt", f"{what} stream 2 (changes): the {c} changes read {rd.pos} of its "
                         f"{nbytes} bytes")
+    if rd.pos != nbytes and rp:  # §8.10: the gaps and the changes read exactly nbytes bytes
+        fail("corrupt", f"{what} stream 0 (changes): the gaps and the {c} changes read {rd.pos} of "
+                        f"its {nbytes} bytes (R-CTXRP-CHANGES.LENGTH)")
     return target
+
+
+def check_ctxrp_params(p, ti, m, what):
+    """§8.10 params checks (R-CTXRP-PARAMS), after those of §8.6 on the thresholds, c and the r_k
+    (read_ctx_params, without qbits and mw), in §8.10's order: axis, P and phase as §8.8 checks them
+    (axis <= 2; with axis = 0, P = 1 and phase = 0, else 1 <= P <= m and phase < P);
+    5 <= nbytes <= (W + 4) c + ceil(m / 8) + 9.  All `corrupt`; one check per condition of Appendix
+    A.1 (AXIS, ONE, PERIOD, PHASE, NBYTES), check sites of their own (not shared with ctx-delta-as
+    or ctx-delta-rc)."""
+    if not p.axis <= CTXAS_MAX_AXIS:
+        fail("corrupt", f"{what}: ctx-delta-rp axis = {p.axis} > {CTXAS_MAX_AXIS} (R-CTXRP-PARAMS.AXIS)")
+    if p.axis == 0:
+        if not (p.P == 1 and p.phase == 0):
+            fail("corrupt", f"{what}: ctx-delta-rp axis 0 needs P = 1 and phase = 0, "
+                            f"got P = {p.P}, phase = {p.phase} (R-CTXRP-PARAMS.ONE)")
+    else:
+        if not 1 <= p.P <= m:
+            fail("corrupt", f"{what}: ctx-delta-rp P = {p.P} not in [1, m = {m}] (R-CTXRP-PARAMS.PERIOD)")
+        if not p.phase < p.P:
+            fail("corrupt", f"{what}: ctx-delta-rp phase = {p.phase} not below P = {p.P} "
+                            f"(R-CTXRP-PARAMS.PHASE)")
+    top = (ti.W + 4) * p.c + ceil_div(m, 8) + 9
+    if not CTXRP_MIN_NBYTES <= p.nbytes <= top:
+        fail("corrupt", f"{what}: ctx-delta-rp nbytes = {p.nbytes} not in "
+                        f"[{CTXRP_MIN_NBYTES}, (W + 4) c + ceil(m / 8) + 9 = {top}] (R-CTXRP-PARAMS.NBYTES)")
+
+
+def ctxrp_range_start(s0, what):
+    """§8.10 decoding step 1: the range decoder of §8.8 starts on stream 0: its first byte is 0
+    (R-CTXRP-CHANGES.FIRST); `code` is the next four bytes, big-endian, below 2^32 - 1
+    (R-CTXRP-CHANGES.CODE).  Returns code.  nbytes >= 5 (check_ctxrp_params) holds these five
+    bytes."""
+    if s0[0] != 0:
+        fail("corrupt", f"{what} stream 0 (changes): range coder's first byte is 0x{s0[0]:02x}, not 0 "
+                        f"(R-CTXRP-CHANGES.FIRST)")
+    code = int.from_bytes(s0[1:5], "big")
+    if not code < 0xFFFFFFFF:
+        fail("corrupt", f"{what} stream 0 (changes): range coder's initial code is 2^32 - 1 "
+                        f"(R-CTXRP-CHANGES.CODE)")
+    return code
+
+
+def ctxrp_decode_gaps(rd, p, m, what):
+    """§8.10 decoding step 2: the gaps, class by class (class 0 first); for each class k with
+    c_k > 0, prev = -1, then c_k times:
+      (a) the quotient Q: from Q = 0, one bit in G(k, min(Q, 15)); while it is 0, Q grows by 1 and,
+          the bit having been decoded in full (its renormalisation included, so a byte beyond nbytes
+          is reported first), prev + 1 + Q * 2^{r_k} >= m is `corrupt` (R-CTXRP-CHANGES.FAR);
+      (b) the field f: 0 if r_k = 0, else one bit in F(k), then r_k - 1 times f = 2f + one bit of
+          probability one half (p0 = 2048, no context);
+      (c) g = Q * 2^{r_k} + f; q = prev + g + 1; prev = q.
+    The contexts G(k, j), F(k) hold §8.8's counts, 0 at the start of the block.  Returns, for each
+    class, the list of its ranks (empty for c_k = 0); §8.10 step 3 checks them."""
+    K = p.K
+    nj = CTXRP_MAX_J + 1
+    g_n0, g_n1 = [0] * (K * nj), [0] * (K * nj)  # G(k, j): k * 16 + j
+    f_n0, f_n1 = [0] * K, [0] * K  # F(k)
+    ranks_of = []
+    for k in range(K):
+        ck, rk = p.counts[k], p.rice[k]
+        ranks = []
+        ranks_of.append(ranks)
+        prev = -1  # ASSUMPTION E1: prev starts at -1 for each class (ranks are per class, §8.6)
+        for t in range(ck):
+            rd.at = f"class {k} gap {t} of {ck}"
+            # (a) The quotient, unary, in G(k, min(Q, 15)).
+            Q = 0
+            while not rd.context_bit(g_n0, g_n1, k * nj + min(Q, CTXRP_MAX_J)):
+                Q += 1
+                if prev + 1 + (Q << rk) >= m:  # after the bit, its renormalisation included
+                    fail("corrupt", f"{what} stream 0 (changes): class {k} gap {t}: quotient {Q}: "
+                                    f"prev + 1 + Q * 2^{rk} = {prev + 1 + (Q << rk)} >= m = {m} "
+                                    f"(R-CTXRP-CHANGES.FAR)")
+            # (b) The field: its top bit in F(k), the rest of probability one half.
+            if rk == 0:
+                f = 0
+            else:
+                f = rd.context_bit(f_n0, f_n1, k)
+                for _ in range(rk - 1):
+                    f = 2 * f + rd.bit(CTXRC_HALF)
+            # (c) The gap and the rank.
+            g = (Q << rk) + f
+            q = prev + g + 1
+            prev = q
+            ranks.append(q)
+    return ranks_of
+
+
+def decode_ctx_delta_rp(ti, m, p, streams, base_bytes, what):
+    """§8.10 decoding, in order; every failed check is `corrupt`:
+      1. start the range decoder on stream 0 (R-CTXRP-CHANGES.FIRST, .CODE; ctxrp_range_start);
+      2. the gaps of every class (ctxrp_decode_gaps; R-CTXRP-CHANGES.FAR, .PAST-END);
+      3. §8.6 step 3 on these ranks: for each class with c_k > 0, in order, its last rank is below
+         n_k (R-CTXRP-CHANGES.RANK), and rank q_t names the member of class k with that rank
+         (class_members: classes, members and n_k of §8.6, over this block's elements);
+      4. §8.9 (a)-(d) for each change in class order, the same range decoder going on
+         (ctxrc_decode_changes with rd; R-CTXRP-CHANGES.LONG, .STEP, .PAST-END), then exactly nbytes
+         bytes read (R-CTXRP-CHANGES.LENGTH); §8.6 step 5: every other element keeps its base value."""
+    W = ti.W
+    fmt = {1: "B", 2: "H", 4: "I"}[W]
+    base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
+    (s0,) = streams
+    # Step 1.
+    code = ctxrp_range_start(s0, what)
+    rd = CtxRangeDecoder(s0, code, True, f"{what} stream 0 (changes)")
+    # Step 2.
+    ranks_of = ctxrp_decode_gaps(rd, p, m, what)
+    # Step 3.
+    members, n_of = class_members(base, p, ti)
+    positions = []  # element index of each change, in class order
+    for k in range(p.K):
+        if p.counts[k] == 0:
+            continue
+        ranks = ranks_of[k]
+        n_k = n_of[k] if p.K > 1 else m
+        if not ranks[-1] < n_k:
+            fail("corrupt", f"{what}: ctx-delta-rp class {k}: rank {ranks[-1]} >= member count {n_k} "
+                            f"(R-CTXRP-CHANGES.RANK)")
+        if p.K > 1:
+            mem = members[k]
+            positions.extend(mem[r] for r in ranks)
+        else:
+            positions.extend(ranks)  # K = 1: rank = index
+    # Step 4 and the byte count.
+    target = ctxrc_decode_changes(None, None, positions, base, p, ti, what, rd=rd)
+    return struct.pack(f"<{m}{fmt}", *target)
 
 
 class DenseParams:
@@ -1399,6 +1626,30 @@ def check_bit_padding(data, nbits, what):
         fail("corrupt", f"{what}: padding bits of the bit string are not zero")
 
 
+def class_members(base, p, ti):
+    """§8.6 classes and members (ASSUMPTION A14: over this block's elements 0 .. m-1, ``base``):
+    returns (members, n_of), members[k] the indices of class k's members in increasing order and
+    n_of[k] their number, for each class with c_k > 0 (a class with c_k = 0 has "no members to
+    compute": an empty list).  With K = 1 every element is a member of class 0 with rank equal to
+    its index, so no pass over the base is made: (None, None)."""
+    K = p.K
+    if K == 1:
+        return None, None
+    E, M = ti.E, ti.M
+    emask = 2 ** E - 1
+    lut = [0] * (emask + 1)  # class of each exponent field value
+    for x in range(emask + 1):
+        lut[x] = sum(1 for T in p.thresholds if T <= x)
+    wanted = [ck > 0 for ck in p.counts]  # "no members to compute" for c_k = 0
+    members = [[] for _ in range(K)]
+    for i, u in enumerate(base):
+        k = lut[(u >> M) & emask]
+        if wanted[k]:
+            members[k].append(i)
+    n_of = [len(mem) for mem in members]
+    return members, n_of
+
+
 def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`.  With p.signs_as
     (ctx-delta-as, §8.8): step 2 starts stream 2's range decoder in place of its padding check, and
@@ -1406,7 +1657,7 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     §8.9): three streams; step 2 starts stream 2's range decoder likewise, and after step 3 each
     change's sign and magnitude are range-decoded and its step applied (ctxrc_decode_changes), in
     place of step 4."""
-    W, E, M = ti.W, ti.E, ti.M
+    W = ti.W
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
     c, K, qbits = p.c, p.K, p.qbits
@@ -1443,18 +1694,7 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
 
     # Step 3: ranks, class by class; then the members they name.  ASSUMPTION A14: classes and
     # ranks are over this block's elements 0 .. m-1.
-    if K > 1:
-        emask = 2 ** E - 1
-        lut = [0] * (emask + 1)  # class of each exponent field value
-        for x in range(emask + 1):
-            lut[x] = sum(1 for T in p.thresholds if T <= x)
-        wanted = [ck > 0 for ck in p.counts]  # "no members to compute" for c_k = 0
-        members = [[] for _ in range(K)]
-        for i, u in enumerate(base):
-            k = lut[(u >> M) & emask]
-            if wanted[k]:
-                members[k].append(i)
-        n_of = [len(mem) for mem in members]
+    members, n_of = class_members(base, p, ti)
     positions = []  # element index of each change, in class order
     t0 = 0  # first code of the current class
     bitpos = 0  # next remainder field in stream 1
@@ -1649,6 +1889,8 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
         fail("unsupported", f"{what}: ctx-delta-as used on {ti.dtype_name}")
     if enc == ENC_CTX_DELTA_RC and ti.dtype not in CTX_DELTA_RC_DTYPES:
         fail("unsupported", f"{what}: ctx-delta-rc used on {ti.dtype_name}")
+    if enc == ENC_CTX_DELTA_RP and ti.dtype not in CTX_DELTA_RP_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta-rp used on {ti.dtype_name}")
     c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
@@ -1667,6 +1909,9 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     if enc == ENC_CTX_DELTA_RC:  # §8.9: §8.6's params (no mw) and checks, then its own four
         ctx = read_ctx_params(cur, ti, m, what, changes_rc=True)
         check_ctxrc_params(ctx, ti, m, what)
+    if enc == ENC_CTX_DELTA_RP:  # §8.10: §8.6's params (no qbits, no mw) and checks, then its own four
+        ctx = read_ctx_params(cur, ti, m, what, positions_rp=True)
+        check_ctxrp_params(ctx, ti, m, what)
     lengths = stream_lengths(ti, enc, m, c, e, ctx, dense)
     table = []
     for k in range(len(lengths)):
@@ -1736,6 +1981,8 @@ def decode_block_fields(ti, bf, get_base):
         return enc, base_bytes
     if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC):  # §8.6, §8.8, §8.9
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
+    if enc == ENC_CTX_DELTA_RP:  # §8.10
+        return enc, decode_ctx_delta_rp(ti, m, ctx, streams, base_bytes, what)
     if enc == ENC_DENSE_DELTA:  # §8.7
         return enc, decode_dense_delta(ti, m, dense, streams, base_bytes, what)
     base = [int.from_bytes(base_bytes[i * W:(i + 1) * W], "little") for i in range(m)]
