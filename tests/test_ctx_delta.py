@@ -579,15 +579,17 @@ def test_files_for_older_readers_never_use_ctx_delta_rc(kw):
 # ------------------------------------------------------------------------------ ctx-delta-rp (§8.10)
 
 def test_writer_range_codes_the_gaps_where_that_is_smaller():
-    """SPEC.md §8.10: on RL-like steps the writer puts the gaps in the range coder too, and the file is
-    smaller than a 1.7 writer's (ctx-delta-rc); a 1.7 decoder refuses it as an unknown encoding, never
-    misreads it; every reader rebuilds it."""
+    """SPEC.md §8.10: on RL-like steps the writer at effort max puts the gaps in the range coder too
+    (the default keeps ctx-delta-rc, the faster), and the file is smaller than a 1.7 writer's; a 1.7
+    decoder refuses it as an unknown encoding, never misreads it; every reader rebuilds it."""
     from arcfmt.errors import UnsupportedError
     base, target = _ulp_scaled_pair(8, 1 << 19, lr=5e-4)
-    d = arcfmt.encode(base, target)
+    d = arcfmt.encode(base, target, effort="max")
     assert {b["encoding"] for b in arcfmt.DeltaReader(d).describe()["tensors"][0]["blocks"]} == {"ctx-delta-rp"}
+    assert {b["encoding"] for b in arcfmt.DeltaReader(arcfmt.encode(base, target)).describe()["tensors"][0][
+        "blocks"]} == {"ctx-delta-rc"}
     with _without("ctx-delta-rp"):
-        older = arcfmt.encode(base, target)
+        older = arcfmt.encode(base, target, effort="max")
         assert {b["encoding"] for b in arcfmt.DeltaReader(older).describe()["tensors"][0]["blocks"]} == {
             "ctx-delta-rc"}
         with pytest.raises(UnsupportedError, match="unknown encoding id 9"):

@@ -460,7 +460,7 @@ def _encoding_case(enc):
     raise AssertionError(enc)
 
 
-_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta", "ctx-delta-rp"}  # chosen unforced
+_WRITER_PICKS = {"unchanged", "xor", "keyframe", "ctx-delta", "dense-delta", "ctx-delta-rc"}  # chosen unforced
 
 
 @pytest.mark.parametrize("enc", sorted(ALL_ENCODINGS))
@@ -468,7 +468,7 @@ def test_each_block_encoding_occurs(enc):
     base, target = _encoding_case(enc)
     if enc in _WRITER_PICKS:
         d = roundtrip(base, target, effort="fast")
-    else:  # bf16-delta / float-delta (ctx-delta is usually smaller), ctx-delta-rc (-rp): ask for them by name
+    else:  # bf16-delta / float-delta (ctx-delta is usually smaller), ctx-delta-rp (effort max): by name
         d = encode_forced(base, target, enc)
         assert_bit_exact(arcfmt.decode(base, d), target)
         assert_bit_exact(stream_decode(d, base), target)

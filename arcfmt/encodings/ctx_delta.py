@@ -528,7 +528,9 @@ class CtxDelta(Encoding):
         effort = block.effort
         signs = "auto" if block.may_use(CtxDeltaAs) else "never"   # (unregistered: bench.py --without)
         rc = "auto" if block.may_use(CtxDeltaRc) else "never"   # (or a file for readers of 1.6 or older)
-        rp = "auto" if rc == "auto" and block.may_use(CtxDeltaRp) else "never"
+        # ctx-delta-rp at effort max only: 1.2-2.2 % smaller, but its gaps' coder took pure-BF16 encode
+        # from 519 to 375 MB/s and decode from 877 to 706 (tools/bench.py, BENCHMARKS 2026-12-07)
+        rp = "auto" if rc == "auto" and effort == "max" and block.may_use(CtxDeltaRp) else "never"
         classes = CLASS_LIMITS.get(effort, DEFAULT_CLASSES) if isinstance(effort, str) else DEFAULT_CLASSES
         return self.encode(block, classes, signs, rc, rp)
 
