@@ -2729,32 +2729,20 @@ def _rp_recode(base, target, edit_g=None, edit_d=None):
 def _all_ones_rp_bytes(adt, base, target, rice) -> int:
     """The bytes §8.10's decoder reads for a block of one class (Rice parameter ``rice``) and one sign
     context when its code is never below the bound (2^32 - 1): every bit decodes as 1, so every gap is
-    2^r - 1 and every change a sign 1 and a bit length 1."""
+    2^r - 1 and every change a sign 1 and a bit length 1. Counted by running the numpy twins' decoder
+    from that code (its start check skipped)."""
     from arcfmt import twins
     from arcfmt.encodings import ctx_delta as ctx
-    quotients, fields, signs = twins._count_model(twins._RC_LENGTHS), twins._count_model(1), twins._count_model(1)
-    lengths = twins._count_model(twins._RC_LENGTHS << adt.exp_bits)
-    rng_, pos = 0xFFFFFFFF, 5
-
-    def one(model, i):
-        nonlocal rng_, pos
-        rng_ -= (rng_ >> 12) * (model[0](i) if model else 2048)
-        if model:
-            model[1](i, 1)
-        while rng_ < 1 << 24:
-            rng_, pos = rng_ << 8, pos + 1
     bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
-    fields_x = ctx.exponent_field(adt, bu[np.flatnonzero(bu != tu)]).tolist()
-    for _ in fields_x:
-        one(quotients, 0)
-        if rice:
-            one(fields, 0)
-            for _ in range(rice - 1):
-                one(None, 0)
-    for x in fields_x:
-        one(signs, 0)
-        one(lengths, x * twins._RC_LENGTHS)
-    return pos
+    c = int((bu != tu).sum())
+    dec = twins._RangeDecoder(b"\x00" + b"\xff" * 4 + bytes(16 * c + 64), 0xFFFFFFFF)
+    pos = twins._rp_ranks(dec, [c], [rice], bu.size)
+    try:
+        twins._rc_decode(dec, pos, ctx.ordered(adt, bu[pos]), ctx.exponent_field(adt, bu[pos]), bu.size, 0, 1, 0,
+                         8 * adt.itemsize, 1 << adt.exp_bits)
+    except twins._Failed as exc:   # the zeros left over: bytes after the last change
+        assert exc.status == twins.S_LENGTH
+    return dec.r
 
 
 def ctxrp_reject_vectors():
