@@ -997,7 +997,7 @@ def test_block_crafting_helper_is_sound(small_file, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_unsupported_encodings(small_file, reader):
-    for enc in (9, 10, 255):
+    for enc in (10, 11, 255):
         f, base = _w_block_file(small_file, blck_payload(0, 0, enc, [], []))
         expect(UnsupportedError, reader, f, base)
     # float-delta (3) is not defined for BF16.
@@ -1017,6 +1017,9 @@ def test_unsupported_encodings(small_file, reader):
     # dense-delta (6) on an integer tensor: likewise.
     f = assemble(p, replace(p, lambda r: r is kb,
                             blck_payload(ti, 0, 6, [1, 0, 0, 1], _raw(b"", b"", b"\x00", b"\x00"))))
+    expect(UnsupportedError, reader, f, small_file[0])
+    # ctx-delta-rp (9) on an integer tensor: likewise.
+    f = assemble(p, replace(p, lambda r: r is kb, blck_payload(ti, 0, 9, [1, 1, 0, 0, 1, 0, 5], [(0, bytes(5))])))
     expect(UnsupportedError, reader, f, small_file[0])
     ui = [r.name for r in p.recs if r.type == L.TENS].index("u")
     ub = blocks_of(p, "u")[0]

@@ -86,7 +86,7 @@ from support.records import (  # noqa: E402  (the one record toolkit)
 )
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
-ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as", "ctx-delta-rc"]
+ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp"]
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
 
@@ -122,7 +122,7 @@ def random_file(rng):
             data = write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
             data = write_delta(base, target, force_encoding="xor", **kw)
-        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc"):  # float tensors as ctx-delta[-as|-rc]
+        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp"):  # float tensors as ctx-delta*
             # (several classes at effort max), others as chosen
             ctx_ok = {k for k, v in target.items() if v.dtype in (BF16, np.float16, np.float32)
                       and base[k].dtype == v.dtype and base[k].shape == v.shape}

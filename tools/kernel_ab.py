@@ -47,9 +47,10 @@ def other_kernels(tree: str) -> ModuleType:
 
 
 def blocks(files: list[str]) -> list[tuple]:
-    """``(dtype, params, streams, m, base block)`` of every ctx-delta, -as and -rc block of each pair
-    (the other tree must know every one of these encodings that the pairs use)."""
-    ctx = {encodings.by_name(n).id for n in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc")}
+    """``(dtype, params, streams, m, base block)`` of every ctx-delta, -as, -rc and -rp block of each
+    pair as the default writer codes it (no -rp: that is effort max's; the other tree must know every
+    encoding the pairs use)."""
+    ctx = {encodings.by_name(n).id for n in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp")}
     out = []
     for a, b in zip(files, files[1:]):
         base, target = load(a), load(b)
