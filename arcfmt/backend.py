@@ -24,14 +24,15 @@ The interface (what both modules define):
     ``ctx_delta.choose_thresholds``).
 ``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
 rc_limit=0, rc_planes=False, rp=0, rp_limit=0)``
-    ``-> (counts, rice, qbits, mw, streams, signs, rp)``:
+    ``-> (counts, rice, qbits, mw, streams, signs, rp_rice)``:
     a whole changed block once its thresholds are chosen: the params it needs and its four streams;
     with ``sign_axes`` (ctx-delta-as's ``(axis, P, phase)`` contexts, §8.8), ``signs`` is the index of
     the one of least estimated size and the signs range-coded under it (else None, also where the
     estimate says raw bits are about as small, unless ``force_signs``). ``rc_limit`` > 0: ``signs``
     holds ctx-delta-rc's changes stream (§8.9) instead, or None where it would pass ``rc_limit`` bytes;
     with ``rp`` (1: where the gaps' estimate is below their Rice bits, 2: always) ctx-delta-rp's one
-    stream (§8.10, the gaps first, ``rice`` its Rice parameters), and ``rp`` returned True.
+    stream (§8.10, the gaps first) and ``rp_rice`` its Rice parameters (else None: ``rice`` and the
+    streams are always ctx-delta's own, which a block of few changes is offered as too).
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
     failed check having written nothing; fills ``positions`` (when given) with the positions changed.
@@ -89,7 +90,8 @@ class Backend(Protocol):
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
                    sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
                    rc_planes: bool = False, rp: int = 0, rp_limit: int = 0,
-                   ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None, bool]: ...
+                   ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
+                              list[int] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
                    out: np.ndarray, positions: np.ndarray | None = None) -> int: ...

@@ -232,7 +232,7 @@ def _args(dt, thresholds):
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
                rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp)``. ``dense`` (no thresholds):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
@@ -240,16 +240,17 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     is ctx-delta-rc's changes stream (§8.9) instead, or ``signs`` None where it would pass
     ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp`` (with
     ``rc_limit``): 1 where the gaps' model estimate is below the quotient and remainder bits, 2 always:
-    ``coded`` is ctx-delta-rp's stream (§8.10; at most ``rp_limit`` bytes) and ``rp`` returned True."""
+    ``coded`` is ctx-delta-rp's stream (§8.10; at most ``rp_limit`` bytes) and ``rp_rice`` its Rice
+    parameters (else None; ``rice`` stays ctx-delta's, whose streams are returned too)."""
     base = np.ascontiguousarray(base)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
-    counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_used = _call(
+    counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
         base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
         rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
-            signs, bool(rp_used))
+            signs, rp_rice.tolist() if rp_rice.size else None)
 
 
 def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
@@ -1022,7 +1023,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
     the same stream first (``ctx-delta-rp``, §8.10, at most ``rp_limit`` bytes) where the model's
     estimate of them is below the Rice bits, 2 always.
     Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
-    chosen or -1, range-coded signs, rp chosen)``.
+    chosen or -1, range-coded signs, -rp's Rice parameters or an empty array)``.
     """
     c = pos.size
     n_classes = edges.size + 1
@@ -1127,30 +1128,30 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
             promising = force_signs or est[choice] < SIGN_PROMISING * n   # else no coding pass
         if rc_limit > 0:
             use_rp = False
+            rp_rice = rice.copy()   # -rp's own Rice parameters: ctx-delta's streams keep ``rice``
             if rp:
-                rp_rice = rice.copy()
                 est = _rp_rice(g, counts, rp_rice, sign_cost, p0tab)
                 use_rp = rp == 2 or est < qbits + rbits
-                if use_rp:
-                    rice = rp_rice
             limit = rp_limit if use_rp else rc_limit
             coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
-                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rice,
+                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rp_rice,
                                use_rp)
+            if not use_rp:
+                rp_rice = rp_rice[:0]
             if coded.size > limit:
                 choice = -1
             elif not rc_planes:
-                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, np.empty(0, np.uint8), choice, coded, use_rp
+                return counts, rice, qbits, qbuf, rbuf, sbuf, mw, np.empty(0, np.uint8), choice, coded, rp_rice
             else:
                 return counts, rice, qbits, qbuf, rbuf, sbuf, mw, _planes(bv, tv, corder, start, c, mw, shift, emask,
-                                                                         half), choice, coded, use_rp
+                                                                         half), choice, coded, rp_rice
         elif promising:
             coded = _sign_encode(sbuf, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
                                  sign_axes[choice, 2], p0tab)
         else:
             choice = -1
     planes = _planes(bv, tv, corder, start, c, mw, shift, emask, half)
-    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded, False
+    return counts, rice, qbits, qbuf, rbuf, sbuf, mw, planes, choice, coded, rice[:0]
 
 
 @_jit

@@ -105,14 +105,15 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
                rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
-    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp)``. ``dense`` (no thresholds):
+    """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
     the one of least estimated size, range-coded, or None when none is given or (unless ``force_signs``)
     the estimate says the raw bits are about as small (as the kernels decide it). ``rc_limit`` > 0:
     ``coded`` is ctx-delta-rc's changes stream (§8.9), or ``signs`` None where it would pass
     ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp``: ``coded`` is
-    ctx-delta-rp's stream (§8.10) where the gaps' estimate is below their Rice bits (1) or always (2)."""
+    ctx-delta-rp's stream (§8.10) where the gaps' estimate is below their Rice bits (1) or always (2),
+    and ``rp_rice`` its Rice parameters (else None)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -163,21 +164,20 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
         if rc_limit > 0:
             axis, period, phase = sign_axes[i]
             use_rp = False
+            rp_rice = list(rice)   # -rp's own Rice parameters: ctx-delta's streams keep ``rice``
             if rp:
-                rp_rice = list(rice)
                 est = _rp_rice(g.tolist(), counts, rp_rice)   # (forced too: it picks the Rice parameters)
                 use_rp = rp == 2 or est < qbits + rbits
-                if use_rp:
-                    rice = rp_rice
             limit = rp_limit if use_rp else rc_limit
             changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits,
-                                 (g, counts, rice) if use_rp else None)
+                                 (g, counts, rp_rice) if use_rp else None)
             if len(changes) <= limit:
                 planes = to_planes(mag, mw) if rc_planes else b""
-                return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes), use_rp
+                return (counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes),
+                        rp_rice if use_rp else None)
         elif promising:
             signs = (i, _sign_encode(sbits, cpos, m, *sign_axes[i]))
-    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs, False
+    return counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), to_planes(mag, mw)], signs, None
 
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,

@@ -631,3 +631,26 @@ def test_rp_reads_exactly_its_bytes():
         with pytest.raises(CorruptError, match=words):
             ctx.decode(BF16, p, [stream], b.size, out, out)
         assert np.array_equal(out, b)
+
+
+def test_ctx_delta_offered_beside_rp_keeps_its_own_rice_parameters():
+    """A block of few changes is offered as ctx-delta beside ctx-delta-rp (effort max); where -rp's
+    Rice parameter is one less, the ctx-delta candidate keeps the one its streams were written with
+    (it took -rp's: a file the reader refused, found by review). Constant steps make a codec pick it."""
+    rng = np.random.default_rng(0)
+    m = 4096
+    base = (rng.standard_normal(m).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    pos = np.arange(5, 5 + 11 * 200, 11)
+    target = base.copy()
+    target[pos] = ctx.unordered(BF16, ctx.ordered(BF16, base[pos]) + 300)
+    enc = ctx.encode(BF16, base, target, pos, rc_axes=[(0, 1, 0)], rp=1)
+    assert enc.rp and enc.other is not None
+    for params, streams, unpack in ((enc.params, enc.streams, ctx.Params.unpack_rp),
+                                    (enc.other.params, enc.other.streams, ctx.Params.unpack)):
+        p = unpack(params)
+        assert ctx.stream_lengths(BF16, p, m) == [len(s) for s in streams]
+        out = np.empty_like(base)
+        ctx.decode(BF16, p, streams, m, base, out)
+        assert np.array_equal(out, target)
+    b, t = {"w": from_bits(base, BY_NAME["BF16"])}, {"w": from_bits(target, BY_NAME["BF16"])}
+    assert_bit_exact(arcfmt.decode(b, arcfmt.encode(b, t, effort="max")), t)

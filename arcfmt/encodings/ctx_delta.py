@@ -317,7 +317,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     c = positions.size
     if rc_axes and not dense:
         both = not force_rc and c < _RC_ALONE
-        counts, rice, qbits, mw, streams, signs, used_rp = backend.selected().ctx_encode(
+        counts, rice, qbits, mw, streams, signs, rp_rice = backend.selected().ctx_encode(
             dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, False, rc_limit(dt, c), both,
             rp, rp_limit(dt, c, base.size))
         if signs is not None:
@@ -325,9 +325,11 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
             rc_params = (*rc_axes[i], len(coded))
             # ctx-delta's signs and magnitudes as they are before any codec, with its one more param;
             # -rp's stream holds the positions too
+            used_rp = rp_rice is not None
             raw = (c + 7) // 8 + c * mw + 1 + (len(streams[0]) + len(streams[1]) if used_rp else 0)
             if force_rc or len(coded) + _varints(rc_params) < raw:
-                p = Params(list(thresholds), counts, rice, qbits, 0, signs=rc_params, rc=True, rp=used_rp)
+                p = Params(list(thresholds), counts, rp_rice or rice, qbits, 0, signs=rc_params, rc=True,
+                           rp=used_rp)
                 other = None
                 if both:
                     other = Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
