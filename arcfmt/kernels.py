@@ -1532,6 +1532,8 @@ def _rp_ranks(buf, counts, rice, m, ranks, p0tab):
                         return S_PAST, code, rng, r
                     f = 2 * f + e
             prev += (q << rk) + f + 1
+            if prev >= m:
+                return BEYOND, code, rng, r
             ranks[idx] = prev
             idx += 1
     return OK, code, rng, r

@@ -504,6 +504,8 @@ def _rp_ranks(dec: _RangeDecoder, counts: list, rice: list, m: int) -> np.ndarra
                 for _ in range(rk - 1):
                     f = 2 * f + dec.get(2048)
             prev += (q << rk) + f + 1
+            if prev >= m:
+                raise _Failed(BEYOND)
             ranks[t] = prev
             t += 1
     return ranks

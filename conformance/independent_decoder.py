@@ -1514,7 +1514,7 @@ def ctxrp_decode_gaps(rd, p, m, what):
           is reported first), prev + 1 + Q * 2^{r_k} >= m is `corrupt` (R-CTXRP-CHANGES.FAR);
       (b) the field f: 0 if r_k = 0, else one bit in F(k), then r_k - 1 times f = 2f + one bit of
           probability one half (p0 = 2048, no context);
-      (c) g = Q * 2^{r_k} + f; q = prev + g + 1; prev = q.
+      (c) g = Q * 2^{r_k} + f; q = prev + g + 1, which must be below m (R-CTXRP-CHANGES.FAR); prev = q.
     The contexts G(k, j), F(k) hold §8.8's counts, 0 at the start of the block.  Returns, for each
     class, the list of its ranks (empty for c_k = 0); §8.10 step 3 checks them."""
     K = p.K
@@ -1547,6 +1547,9 @@ def ctxrp_decode_gaps(rd, p, m, what):
             # (c) The gap and the rank.
             g = (Q << rk) + f
             q = prev + g + 1
+            if q >= m:
+                fail("corrupt", f"{what} stream 0 (changes): class {k} gap {t}: rank {q} >= m = {m} "
+                                f"(R-CTXRP-CHANGES.FAR)")
             prev = q
             ranks.append(q)
     return ranks_of

@@ -2795,6 +2795,14 @@ def ctxrp_reject_vectors():
         g[0] = 4 * m   # a quotient that passes the block long before its end bit
     n("n_ctxrp_quotient_far", "the first gap is 4m: its quotient's 0 bits take the rank to m and on (the stream "
       "ends the quotient later, then codes every change)", _rp_recode(b, t, edit_g=far))
+    rice_rows = params_of(rows).rice
+
+    def field_far(g, counts):   # a class's first gap: the quotient stops short of m, its field reaches m
+        k = next(k for k, ck in enumerate(counts) if ck and rice_rows[k])
+        r = rice_rows[k]
+        g[sum(counts[:k])] = (((m - 1) >> r) << r) + (1 << r) - 1
+    n("n_ctxrp_quotient_far_by_field", "a class's first gap ends its quotient below m, and its field takes the "
+      "rank to m or beyond", _rp_recode(b, t, edit_g=field_far))
 
     members0 = int((ctx.exponent_field(adt, b.view(np.uint16).reshape(-1)) < 112).sum())
     pr = params_of(rows)
@@ -3307,7 +3315,7 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_ctxrp_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxrp_first_byte", ["R-CTXRP-CHANGES.FIRST"]),
     ("n_ctxrp_code_max", ["R-CTXRP-CHANGES.CODE"]), ("n_ctxrp_past_end*", ["R-CTXRP-CHANGES.PAST-END"]),
     ("n_ctxrp_bytes_left", ["R-CTXRP-CHANGES.LENGTH"]), ("n_ctxrp_length_*", ["R-CTXRP-CHANGES.LONG"]),
-    ("n_ctxrp_quotient_far", ["R-CTXRP-CHANGES.FAR"]), ("n_ctxrp_rank_beyond_class", ["R-CTXRP-CHANGES.RANK"]),
+    ("n_ctxrp_quotient_far*", ["R-CTXRP-CHANGES.FAR"]), ("n_ctxrp_rank_beyond_class", ["R-CTXRP-CHANGES.RANK"]),
     ("n_ctxrp_step_out_of_range*", ["R-CTXRP-CHANGES.STEP"]), ("n_ctxrp_rice_*", ["R-CTX-PARAMS.RICE"]),
     ("n_ctxrp_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrp_on_f64", ["R-ENCODING.DTYPE"]),
     # -- ctx-delta-as (§8.8)
