@@ -48,6 +48,29 @@ def test_the_first_error_in_job_order_wins():
             run_jobs(jobs, 3, elems=[SHARED_MIN_ELEMS] * len(jobs))
 
 
+def test_largest_jobs_start_first_and_the_first_error_in_job_order_still_wins():
+    """Shared jobs start largest first (a large block started last kept one core busy alone at the
+    end); a larger job's error, met first, waits for the smaller jobs before it in job order, and the
+    first error in job order is the one raised."""
+    started, lock = [], threading.Lock()
+
+    def job(k):
+        with lock:
+            started.append(k)
+
+    sizes = [SHARED_MIN_ELEMS, 4 * SHARED_MIN_ELEMS, 2 * SHARED_MIN_ELEMS, 8 * SHARED_MIN_ELEMS]
+    run_jobs([(job, k) for k in range(4)], 2, elems=sizes)
+    assert started[:2] in ([3, 1], [1, 3]) and sorted(started) == [0, 1, 2, 3]
+
+    def bad(k):
+        raise CorruptError(f"job {k} is bad")
+
+    jobs = [(lambda: None,), (bad, 1), (lambda: None,), (bad, 3)]
+    for _ in range(20):
+        with pytest.raises(CorruptError, match="job 1"):
+            run_jobs(jobs, 2, elems=sizes)   # job 3, the largest, fails first
+
+
 def test_helpers_live_on_and_are_not_started_per_call():
     run_jobs([(lambda: None,)] * 4, 3, elems=[SHARED_MIN_ELEMS] * 4)
     before = {t.ident for t in threading.enumerate() if t.name.startswith("arcfmt-helper")}
