@@ -166,7 +166,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
             use_rp = False
             rp_rice = list(rice)   # -rp's own Rice parameters: ctx-delta's streams keep ``rice``
             if rp:
-                est = _rp_rice(g.tolist(), counts, rp_rice)   # (forced too: it picks the Rice parameters)
+                est = _rp_rice(g, counts, rp_rice)   # (forced too: it picks the Rice parameters)
                 use_rp = rp == 2 or est < qbits + rbits
             limit = rp_limit if use_rp else rc_limit
             changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits,
@@ -451,7 +451,7 @@ def _class_gaps(g, counts):
             off += ck
 
 
-def _rp_rice(g: list, counts: list, rice: list) -> float:
+def _rp_rice(g: np.ndarray, counts: list, rice: list) -> float:
     """The kernels' choice of §8.10's Rice parameters (in place: ``rice`` or one less per class) and
     their estimate of its gap bits, operation for operation (the same float sums)."""
     est = 0.0
@@ -557,7 +557,7 @@ def _all_words(m: int) -> np.ndarray:
     return words
 
 
-def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> dict:
+def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> _Lazy:
     """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs
     (the numpy twin of the kernels' ``_class_words``).
 
@@ -567,21 +567,37 @@ def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> dict:
     m = base.size
     edges = [t << dt.mant_bits for t in thresholds]
     a = magnitude_bits(dt, base)
-    ge = {}
+    # packed bitmaps of a >= edges[i], each threshold the wanted classes need (then ``a`` is dropped)
+    ge = {i: _pack_words(a >= dt.uint.type(edges[i])) for i in sorted({j for k in wanted for j in (k - 1, k)
+                                                                       if 0 <= j < len(edges)})}
+    del a
 
-    def at_least(i):  # packed bitmap of a >= edges[i]
-        if i not in ge:
-            ge[i] = _pack_words(a >= dt.uint.type(edges[i]))
+    def at_least(i):
         return ge[i]
 
-    out = {}
-    for k in wanted:
+    def index(k: int) -> ClassIndex:
         if k == 0:
             words = ~at_least(0) & _all_words(m)
         else:
             words = at_least(k - 1) if k == len(edges) else at_least(k - 1) & ~at_least(k)
-        out[k] = ClassIndex(words, m=m)
-    return out
+        return ClassIndex(words, m=m)
+    return _Lazy(index, wanted)
+
+
+class _Lazy:
+    """Each class's index made when it is asked for and not kept: sixteen at once took 8 bytes an
+    element (the 4x-a-block memory bound, tests/test_ctx_delta.py)."""
+
+    def __init__(self, make, wanted) -> None:
+        self.make, self.wanted = make, set(wanted)
+
+    def __getitem__(self, k: int) -> ClassIndex:
+        if k not in self.wanted:
+            raise KeyError(k)
+        return self.make(k)
+
+    def __iter__(self):
+        return iter(sorted(self.wanted))
 
 
 _SELECT8 = np.zeros((256, 8), np.uint8)  # [byte, r]: bit position of the r-th set bit of the byte
@@ -763,8 +779,9 @@ def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np
         if not ck:
             continue
         j = ranks[off:off + ck]
-        if j[-1] >= index[k].size:
+        ix = index[k]
+        if j[-1] >= ix.size:
             raise _Failed(BEYOND)
-        pos[off:off + ck] = index[k].select(j)
+        pos[off:off + ck] = ix.select(j)
         off += ck
     return pos
