@@ -2294,6 +2294,31 @@ def ctxas_custom(base, target, axis, period=1, phase=None, thresholds=(), codec=
     return ctx_custom(base, target, thresholds, codec, block_elems, signs=(axis, period, phase))
 
 
+def _one_tensor_y(V, encoding, section):
+    """``y(name, desc, base, target, data=None, **kw)``: a valid one-tensor vector of §``section``, its
+    file ``data`` or one the writer makes with ``encoding`` forced."""
+    def y(name, desc, base, target, data=None, **kw):
+        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding=encoding,
+                                                         **kw)
+        V.append(Vector(name, desc, [section], {"x": base}, data, expect_tensors={"x": target}))
+    return y
+
+
+def _halving_case(r, changed, threes=0.0):
+    """60000 BF16 weights, a fraction ``changed`` of them one step on, 97 % of the steps the same way
+    (``threes``: that fraction of steps 3 long, not 1): many changes in few contexts, whose counts are
+    halved many times while the range coder carries."""
+    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
+    su = sb.view(np.uint16).copy().astype(np.int64)
+    ch = r.random(60000) < changed
+    o = np.where(su >= 32768, 32767 - su, su)
+    step = np.where(r.random(60000) < 0.97, 1, -1)
+    if threes:
+        step = step * np.where(r.random(60000) < 1 - threes, 1, 3)
+    o = o + np.where(ch, step, 0)
+    return sb, np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+
+
 def _sign_axis_vectors(y, prefix, custom, seed, unit):
     """The sign contexts of §8.8, as ctx-delta-as and ctx-delta-rc share them: one for the block, rows,
     columns, classes, blocks and their phases, P and phase chosen freely, P = m. ``custom(b, t, axis, P,
@@ -2317,24 +2342,14 @@ def _sign_axis_vectors(y, prefix, custom, seed, unit):
 
 def ctxas_valid_vectors():
     V = []
-
-    def y(name, desc, base, target, data=None, **kw):
-        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-as",
-                                                         **kw)
-        V.append(Vector(name, desc, ["8.8"], {"x": base}, data, expect_tensors={"x": target}))
-
+    y = _one_tensor_y(V, "ctx-delta-as", "8.8")
     for i, (nm, dt) in enumerate(CTX_TYPES):
         b, t = ctxas_case(100 + i, dt)
         y(f"y_ctxas_{nm}", f"ctx-delta-as on {nm.upper()}: the reference encoder's axis, several classes, specials",
           b, t, effort="max")
     _sign_axis_vectors(y, "y_ctxas", ctxas_custom, 110, "signs")
     r = rng(112)
-    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
-    su = sb.view(np.uint16).copy().astype(np.int64)
-    ch = r.random(60000) < 0.5
-    o = np.where(su >= 32768, 32767 - su, su)
-    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1), 0)
-    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    sb, su = _halving_case(r, 0.5)
     y("y_ctxas_halving", "about 30000 signs in one context, 97 % alike: the counts are halved many times and "
       "the range coder carries", sb, su.view(BF16), data=ctxas_custom(sb, su.view(BF16), 0))
     return V
@@ -2490,12 +2505,7 @@ def ctxrc_custom(base, target, axis, period=1, phase=None, thresholds=(), codec=
 
 def ctxrc_valid_vectors():
     V = []
-
-    def y(name, desc, base, target, data=None, **kw):
-        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-rc",
-                                                         **kw)
-        V.append(Vector(name, desc, ["8.9"], {"x": base}, data, expect_tensors={"x": target}))
-
+    y = _one_tensor_y(V, "ctx-delta-rc", "8.9")
     for i, (nm, dt) in enumerate(CTX_TYPES):
         b, t = ctxas_case(140 + i, dt)
         y(f"y_ctxrc_{nm}", f"ctx-delta-rc on {nm.upper()}: the reference encoder's axis, several classes, specials "
@@ -2503,12 +2513,7 @@ def ctxrc_valid_vectors():
     _sign_axis_vectors(y, "y_ctxrc", ctxrc_custom, 150, "changes")
     # many changes in few contexts: counts halved many times, the coder carries
     r = rng(152)
-    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
-    su = sb.view(np.uint16).copy().astype(np.int64)
-    ch = r.random(60000) < 0.5
-    o = np.where(su >= 32768, 32767 - su, su)
-    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1) * np.where(r.random(60000) < 0.9, 1, 3), 0)
-    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    sb, su = _halving_case(r, 0.5, threes=0.1)
     y("y_ctxrc_halving", "about 30000 changes, 97 % of signs alike, 90 % of magnitude 1: the counts are halved "
       "many times and the range coder carries", sb, su.view(BF16), data=ctxrc_custom(sb, su.view(BF16), 0))
     # F32 steps of every bit length 1..32 in one exponent: the length and bit contexts of j >= 15 are shared
@@ -2652,12 +2657,7 @@ def _long_gaps_case(seed):
 
 def ctxrp_valid_vectors():
     V = []
-
-    def y(name, desc, base, target, data=None, **kw):
-        data = data if data is not None else write_separate({"x": base}, {"x": target}, force_encoding="ctx-delta-rp",
-                                                         **kw)
-        V.append(Vector(name, desc, ["8.10"], {"x": base}, data, expect_tensors={"x": target}))
-
+    y = _one_tensor_y(V, "ctx-delta-rp", "8.10")
     for i, (nm, dt) in enumerate(CTX_TYPES):
         b, t = ctxas_case(170 + i, dt)
         y(f"y_ctxrp_{nm}", f"ctx-delta-rp on {nm.upper()}: the reference encoder's axis and Rice parameters, up to "
@@ -2669,12 +2669,7 @@ def ctxrp_valid_vectors():
     y("y_ctxrp_long_quotients_classes", "the same gaps over four classes, each with its own contexts and Rice "
       "parameter", b, t, data=ctxrp_custom(b, t, 0, thresholds=[115, 118, 120]))
     r = rng(183)
-    sb = (r.standard_normal(60000) * 0.02).astype(np.float32).astype(BF16)
-    su = sb.view(np.uint16).copy().astype(np.int64)
-    ch = r.random(60000) < 0.6
-    o = np.where(su >= 32768, 32767 - su, su)
-    o = o + np.where(ch, np.where(r.random(60000) < 0.97, 1, -1), 0)
-    su = np.where(o >= 0, o, 32767 - o).astype(np.uint16)
+    sb, su = _halving_case(r, 0.6)
     y("y_ctxrp_halving", "about 36000 changes in one class: the gap and change counts are halved many times and "
       "the range coder carries", sb, su.view(BF16), data=ctxrp_custom(sb, su.view(BF16), 0))
     b, t = ctxas_case(184, BF16, (30, 40), by="rows")

@@ -573,30 +573,34 @@ class CtxDeltaRc(CtxDelta):
     name = "ctx-delta-rc"
     since = (1, 7)
     trial_rank = 13
+    _more_params = 3           # after ctx-delta's 3K + 2, less mw: axis, P, phase, nbytes
+    _roles: tuple[StreamRole, ...] = _RC_ROLES
+    _rp = "never"              # the forced encoding's ctx-delta-rp setting
 
     def unpack(self, params: Sequence[int]) -> Params:
-        return Params.unpack_rc(params)
+        return Params.unpack_rp(params) if self._rp == "always" else Params.unpack_rc(params)
 
     def param_count(self, head: Sequence[int]) -> int:
-        return param_count(head) + (3 if head else 0)
+        return param_count(head) + (self._more_params if head else 0)
 
     def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
-        return stream_lengths(dt, Params.unpack_rc(params), m)
+        return stream_lengths(dt, self.unpack(params), m)
 
     def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
-        return _RC_ROLES
+        return self._roles
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
                rp: str = "never") -> EncodedBlock | None:
-        out = super().encode(block, max_classes, "never", "always")
+        out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp)
         if out is not None and out.encoding != self.id:
-            raise InputError(f"ctx-delta-rc: this block's changes take more than {rc_limit(block.dt, out.changed)} "
-                             "bytes range-coded (SPEC.md §8.9)")
+            top = rp_limit(block.dt, out.changed, block.m) if self._rp == "always" else rc_limit(block.dt, out.changed)
+            raise InputError(f"{self.name}: this block's changes take more than {top} bytes range-coded "
+                             f"(SPEC.md {'§8.10' if self._rp == 'always' else '§8.9'})")
         return out
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """The candidate ctx-delta's pass made beside its own (a block of few changes), if any."""
-        return block.made_for.pop(self.id, None)
+        return block.made_for.pop(CtxDeltaRc.id, None)
 
 
 @register
@@ -605,33 +609,16 @@ class CtxDeltaRp(CtxDeltaRc):
     stream: each Rice quotient in unary in contexts of its class and place, each field's top bit in a
     context of its class. Why: a class mixes exponents of different change rates and its Rice parameter
     is a whole power of two, so those bits are not the fair coins a static code pays one bit each for.
-    ``ctx-delta`` proposes it in ctx-delta-rc's place (``rp="auto"``); forced, it codes every block
-    that stays within §8.10's bound."""
+    ``ctx-delta`` proposes it in ctx-delta-rc's place (``rp="auto"``, at effort max); forced, it codes
+    every block that stays within §8.10's bound."""
 
     id = 9
     name = "ctx-delta-rp"
     since = (1, 8)
     trial_rank = 14
-
-    def unpack(self, params: Sequence[int]) -> Params:
-        return Params.unpack_rp(params)
-
-    def param_count(self, head: Sequence[int]) -> int:
-        return param_count(head) + (2 if head else 0)
-
-    def stream_lengths(self, dt: DType, params: Sequence[int], m: int) -> list[int]:
-        return stream_lengths(dt, Params.unpack_rp(params), m)
-
-    def stream_roles(self, dt: DType) -> tuple[StreamRole, ...]:
-        return _RP_ROLES
-
-    def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
-               rp: str = "always") -> EncodedBlock | None:
-        out = CtxDelta.encode(self, block, max_classes, "never", "always", "always")
-        if out is not None and out.encoding != self.id:
-            raise InputError(f"ctx-delta-rp: this block takes more than {rp_limit(block.dt, out.changed, block.m)} "
-                             "bytes range-coded (SPEC.md §8.10)")
-        return out
+    _more_params = 2           # -rc's, less qbits
+    _roles = _RP_ROLES
+    _rp = "always"
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         return None   # ctx-delta's pass makes it, in ctx-delta-rc's place
