@@ -543,7 +543,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     nv = np.empty(c, base.dtype)
     if rc:
         if not rp:
-            code = np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])
+            code = _rc_code(sbuf)
         status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab,
                             code, rng, r)
         if status != OK:
@@ -1319,11 +1319,17 @@ def _rc_shift(low, cache, pending, w, out):
 
 
 @_jit
+def _rc_code(buf):
+    """The range decoder's first code (§8.8): bytes 1-4 of its stream, big-endian."""
+    return np.int64(buf[1]) << 24 | np.int64(buf[2]) << 16 | np.int64(buf[3]) << 8 | np.int64(buf[4])
+
+
+@_jit
 def _sign_start(sbuf):
     """The range decoder's start (§8.8, at §8.6 step 2): a 0 byte, then a code below 2^32 − 1."""
     if sbuf[0] != 0:
         return S_FIRST
-    if (np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])) == 0xFFFFFFFF:
+    if _rc_code(sbuf) == 0xFFFFFFFF:
         return S_CODE
     return OK
 
@@ -1332,7 +1338,7 @@ def _sign_start(sbuf):
 def _sign_decode(sbuf, pos, m, axis, period, phase, bits, p0tab):
     """The signs of the changes at ``pos`` (class order) into ``bits`` (zeroed), as §8.8 decodes them."""
     n = sbuf.size
-    code = np.int64(sbuf[1]) << 24 | np.int64(sbuf[2]) << 16 | np.int64(sbuf[3]) << 8 | np.int64(sbuf[4])
+    code = _rc_code(sbuf)
     rng = np.int64(0xFFFFFFFF)
     r = 5
     counts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
@@ -1497,7 +1503,7 @@ def _rp_ranks(buf, counts, rice, m, ranks, p0tab):
     """§8.10 step 2: each class's gaps from the range decoder (started: ``buf`` checked by
     :func:`_sign_start`) → member ranks, concatenated in class order. Returns ``status, code, rng, r``:
     the decoder's state for the changes that follow."""
-    code = np.int64(buf[1]) << 24 | np.int64(buf[2]) << 16 | np.int64(buf[3]) << 8 | np.int64(buf[4])
+    code = _rc_code(buf)
     rng = np.int64(0xFFFFFFFF)
     r = 5
     n_classes = counts.size
