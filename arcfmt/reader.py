@@ -100,7 +100,11 @@ class LoadedBlock:
 class DeltaReader:
     """Random access to an arcfmt file: trailer → index → only the records asked for."""
 
-    def __init__(self, source, *, workers: int | None = None, max_output_bytes: int | None = None):
+    def __init__(self, source, *, workers: int | None = None, max_output_bytes: int | None = None,
+                 index: records.Index | None = None):
+        """``index``: this file's index, parsed and checked already by the caller from the same bytes
+        (a follower reads each shard's index with its trailer to plan a step): the INDX record is still
+        read and its checksum checked, but not parsed a second time."""
         self.source = open_source(source)
         self.max_output_bytes = max_output_bytes
         self.workers = workers or min(8, os.cpu_count() or 1)
@@ -115,8 +119,9 @@ class DeltaReader:
         records.trailer_agrees(trailer, header)
         self.index_offset = trailer.index_offset
         head, payload = self._read_record(trailer.index_offset, trailer.index_size, L.INDX)
-        self.index = records.parse_index(payload, trailer.index_offset, header.compact_index,
-                                         header.inline_blocks)
+        if index is None or (index.compact, index.inline_blocks) != (header.compact_index, header.inline_blocks):
+            index = records.parse_index(payload, trailer.index_offset, header.compact_index, header.inline_blocks)
+        self.index = index
         self._inline_blocks = header.inline_blocks
         for o in self.index.others:  # learn the true type of every record the index lists (§12.1 step 4)
             head = records.parse_record_head(self.source.read(o.offset, L.RECORD_HEADER_SIZE), o.offset)

@@ -85,3 +85,20 @@ def test_each_filesystem_gets_its_own_backend_class():
 def test_bad_follower_arguments_are_input_errors(tmp_path, kw):
     with pytest.raises(InputError):
         arcfmt.Follower(str(tmp_path / "s"), into=tmp_path / "f", **kw)
+
+
+def test_a_step_parses_each_shards_index_once(tmp_path, monkeypatch):
+    """The follower plans a step from each shard's index and hands that index to the reader, which
+    checks the INDX record's checksum but does not parse it a second time."""
+    from arcfmt import records
+    url, published = _stream(tmp_path, steps=3)
+    follower = arcfmt.Follower(url, into=tmp_path / "f")
+    follower.sync()
+    nxt = {k: v + np.float32(7) for k, v in published[2].items()}
+    arcfmt.Publisher(url, shard=0, num_shards=1).publish(3, nxt)
+    calls = []
+    real = records.parse_index
+    monkeypatch.setattr(records, "parse_index", lambda *a, **k: calls.append(1) or real(*a, **k))
+    (update,) = follower.sync()
+    assert update.step == 3 and len(calls) == 1
+    assert {n: a.tobytes() for n, a in update.weights()} == {n: v.tobytes() for n, v in nxt.items()}

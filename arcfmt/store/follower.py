@@ -750,7 +750,7 @@ class Follower:
                 p.source.add(a, next(datas))
 
     def _open_reader(self, m: Manifest, kind: str, p: _ShardPlan) -> DeltaReader:
-        r = DeltaReader(p.source, workers=self.workers, max_output_bytes=self.max_output_bytes)
+        r = DeltaReader(p.source, workers=self.workers, max_output_bytes=self.max_output_bytes, index=p.index)
         where = p.obj.name
         if r.target_step != m.step:
             raise CorruptError(f"{where}: its META says target step {r.target_step}, the manifest {m.step}")
