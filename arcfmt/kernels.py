@@ -112,6 +112,34 @@ def _ge_mask64_typing(typingctx, arr, start, mask, edge):
 _ge_mask64 = cast("Callable[[np.ndarray, int, Any, Any], np.uint64]", intrinsic(_ge_mask64_typing))
 
 
+def _ne_mask64_typing(typingctx, a, b, start):
+    """``_ne_mask64(a, b, start)``: bit ``i`` set where ``a[start + i] != b[start + i]``, for the 64
+    elements from ``start`` (inside both: contiguous 1-D arrays of one unsigned dtype). As
+    :func:`_ge_mask64`, vector IR (two loads, a compare, its 64 bits as one integer): the element loop
+    that shifts each compare into place ran at 0.48 ns an element, a third of a step's encode kernels
+    on the corpus."""
+    if not (isinstance(a, types.Array) and isinstance(b, types.Array) and a.dtype == b.dtype
+            and a.ndim == b.ndim == 1 and a.layout == b.layout == "C"
+            and isinstance(a.dtype, types.Integer) and not getattr(a.dtype, "signed", True)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        elt = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(elt, 64)
+
+        def load(k):
+            arr = context.make_array(signature.args[k])(context, builder, args[k])
+            ptr = builder.bitcast(builder.gep(arr.data, [args[2]]), vec.as_pointer())
+            return builder.load(ptr, align=max(1, elt.width // 8))
+        ne = builder.icmp_unsigned("!=", load(0), load(1))
+        return builder.bitcast(ne, ir.IntType(64))
+    return types.uint64(a, b, types.intp), codegen
+
+
+_ne_mask64 = cast("Callable[[np.ndarray, np.ndarray, int], np.uint64]", intrinsic(_ne_mask64_typing))
+
+
 def _copy_elems_typing(typingctx, dst, src, start, n):
     """``_copy_elems(dst, src, start, n)``: ``dst[start:start + n] = src[start:start + n]`` as one
     ``llvm.memcpy`` (both contiguous 1-D arrays of one dtype, not overlapping). Why: the element loop
@@ -198,7 +226,8 @@ def _call(kernel, key: tuple[Any, ...], *args):
 
 def changes(base, target):
     """Indices where ``base`` and ``target`` differ (int64, increasing)."""
-    if base.dtype.itemsize <= 4:
+    if base.dtype.itemsize <= 4 and base.dtype == target.dtype and base.flags.c_contiguous \
+            and target.flags.c_contiguous:   # (blocks of flat views are; the kernel loads 64 at a time)
         return _call(_changes, (_kind(base), _kind(target)), base, target)
     return np.flatnonzero(base != target)
 
@@ -1604,16 +1633,13 @@ def _scatter(flat, index, values):
 @_jit
 def _changes(base, target):
     """Indices where ``base`` and ``target`` differ (``np.flatnonzero(base != target)``), from a
-    bitmap built 64 elements at a time: 3x numpy's speed on sparse RL blocks, without the GIL."""
+    bitmap built 64 elements at a time (:func:`_ne_mask64`), without the GIL."""
     m = base.size
     full = m // 64
     words = np.empty(full + 1, np.uint64)
     n: int | np.uint64 = 0  # numba unifies it with _popcount's uint64
     for w in range(full):
-        s = w * 64
-        x = np.uint64(0)
-        for i in range(64):
-            x |= np.uint64(base[s + i] != target[s + i]) << np.uint64(i)
+        x = _ne_mask64(base, target, w * 64)
         words[w] = x
         n += _popcount(x)
     x = np.uint64(0)
