@@ -153,8 +153,13 @@ def _varint_at(buf: BytesLike, pos: int, what: str) -> tuple[int, int]:
     return read_varint(next_byte), at[0]
 
 
+_ONE_BYTE_VARINTS = [bytes((v,)) for v in range(0x80)]
+
+
 def varint_bytes(v: int) -> bytes:
     """The canonical varint of ``v`` (SPEC.md §1); InputError outside 0..2**64-1."""
+    if 0 <= v < 0x80:   # most params and lengths of small blocks: a writer builds thousands a step
+        return _ONE_BYTE_VARINTS[v]
     if not 0 <= v < 1 << 64:
         raise InputError(f"value {v} does not fit a varint (0..2**64-1)")
     out = bytearray()

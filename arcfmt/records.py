@@ -373,11 +373,18 @@ class BlockInfo:
 
 
 def build_block(tensor: int | None, block: int | None, enc: encodings.EncodedBlock,
-                coded: Sequence[tuple[int, BytesLike]]) -> bytes:
+                coded: Sequence[tuple[int, BytesLike]], head: bytes | None = None) -> bytes:
     """``coded``: one ``(codec, stored_bytes)`` per stream; ``tensor`` and ``block`` None: an inline
-    block (§7), to follow its TENS fields."""
-    head = L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
+    block (§7), to follow its TENS fields. ``head``: :func:`block_head` of the same, when the caller has it."""
+    if head is None:
+        head = block_head(tensor, block, enc, coded)
     return b"".join([head] + [bytes(s) for _, s in coded])
+
+
+def block_head(tensor: int | None, block: int | None, enc: encodings.EncodedBlock,
+               coded: Sequence[tuple[int, BytesLike]]) -> bytes:
+    """The head of :func:`build_block`'s payload (its stream data follows)."""
+    return L.build_block_head(tensor, block, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])
 
 
 def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, where: str,

@@ -366,10 +366,10 @@ class DeltaWriter:
         release(tb)
         held, self._held = self._held, None
         # sized before it is built: a large block's streams are joined once, into its own record
-        inline_size = len(L.build_block_head(None, None, enc.encoding, enc.params, [(c, len(s)) for c, s in coded])) \
-            + sum(len(s) for _, s in coded)
+        head = records.block_head(None, None, enc, coded)
+        inline_size = len(head) + sum(len(s) for _, s in coded)
         if held is not None and inline_size <= INLINE_MAX_BYTES:
-            off = self._emit_tensor(held, records.build_block(None, None, enc, coded))
+            off = self._emit_tensor(held, records.build_block(None, None, enc, coded, head))
             ref, size = records.BlockRef(off, 0, None, enc.encoding), inline_size
             self.stats[-1].header_size -= size
         else:

@@ -36,7 +36,9 @@ class EncodedBlock:
     params: list[int]
     streams: list[bytes]  # uncompressed, one per stream
     changed: int   # changed elements (informational; equals params[0] for the delta encodings)
-    dense: tuple[int, ...] = ()  # indices of streams that are already entropy-coded: fast codec trials only
+    # indices of streams that get the fast codec trials only below effort max: already entropy-coded,
+    # or of a candidate not worth the strong codecs' time (dense-delta beside a range-coded one)
+    dense: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
