@@ -356,31 +356,6 @@ def _exponent_counts(sample, base, positions, shift, emask, size):
 
 
 @_jit
-def _word_counts(words):
-    """Members in each word, and through each word."""
-    pop = np.empty(words.size, np.int64)
-    cum = np.empty(words.size, np.int64)
-    acc: int | np.int64 = 0  # numba unifies it with the int64 counts added to it
-    for w in range(words.size):
-        c = np.int64(_popcount(words[w]))
-        pop[w] = c
-        acc += c
-        cum[w] = acc
-    return pop, cum
-
-
-@_jit
-def _select(words, cum, pop, ranks, out):
-    """Bit index of each member rank in ``ranks`` (increasing, each below the member count)."""
-    w = 0
-    for idx in range(ranks.size):
-        j = ranks[idx]
-        while cum[w] <= j:
-            w += 1
-        out[idx] = w * 64 + _select_bit(words[w], np.int64(j - (cum[w] - pop[w])))
-
-
-@_jit
 def _ordered(u, half):
     """The order-preserving integer of a bit pattern (SPEC.md §8.6): ``u`` below ``half``, else
     ``half − 1 − u``. Without a branch: the sign of weights is a coin toss, and a mispredicted branch
@@ -958,34 +933,52 @@ def _select4_tail(base, mask, e0, e1, e2, ranks, r0, r1, r2, r3, t0, t1, t2, t3,
 
 
 @_jit
-def _class_words(base, mask, edges, counts):
-    """Packed membership bitmaps, one row per class (rows of classes without changes stay zero), in
-    one pass over the base: each 64-element word is compared with every threshold while in cache
-    (``_ge_mask64``). ``mask`` and ``edges`` have the base's dtype, so the compares stay in the element
-    width; ``base`` is contiguous."""
+def _class_ranks(base, mask, edges, pos, cls):
+    """Each change's rank among the members of its class (``cls[t]``) in the block: the members before
+    ``pos[t]`` (increasing). One pass over the base, a 64-element word at a time, the class counts so far
+    in an array and the word's class bitmaps compared (``_ge_mask64``) and dropped: a stored bitmap per
+    class and its running counts (4-16 classes, read and written over the whole block) took twice as long
+    on the corpus. ``base`` is contiguous."""
     n_classes = edges.size + 1
     nt = edges.size
     m = base.size
-    n_words = (m + 63) // 64
-    full_words = m // 64
-    words = np.zeros((n_classes, n_words), np.uint64)
-    for w in range(n_words):
+    c = pos.size
+    full = m // 64
+    seen = np.zeros(n_classes, np.int64)     # each class's members before the current word
+    word = np.empty(n_classes, np.uint64)    # the current word's bitmap of each class
+    ranks = np.empty(c, np.int64)
+    t = 0
+    for w in range(full):
         s = w * 64
-        n = 64 if w < full_words else m - s
-        lo = ~np.uint64(0) if n == 64 else (np.uint64(1) << np.uint64(n)) - np.uint64(1)
-        for k in range(n_classes):
-            if k == nt:
-                hi = np.uint64(0)
-            elif n == 64:
+        lo = ~np.uint64(0)
+        if t < c and pos[t] < s + 64:   # a change in this word: its class's bitmap is wanted
+            for k in range(nt):
                 hi = _ge_mask64(base, s, mask, edges[k])
-            else:
-                hi = np.uint64(0)
-                for b in range(n):
-                    hi |= np.uint64((base[s + b] & mask) >= edges[k]) << np.uint64(b)
-            if counts[k]:
-                words[k, w] = lo & ~hi
-            lo = hi
-    return words
+                word[k] = lo & ~hi
+                lo = hi
+            word[nt] = lo
+            while t < c and pos[t] < s + 64:
+                below = word[cls[t]] & ((np.uint64(1) << np.uint64(pos[t] - s)) - np.uint64(1))
+                ranks[t] = seen[cls[t]] + np.int64(_popcount(below))
+                t += 1
+            for k in range(n_classes):
+                seen[k] += np.int64(_popcount(word[k]))
+        else:                            # none: the counts alone
+            for k in range(nt):
+                hi = _ge_mask64(base, s, mask, edges[k])
+                seen[k] += np.int64(_popcount(lo & ~hi))
+                lo = hi
+            seen[nt] += np.int64(_popcount(lo))
+    while t < c:   # the last, partial word: element by element
+        k = cls[t]
+        r = seen[k]
+        for i in range(full * 64, pos[t]):
+            b = base[i] & mask
+            inside = (k == 0 or b >= edges[k - 1]) and (k == nt or b < edges[k])
+            r += np.int64(inside)
+        ranks[t] = r
+        t += 1
+    return ranks
 
 
 @_jit
@@ -1079,21 +1072,11 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         corder[fill[cls[t]]] = t
         fill[cls[t]] += 1
     g = np.empty(c, np.int64)
-    words = _class_words(base, mask, edges, counts) if n_classes > 1 else np.zeros((1, 1), np.uint64)
+    ranks = _class_ranks(base, mask, edges, pos, cls) if n_classes > 1 else pos
     for k in range(n_classes):
-        if counts[k] == 0:
-            continue
-        if n_classes > 1:
-            pop, cum = _word_counts(words[k])
         prev = -1
         for j in range(first[k], first[k + 1]):
-            p = pos[corder[j]]
-            if n_classes == 1:
-                rank = p
-            else:
-                w = p >> 6
-                below = words[k, w] & ((np.uint64(1) << np.uint64(p & 63)) - np.uint64(1))
-                rank = cum[w] - pop[w] + np.int64(_popcount(below))
+            rank = ranks[corder[j]]
             g[j] = rank - prev - 1
             prev = rank
     coded = counts

@@ -559,7 +559,7 @@ def _all_words(m: int) -> np.ndarray:
 
 def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> _Lazy:
     """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs
-    (the numpy twin of the kernels' ``_class_words``).
+    (what the kernels compare word by word in one pass: ``_class_ranks``, ``_class_select``).
 
     Class ``k`` is ``{a >= lo_k} AND NOT {a >= hi_k}`` on the magnitude bits ``a``, so the bitmaps of
     ``a >= T·2^M`` are computed once and combined word by word.

@@ -305,19 +305,24 @@ def test_a_quotient_past_the_block_fails_alike():
 
 
 @settings(max_examples=100, deadline=None)
-@given(m=st.integers(1, 5000), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1))
-def test_select_matches_numpy(m, density, seed):
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 5000), changes=st.integers(0, 400),
+       k=st.integers(2, 16), seed=st.integers(0, 2**32 - 1))
+@example(name="BF16", m=64 * 9 + 37, changes=300, k=16, seed=1)   # changes in the last, partial word
+@example(name="F32", m=128, changes=128, k=3, seed=2)              # every element, whole words only
+def test_class_ranks_match_numpy(name, m, changes, k, seed):
+    """The encoder's rank of each change among its class's members (one pass, no stored bitmaps) is
+    numpy's count of the class's members before it."""
+    dt, base, _, _ = _block(name, m, 1, seed)
     rng = np.random.default_rng(seed)
-    mask = rng.random(m) < density
-    ix = twins.ClassIndex(twins._pack_words(mask), m=m)
-    if not ix.size:
-        return
-    j = np.unique(rng.integers(0, ix.size, max(1, ix.size // 3)))
-    pop, cum = kernels._word_counts(ix.words)
-    assert np.array_equal(pop, ix.pop) and np.array_equal(cum, ix.cum)
-    a = np.empty(j.size, np.int64)
-    kernels._select(ix.words, cum, pop, j, a)
-    assert np.array_equal(a, ix.select(j)) and np.array_equal(a, np.flatnonzero(mask)[j])
+    pos = np.unique(rng.integers(0, m, changes)).astype(np.int64)
+    top = (1 << dt.exp_bits) - 1
+    thresholds = sorted(set(rng.integers(1, top + 1, k - 1).tolist()))
+    edges = np.asarray([t << dt.mant_bits for t in thresholds], dt.uint)
+    mask = dt.uint.type((1 << (8 * dt.itemsize - 1)) - 1)
+    cls_all = np.searchsorted(edges, base & mask, side="right")   # class k: edges[k-1] <= a < edges[k]
+    cls = cls_all[pos].astype(np.uint8)
+    want = np.array([np.count_nonzero(cls_all[:p] == cls_all[p]) for p in pos], np.int64)
+    assert np.array_equal(kernels._class_ranks(base, mask, edges, pos, cls), want)
 
 
 @settings(max_examples=80, deadline=None)
@@ -391,21 +396,6 @@ def test_class_select_variants_agree(name, m, density, k, beyond, seed):
                 starts = kernels._field_starts(gathered[:-1], dt.mant_bits, emask)
                 below = np.cumsum(np.bincount(fields.astype(np.int64) + 1, minlength=emask + 2))
                 assert np.array_equal(starts, below), what
-
-
-@pytest.mark.parametrize("name", CTX_NAMES)
-def test_class_index_kernel_matches_numpy(name):
-    dt, base, _, _ = _block(name, 4099, 1, 7)
-    top = (1 << dt.exp_bits) - 1
-    thresholds = [1, top // 3, top // 2, top]
-    b = twins.class_indexes(dt, base, thresholds, range(len(thresholds) + 1))
-    words = kernels._class_words(base, dt.uint.type((1 << (8 * dt.itemsize - 1)) - 1),
-                                 np.asarray([t << dt.mant_bits for t in thresholds], dt.uint),
-                                 np.ones(len(thresholds) + 1, np.int64))
-    assert sorted(b) == list(range(len(thresholds) + 1))
-    for k in b:
-        pop, cum = kernels._word_counts(words[k])
-        assert np.array_equal(words[k], b[k].words) and np.array_equal(cum, b[k].cum)
 
 
 def test_arcfmt_jit_0_turns_the_kernels_off():
