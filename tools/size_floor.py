@@ -11,7 +11,8 @@ code lengths — what an adaptive binary coder with that context would spend, mo
 - positions: one "changed?" bit per element, context = the base's exponent field (the context
   ctx-delta's classes approximate), and the same × "did this element change in the previous step";
 - signs: one bit per change, raw, and KT with context = the direction of the same element's
-  previous change (none / up / down), or = the signs of the previous change in its row and column;
+  previous change (none / up / down), or = the signs of the previous change in its row and column
+  (shown with the magnitudes' estimate added: ctx-delta-rc codes signs and magnitudes in one stream);
 - magnitudes: |d| binarised as Elias-gamma (unary length, then the bits below the top one), the
   unary bits and the first bit below the top adaptive per exponent field, the rest raw;
 - headers+index: the bytes of records, framing and index (nothing else is estimated there).
@@ -158,15 +159,16 @@ def actual_pair(base: dict, target: dict) -> dict:
     delta = arcfmt.encode(base, target, on_mismatch="ignore")
     r = DeltaReader(delta)
     d = r.describe()
-    out = {"positions": 0, "signs": 0, "magnitudes": 0, "other": 0}
+    out = {"positions": 0, "signs": 0, "magnitudes": 0, "changes": 0, "other": 0}
     in_streams = 0
     from bench import stream_labels  # noqa: PLC0415 - the bench's role names, one definition
     for t in d["tensors"]:
         for blk in t["blocks"]:
             for label, st in zip(stream_labels(blk["encoding"], t["dtype"]), blk["streams"]):
                 part, _, name = label.rpartition(":")
-                key = ("positions" if "positions" in (part, name) else "signs" if name == "signs" else
-                       "magnitudes" if name in ("magnitudes", "steps") else "other")
+                # "changes": ctx-delta-rc's signs and magnitudes coded together (-rp's, its gaps too)
+                key = ("changes" if name == "changes" else "positions" if "positions" in (part, name) else
+                       "signs" if name == "signs" else "magnitudes" if name in ("magnitudes", "steps") else "other")
                 out[key] += st["stored"]
                 in_streams += st["stored"]
     out["headers+index"] = len(delta) - in_streams
@@ -208,12 +210,15 @@ def main(argv=None) -> int:
             continue
         print(f"\n{folder}: {n} pairs from pair {lo}; bytes per step (BF16 model {bf16 / 1e6:.1f} MB)")
         print(f"  {'role':<26}{'arcfmt':>10}{'KT estimate':>14}{'ratio':>8}")
-        for role, keys in (("positions", ("positions:exp", "positions:exp+prev")),
-                           ("signs", ("signs:raw", "signs:prev", "signs:row/col")),
-                           ("magnitudes", ("magnitudes:exp",))):
-            print(f"  {role:<26}{act[role]:>10.0f}")
-            for k in keys:
-                print(f"    {k:<24}{'':>10}{est[k]:>14.0f}{est[k] / max(act[role], 1):>8.3f}")
+        print(f"  {'positions':<26}{act['positions']:>10.0f}")
+        for k in ("positions:exp", "positions:exp+prev"):
+            print(f"    {k:<24}{'':>10}{est[k]:>14.0f}{est[k] / max(act['positions'], 1):>8.3f}")
+        # signs and magnitudes as one row: ctx-delta-rc codes them together, in one stream ("changes")
+        steps = act["signs"] + act["magnitudes"] + act["changes"]
+        print(f"  {'signs+magnitudes':<26}{steps:>10.0f}")
+        for k in ("signs:raw", "signs:prev", "signs:row/col"):
+            v = est[k] + est["magnitudes:exp"]
+            print(f"    {k + ' + magnitudes:exp':<34}{v:>14.0f}{v / max(steps, 1):>8.3f}")
         print(f"  {'headers+index':<26}{act['headers+index']:>10.0f}")
         print(f"  {'other streams':<26}{act['other']:>10.0f}")
         best = (min(est["positions:exp"], est["positions:exp+prev"]) + min(est["signs:raw"], est["signs:prev"],
