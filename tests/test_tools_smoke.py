@@ -79,6 +79,20 @@ def test_size_levers_accounts_for_every_byte_and_prints_the_bounds(traj):
         assert re.search(re.escape(what) + r".*\s(\d+) B", p.stdout), p.stdout
 
 
+def test_size_floor_counts_every_stream_of_a_range_coded_file(traj):
+    """size_floor.py: the file's bytes are its roles' (ctx-delta-rc's signs and magnitudes as one), and
+    its estimates are printed against them."""
+    p = _tool("size_floor.py", traj, "--pairs", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(p.stdout).values()
+    act, est = r["actual"], r["estimate"]
+    assert act["changes"] > 0 and act["other"] == 0, act    # the 1 % steps: ctx-delta-rc blocks
+    assert sum(v for k, v in act.items() if k != "total") == act["total"]
+    assert {"positions:exp", "positions:exp+prev", "signs:prev", "magnitudes:exp"} <= set(est)
+    p = _tool("size_floor.py", traj, "--pairs", "1")
+    assert p.returncode == 0 and "signs:prev + magnitudes:exp" in p.stdout, p.stderr
+
+
 def test_bench_without_an_encoding_never_writes_it(tmp_path):
     """bench.py --without dense-delta: the writer never proposes it (a bias moving every step would
     otherwise take it), the files stay bit-exact; an unknown name is a usage error."""
