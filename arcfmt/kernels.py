@@ -226,8 +226,9 @@ def _call(kernel, key: tuple[Any, ...], *args):
 
 def changes(base, target):
     """Indices where ``base`` and ``target`` differ (int64, increasing)."""
-    if base.dtype.itemsize <= 4 and base.dtype == target.dtype and base.flags.c_contiguous \
-            and target.flags.c_contiguous:   # (blocks of flat views are; the kernel loads 64 at a time)
+    if base.dtype.kind == "u" and base.dtype.itemsize <= 4 and base.dtype == target.dtype \
+            and base.flags.c_contiguous and target.flags.c_contiguous and base.flags.aligned \
+            and target.flags.aligned:   # (blocks of flat views are; the kernel loads 64 at a time)
         return _call(_changes, (_kind(base), _kind(target)), base, target)
     return np.flatnonzero(base != target)
 

@@ -102,9 +102,9 @@ class DeltaReader:
 
     def __init__(self, source, *, workers: int | None = None, max_output_bytes: int | None = None,
                  index: records.Index | None = None):
-        """``index``: this file's index, parsed and checked already by the caller from the same bytes
-        (a follower reads each shard's index with its trailer to plan a step): the INDX record is still
-        read and its checksum checked, but not parsed a second time."""
+        """``index``: this file's index as :func:`records.parse_index` gave it to the caller (a follower
+        reads each shard's index with its trailer to plan a step): used, not parsed a second time, only
+        if it was parsed from the very INDX payload and offset this reader reads and checks."""
         self.source = open_source(source)
         self.max_output_bytes = max_output_bytes
         self.workers = workers or min(8, os.cpu_count() or 1)
@@ -119,7 +119,8 @@ class DeltaReader:
         records.trailer_agrees(trailer, header)
         self.index_offset = trailer.index_offset
         head, payload = self._read_record(trailer.index_offset, trailer.index_size, L.INDX)
-        if index is None or (index.compact, index.inline_blocks) != (header.compact_index, header.inline_blocks):
+        if index is None or not index.parsed_from(payload, trailer.index_offset, header.compact_index,
+                                                  header.inline_blocks):
             index = records.parse_index(payload, trailer.index_offset, header.compact_index, header.inline_blocks)
         self.index = index
         self._inline_blocks = header.inline_blocks

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+import xxhash
 
 from . import codecs, encodings
 from . import layout as L
@@ -484,6 +485,14 @@ class Index:
     others: list[OtherRecord] = field(default_factory=list)  # every record that is not META/TENS/BLCK/INDX
     compact: bool = False      # laid out without offsets and checksums (header flag COMPACT_INDEX, §10.1)
     inline_blocks: bool = False   # one-block tensors carry their block, listed with size 0 (INLINE_BLOCKS, §7)
+    # what it was parsed from (parse_index): the INDX record's offset and the xxh3-64 of its payload, so
+    # a reader handed this index can tell it is the one its own bytes give (DeltaReader(index=))
+    source: tuple[int, int] | None = None
+
+    def parsed_from(self, payload: BytesLike, index_offset: int, compact: bool, inline_blocks: bool) -> bool:
+        """Whether :func:`parse_index` gave this index for these very arguments."""
+        return (self.source is not None and (self.compact, self.inline_blocks) == (compact, inline_blocks)
+                and self.source == (index_offset, xxhash.xxh3_64_intdigest(payload)))
 
 
 def build_index(index: Index) -> bytes:
@@ -596,7 +605,8 @@ def parse_index(payload: BytesLike, index_offset: int, compact: bool = False, in
         entries.append(IndexEntry(name, to, ts, tc, blk[s0:e0]))
     others = [OtherRecord(int(o), int(z), bytes(t)) for o, z, t in zip(
         b.other_offsets.tolist(), b.other_sizes.tolist(), b.other_types.tolist())]
-    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others, compact, inline_blocks)
+    return Index(bytes(b.base_digest), bytes(b.target_digest), entries, others, compact, inline_blocks,
+                 (index_offset, xxhash.xxh3_64_intdigest(payload)))
 
 
 class IndexColumns(Protocol):

@@ -406,6 +406,21 @@ def test_dense_file_roundtrip_every_reader(name):
     check_file(base, target, buf.getvalue())
 
 
+def test_dense_delta_beside_a_range_coded_candidate_gets_the_fast_trials_below_max():
+    """A dense block of 256 changes or more: ctx-delta proposes ctx-delta-rc first, and dense-delta's
+    streams are then marked for the fast codec trials only (the writer heeds the mark below effort max
+    alone); beside no range-coded candidate its magnitudes get the full trials."""
+    from arcfmt.encodings import registry
+    dt, b, t, pos = _dense_block("BF16", 30_000, 600, 3)
+    for effort, marked in (("default", True), ("fast", True), ("max", True)):
+        cands = {c.encoding: c for c in registry.candidates(dt, b, t, effort)}
+        assert ctx.CtxDeltaRc.id in cands or ctx.CtxDeltaRp.id in cands, effort
+        assert (cands[ctx.DenseDelta.id].dense == (0, 1, 2, 3)) is marked, effort
+    with _without("ctx-delta-rc"), _without("ctx-delta-rp"):
+        cands = {c.encoding: c for c in registry.candidates(dt, b, t, "default")}
+        assert ctx.DenseDelta.id in cands and 3 not in cands[ctx.DenseDelta.id].dense   # its magnitudes
+
+
 def test_writer_picks_dense_delta_where_most_elements_change():
     """A bias that moves every step: the few unchanged positions are the cheap ones to list; where few
     elements change, dense-delta is not even tried."""

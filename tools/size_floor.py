@@ -166,7 +166,8 @@ def actual_pair(base: dict, target: dict) -> dict:
         for blk in t["blocks"]:
             for label, st in zip(stream_labels(blk["encoding"], t["dtype"]), blk["streams"]):
                 part, _, name = label.rpartition(":")
-                # "changes": ctx-delta-rc's signs and magnitudes coded together (-rp's, its gaps too)
+                # "changes": ctx-delta-rc's signs and magnitudes coded together (-rp's holds its gaps
+                # too, but this tool encodes at the default effort, which writes no -rp block)
                 key = ("changes" if name == "changes" else "positions" if "positions" in (part, name) else
                        "signs" if name == "signs" else "magnitudes" if name in ("magnitudes", "steps") else "other")
                 out[key] += st["stored"]

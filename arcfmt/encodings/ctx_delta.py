@@ -653,10 +653,12 @@ class DenseDelta(CtxDelta):
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
         """Only where most elements changed: elsewhere listing the changes is the smaller. Beside a
-        range-coded candidate (``ctx-delta-rc``/``-rp``) its streams get the fast codec trials only
-        (below effort max): where it wins it wins by far (a bias moving one unit), and its xz trial on
-        the corpus's dense bias was 5-15 % of a step's encode time for a candidate that lost there in
-        72 of 75 steps, in the other 3 by 0.01-0.6 % of the file (BENCHMARKS 2026-12-07, day)."""
+        range-coded candidate already proposed (``ctx-delta-rc``/``-rp``: ctx-delta proposes one
+        itself on blocks of 256 changes or more) its streams get the fast codec trials only (below
+        effort max): where it wins it wins by far (a bias moving one unit), and its xz trial on the
+        corpus's dense bias was 5-15 % of a step's encode time for a candidate that lost there in 72 of
+        75 steps, and won the other 3 by 0.01-0.6 % of the file (BENCHMARKS 2026-12-07, day). Smaller
+        blocks have streams under 16 KiB, which get no xz trial anyway."""
         if 2 * block.positions.size <= block.m:
             return None
         out = self.encode(block)
