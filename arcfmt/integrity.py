@@ -24,8 +24,7 @@ HASH_CHUNK = 64 << 20
 @dataclass(frozen=True)
 class KnownBase:
     """A base array whose tensor hash its holder already knows, because it wrote every byte of it
-    itself (a live follower's model, after verifying them; a publisher's private copy of the step it
-    published): checked or written by that hash, not hashed again."""
+    itself after verifying them (a live follower's model): checked by that hash, not hashed again."""
 
     array: object
     hash: int

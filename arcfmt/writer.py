@@ -14,7 +14,7 @@ from . import layout as L
 from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
 from .errors import InputError, LimitError
-from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
+from .integrity import DigestEntry, model_digest, tensor_hash
 from .parallel import run_jobs
 
 # An encoded block: the encoding's output and each stream's (codec, stored bytes)
@@ -122,8 +122,7 @@ _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block'
 
 
 def _hash_into(th: records.TensorHeader, base: np.ndarray | None, target: np.ndarray) -> None:
-    """A tensor header's hashes (xxh3 releases the GIL on large tensors: a job like a block's); ``base``
-    None: none to compute (no base, or one whose hash :meth:`DeltaWriter._prepare` was given)."""
+    """A tensor header's hashes (xxh3 releases the GIL on large tensors: a job like a block's)."""
     if base is not None:
         th.base_hash = tensor_hash(base)
     th.target_hash = tensor_hash(target)
@@ -287,9 +286,6 @@ class DeltaWriter:
         _check_shape(name, shape, min(self._block_elems, max(1, t.size)))
         self._names.add(raw)
         b = None
-        known = None
-        if isinstance(base, KnownBase):   # its holder's hash of it: not hashed again
-            base, known = base.array, base.hash
         if base is not None and not keyframe:
             bdt, bshape, b = as_uint(base)
             if bdt is not dt or bshape != shape:
@@ -298,8 +294,8 @@ class DeltaWriter:
         block_elems = min(self._block_elems, max(1, n))
         # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks
         th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
-                                  None if b is None else 0 if known is None else known, 0)
-        return th, b, t, b is not None and known is None
+                                  0 if b is not None else None, 0)
+        return th, b, t
 
     def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
         """Write one tensor: ``target`` (numpy, ml_dtypes or CPU torch array) as a delta from ``base``.
@@ -335,11 +331,10 @@ class DeltaWriter:
             held[:] = [0, False, 0]
 
         for name, base, target in items:
-            th, b, t, hash_base = self._prepare(name, base, target, keyframe)
+            th, b, t = self._prepare(name, base, target, keyframe)
             pending.append(("T", th))
-            # before the tensor's first emit: same flush or an earlier one
-            jobs.append((_hash_into, th, b if hash_base else None, t))
-            sizes.append(t.size * (2 if hash_base else 1))
+            jobs.append((_hash_into, th, b, t))  # before the tensor's first emit: same flush or an earlier one
+            sizes.append(t.size * (1 if b is None else 2))
             held[1] = held[1] or is_mapped(t) or is_mapped(b)
             for blk in range(th.block_count):
                 s, e = th.block_range(blk)

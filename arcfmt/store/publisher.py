@@ -36,7 +36,7 @@ from .. import layout as FL
 from .. import records
 from ..arrays import as_numpy, as_uint
 from ..errors import ArcError, InputError
-from ..integrity import KnownBase, model_digest, tensor_hash
+from ..integrity import model_digest, tensor_hash
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
 from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches
@@ -180,9 +180,6 @@ class Publisher:
         self.state_dir = state_dir
         self.tmp_dir = tmp_dir
         self._last: tuple[int, dict[str, np.ndarray]] | None = None   # (step, {name: array}) of the previous publish
-        # the tensor hashes of ``_last``'s arrays, as its files carry them: the next delta's base hashes
-        # (each array is this publisher's own copy: nothing changes it after it was hashed)
-        self._last_hashes: dict[str, int] = {}
         # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
         self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
         self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
@@ -266,9 +263,6 @@ class Publisher:
         t_start = time.perf_counter()
         N.check_step(step)
         target, source_path = _load_tensors(tensors, "tensors")
-        if self.remember:   # this publisher's own copy: encoded, then kept as the next step's base with the
-            # hashes its file carries (a caller that changes its arrays meanwhile changes neither)
-            target = {n: np.array(as_numpy(a), copy=True) for n, a in target.items()}
         if base is not None:
             if base_step is None:
                 raise InputError("base= needs base_step=")
@@ -311,7 +305,7 @@ class Publisher:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
-            self._remember(step, target, source_path, done.file, {})
+            self._remember(step, target, source_path, done.file)
             return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
                                  model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start, note)
         t0 = time.perf_counter()
@@ -344,7 +338,7 @@ class Publisher:
                           refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
         result = self.commit(step, mine=desc)
-        self._remember(step, target, source_path, file_name, {n: int(h, 16) for n, _, _, h in first["tensors"]})
+        self._remember(step, target, source_path, file_name)
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -446,12 +440,11 @@ class Publisher:
             json.dump({"step": step, "why": why}, f)
         os.replace(p + ".tmp", p)
 
-    def _remember(self, step, target, source_path, file: str, hashes: dict[str, int]) -> None:
+    def _remember(self, step, target, source_path, file: str) -> None:
         self._set_lost(step, None)
         self._file = file
-        if self.remember:   # ``target`` is the copy publish() made
-            self._last = (step, target)
-            self._last_hashes = hashes
+        if self.remember:
+            self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
         self._save_state(step, target, source_path)
 
     def _already_published(self, step, target) -> Descriptor | None:
@@ -472,14 +465,6 @@ class Publisher:
                                 f"{f', writer {d.writer}' if d.writer else ''})")
         return d
 
-    def _base_of(self, base, name):
-        """``base[name]``, with its hash when it is this publisher's copy of the step it published last
-        (the writer then hashes only the target: one pass over the shard's bytes less)."""
-        a = None if base is None else base.get(name)
-        if a is None or self._last is None or base is not self._last[1] or name not in self._last_hashes:
-            return a
-        return KnownBase(a, self._last_hashes[name])
-
     def _encode(self, step, target, base, base_step, tmpfiles):
         fd, path = tempfile.mkstemp(prefix="arcfmt-publish-", suffix=".arc", dir=self.tmp_dir)
         tmpfiles.append(path)
@@ -488,7 +473,7 @@ class Publisher:
             w = DeltaWriter(hw, base_step=base_step, target_step=step, block_elems=self.block_elems,
                             compact_index=self.compact_index,
                             effort=self.effort if base is not None else self.keyframe_effort, workers=self.workers)
-            w.write_tensors((n, self._base_of(base, n), a) for n, a in target.items())
+            w.write_tensors((n, None if base is None else base.get(n), a) for n, a in target.items())
             w.close()
         size = hw.n
         with open(path, "rb") as f:
