@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
@@ -19,15 +18,6 @@ DigestEntry: TypeAlias = tuple[bytes, int, Sequence[int], int]
 
 
 HASH_CHUNK = 64 << 20
-
-
-@dataclass(frozen=True)
-class KnownBase:
-    """A base array whose tensor hash its holder already knows, because it wrote every byte of it
-    itself after verifying them (a live follower's model): checked by that hash, not hashed again."""
-
-    array: object
-    hash: int
 
 
 def tensor_hash(u: np.ndarray) -> int:

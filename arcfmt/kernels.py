@@ -964,7 +964,7 @@ def _class_ranks(base, mask, edges, pos, cls):
                 t += 1
             for k in range(n_classes):
                 seen[k] += np.int64(_popcount(word[k]))
-        else:                            # none: the counts alone
+        else:   # none: the counts alone, in registers (storing every word's bitmaps took twice as long)
             for k in range(nt):
                 hi = _ge_mask64(base, s, mask, edges[k])
                 seen[k] += np.int64(_popcount(lo & ~hi))

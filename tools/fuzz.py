@@ -40,9 +40,9 @@ Engines, interleaved case by case (all seeded, reproducible from --seed, --engin
     head's step, or staging entries left beside it fail the case; a quarter of the cases then repair
     the stream and sync the same folder again, which must reach the head.
 Every delta case runs the random-access reader and the streaming reader. A case fails when it raises an
-exception that is not an ArcError, takes longer than --max-seconds (unless a kernel was compiled for it:
-a first use, not the input's doing; one that is still running after
-max(30 s, 20 x --max-seconds) is stopped as a hang), returns tensors that differ from the original
+exception that is not an ArcError, takes longer than --max-seconds (not counted where numba compiled a
+kernel for new argument types during the case: a first use, not the input's doing; a case still running
+after max(30 s, 20 x --max-seconds) is stopped as a hang), returns tensors that differ from the original
 target (a corrupted file must never decode to wrong data), or brings the worker's peak RSS past
 --max-rss-mib (the decoders run with a bounded output budget). Failing inputs are saved under --out
 (default fuzz-failures/) to become regression vectors: ``case-<seed>-<case>.arc`` (a file), or
