@@ -182,6 +182,17 @@ def warn_first_compile(kernel: str) -> None:
             warnings.warn(line, FirstCompileWarning, stacklevel=3)
 
 
+def compiled_specializations() -> int:
+    """How many (kernel, argument types) pairs this process has compiled or loaded from numba's cache so
+    far (0 on numpy). Why: a tool that times single calls (the fuzzer, the conformance runner) tells
+    a call that waited for numba, once per install, from one that was slow on its input."""
+    import sys
+    kernels = sys.modules.get(__package__ + ".kernels")   # never imported: nothing compiled yet
+    if kernels is None:
+        return 0
+    return sum(len(f.signatures) for f in vars(kernels).values() if hasattr(f, "signatures") and hasattr(f, "py_func"))
+
+
 def twins() -> Backend:
     """The numpy backend (always available)."""
     from . import twins as t

@@ -72,6 +72,7 @@ import numpy as np
 
 from arcfmt import (
     ArcError,  # noqa: E402
+    backend,
     records,
 )
 from arcfmt import layout as L  # noqa: E402
@@ -1536,15 +1537,6 @@ def run_case(seed, case, engine, rng, tmpdir, files, streams):
     return fail, data if fail else None, t0
 
 
-def _kernel_specializations() -> int:
-    """How many (kernel, argument types) pairs this process has compiled or loaded from numba's cache."""
-    try:
-        from arcfmt import kernels
-    except ImportError:   # no numba: the numpy twins, nothing is compiled
-        return 0
-    return sum(len(f.signatures) for f in vars(kernels).values() if hasattr(f, "signatures") and hasattr(f, "py_func"))
-
-
 def run_range(seed, start, stop, max_seconds, out_dir, engines=None, max_rss_mib=None, tmp_root=None):
     from arcfmt.encodings import ctx_delta
     ctx_delta.warm_up()  # the per-case time limit is for decoding, not for compiling the kernels
@@ -1564,7 +1556,7 @@ def run_range(seed, start, stop, max_seconds, out_dir, engines=None, max_rss_mib
                 rng = np.random.default_rng([seed, case])
                 engine = pick_engine(rng.random(), engines)
                 t_case = t0 = time.perf_counter()
-                specialized = _kernel_specializations()
+                specialized = backend.compiled_specializations()
                 data = None
                 try:
                     if alarm:
@@ -1586,7 +1578,7 @@ def run_range(seed, start, stop, max_seconds, out_dir, engines=None, max_rss_mib
                 seconds[engine] = seconds.get(engine, 0.0) + (t1 - t_case)
                 # a case whose arrays needed a kernel for types warm_up did not cover (a read-only or
                 # unaligned view, another layout) waited for numba, once per install: not slow input
-                if dt > max_seconds and _kernel_specializations() == specialized:
+                if dt > max_seconds and backend.compiled_specializations() == specialized:
                     slow += 1
                     fail = (fail or "") + f" slow: {dt:.2f} s"
                 if max_rss_mib and not rss_flagged:
