@@ -17,8 +17,8 @@ The interface (what both modules define):
     indices where the two unsigned arrays differ, increasing (``np.flatnonzero(base != target)``).
 ``scatter(flat, index, values)``
     ``flat[index] = values`` (the live follower writes a step's staged changes with it).
-``exponent_counts(dt, sample, base, positions) -> (ne, ce)``
-    elements of ``sample`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``).
+``exponent_counts(dt, base, stride, positions) -> (ne, ce)``
+    elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``).
 ``class_cuts(ne, ce, max_classes, overhead) -> list``
     the exponent-class thresholds of least estimated position bits (the DP of
     ``ctx_delta.choose_thresholds``).
@@ -81,7 +81,7 @@ class Backend(Protocol):
 
     def scatter(self, flat: np.ndarray, index: np.ndarray, values: np.ndarray) -> None: ...
 
-    def exponent_counts(self, dt: DType, sample: np.ndarray, base: np.ndarray,
+    def exponent_counts(self, dt: DType, base: np.ndarray, stride: int,
                         positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...

@@ -185,6 +185,24 @@ _load64 = cast("Callable[[np.ndarray, int], np.uint64]", intrinsic(_load64_typin
 _loaded: set[tuple[Any, ...]] = set()
 
 
+def _ro(a: np.ndarray) -> np.ndarray:
+    """``a`` read-only (a view where it is writeable). Why: numba compiles a kernel once per writability
+    of each array, so every array a kernel only reads is passed read-only: memory-mapped checkpoints
+    and arrays in memory then share one build, the one ``warm_up`` makes."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _input(a: np.ndarray) -> np.ndarray:
+    """``a`` as the kernels read a block: C-contiguous and aligned (else copied, rather than compiled
+    for: only views of odd layouts are either) and read-only (:func:`_ro`)."""
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.require(a, requirements=("C", "A"))
+    return _ro(a)
+
+
 def _kind(a: np.ndarray) -> tuple[int, int, int]:
     """What numba compiles a kernel for, of an array: its dtype, rank and flags (layout, writability)."""
     return a.dtype.num, a.ndim, a.flags.num
@@ -229,22 +247,25 @@ def changes(base, target):
     if base.dtype.kind == "u" and base.dtype.itemsize <= 4 and base.dtype == target.dtype \
             and base.flags.c_contiguous and target.flags.c_contiguous and base.flags.aligned \
             and target.flags.aligned:   # (blocks of flat views are; the kernel loads 64 at a time)
+        base, target = _ro(base), _ro(target)
         return _call(_changes, (_kind(base), _kind(target)), base, target)
     return np.flatnonzero(base != target)
 
 
 def scatter(flat, index, values) -> None:
     """``flat[index] = values`` (a live model's staged changes), without the GIL."""
+    index, values = _ro(index), _ro(values)
     _call(_scatter, (_kind(flat), _kind(index), _kind(values)), flat, index, values)
 
 
-def exponent_counts(dt, sample, base, positions):
-    """Elements of ``sample`` and of ``base[positions]`` per exponent field value (the gather runs in
-    the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does not
-    check: they come from :func:`changes`)."""
+def exponent_counts(dt, base, stride, positions):
+    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (the gather runs
+    in the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does
+    not check: they come from :func:`changes`)."""
     size = 1 << dt.exp_bits
-    return _call(_exponent_counts, (_kind(sample), _kind(base), _kind(positions)),
-                 sample, base, positions, dt.mant_bits, size - 1, size)
+    base, positions = _input(base), _ro(positions)
+    return _call(_exponent_counts, (_kind(base), _kind(positions)),
+                 base, stride, positions, dt.mant_bits, size - 1, size)
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
@@ -272,7 +293,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     ``rc_limit``): 1 where the gaps' model estimate is below the quotient and remainder bits, 2 always:
     ``coded`` is ctx-delta-rp's stream (§8.10; at most ``rp_limit`` bytes) and ``rp_rice`` its Rice
     parameters (else None; ``rice`` stays ctx-delta's, whose streams are returned too)."""
-    base = np.ascontiguousarray(base)
+    base, target, positions = _input(base), _input(target), _ro(positions)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
@@ -292,15 +313,14 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         if len(_decode_args) >= 4096:
             _decode_args.clear()
         args = _decode_args[(dt.code, *p.thresholds)] = _args(dt, p.thresholds)  # never written to
-    if not out.flags.c_contiguous:   # the kernel copies into contiguous memory only
+    if not (out.flags.c_contiguous and out.flags.aligned):   # the kernel writes contiguous memory only
         flat = out.copy() if out is base else np.empty(out.shape, out.dtype)
         status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions)
         if status == OK:
             out[...] = flat
         return status
     separate = out is not base   # (out is contiguous here: base is too when it is out)
-    if not base.flags.c_contiguous:
-        base = np.ascontiguousarray(base)
+    base = _input(base)   # in place too: the kernel writes through ``out`` only
     if positions is None:
         positions = _NO_POSITIONS
     axis, period, phase = p.signs[:3] if p.signs is not None else (-1, 1, 0)
@@ -337,18 +357,20 @@ _NO_BYTES = _bytes_array(b"")   # ctx-delta-rc's absent magnitude stream
 # ------------------------------------------------------------------------------------ the kernels
 
 @_jit
-def _exponent_counts(sample, base, positions, shift, emask, size):
-    """Elements of ``sample`` and of ``base[positions]`` per exponent field value (four
+def _exponent_counts(base, stride, positions, shift, emask, size):
+    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (four
     sub-histograms: no store stalls)."""
     sub = np.zeros((4, size), np.int64)
-    m4 = sample.size - sample.size % 4
-    for i in range(0, m4, 4):
-        sub[0, (sample[i] >> shift) & emask] += 1
-        sub[1, (sample[i + 1] >> shift) & emask] += 1
-        sub[2, (sample[i + 2] >> shift) & emask] += 1
-        sub[3, (sample[i + 3] >> shift) & emask] += 1
-    for i in range(m4, sample.size):
-        sub[0, (sample[i] >> shift) & emask] += 1
+    n = (base.size + stride - 1) // stride
+    n4 = n - n % 4
+    for k in range(0, n4, 4):
+        i = k * stride
+        sub[0, (base[i] >> shift) & emask] += 1
+        sub[1, (base[i + stride] >> shift) & emask] += 1
+        sub[2, (base[i + 2 * stride] >> shift) & emask] += 1
+        sub[3, (base[i + 3 * stride] >> shift) & emask] += 1
+    for k in range(n4, n):
+        sub[0, (base[k * stride] >> shift) & emask] += 1
     ne = sub[0] + sub[1] + sub[2] + sub[3]
     ce = np.zeros(size, np.int64)
     for p in positions:

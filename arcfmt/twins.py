@@ -64,8 +64,9 @@ def scatter(flat, index, values) -> None:
     flat[index] = values
 
 
-def exponent_counts(dt, sample, base, positions):
-    """Elements of ``sample`` and of ``base[positions]`` per exponent field value."""
+def exponent_counts(dt, base, stride, positions):
+    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value."""
+    sample = base[::stride]
     size = 1 << dt.exp_bits
     ne = np.zeros(size, np.int64)
     for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)

@@ -85,3 +85,57 @@ def test_a_fresh_install_says_so_once(tmp_path):
     assert "FirstCompileWarning" in child.stderr   # the decoder's kernels were not cached yet
     p = run("encode", tmp_path / "a", tmp_path / "b", "-o", tmp_path / "e.arc", env=env, rc=0)
     assert "compiling" not in p.stderr
+
+
+WARM_THEN_USE = r"""
+import os, sys, warnings
+import numpy as np
+import ml_dtypes
+import arcfmt
+from arcfmt import backend
+from arcfmt.safetensors_io import write_file
+
+warnings.simplefilter("ignore")
+arcfmt.warm_up()
+built = backend.compiled_specializations()
+tmp = sys.argv[1]
+rng = np.random.default_rng(7)
+def step(m, seed):
+    r = np.random.default_rng(seed)
+    out = {}
+    for k, a in m.items():
+        u = a.view(f"u{a.dtype.itemsize}").copy().reshape(-1)
+        u[r.random(u.size) < 0.05] += 1
+        out[k] = u.view(a.dtype).reshape(a.shape)
+    return out
+kinds = (ml_dtypes.bfloat16, np.float16, np.float32, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
+base = {f"w{i}": (rng.standard_normal((128, 300)) * 0.05).astype(k) for i, k in enumerate(kinds)}
+new, newer = step(base, 1), step(base, 2)
+for name, m in (("a", base), ("b", new)):
+    os.makedirs(os.path.join(tmp, name))
+    write_file(os.path.join(tmp, name, "model.safetensors"), m)
+done = []
+def check(what):
+    done.append((what, backend.compiled_specializations() - built))
+arcfmt.encode_files(os.path.join(tmp, "a"), os.path.join(tmp, "b"), os.path.join(tmp, "d.arc")); check("encode files")
+arcfmt.apply_files(os.path.join(tmp, "a"), os.path.join(tmp, "d.arc"), in_place=True); check("apply in place")
+arcfmt.decode(new, arcfmt.encode(new, newer)); check("encode and decode arrays")
+store = "file://" + os.path.join(tmp, "store")
+pub = arcfmt.Publisher(store)
+for s, m in enumerate((base, new, newer)):
+    pub.publish(s, m)
+check("publish")
+live = {}
+arcfmt.Follower(store, live=live).sync(); check("live follower")
+print(done)
+assert all(n == 0 for _, n in done), done
+"""
+
+
+def test_after_warm_up_nothing_compiles(tmp_path):
+    """Issue 19, first use: after ``arcfmt warm-up`` no user path waits for numba, whatever it reads
+    (memory-mapped files or arrays in memory), writes (a new file, in place, a live model) or codes (the
+    five ctx-delta dtypes): every kernel it calls was built then, for the argument types it passes."""
+    child = subprocess.run([sys.executable, "-c", WARM_THEN_USE, str(tmp_path)], capture_output=True,
+                           text=True, timeout=600)
+    assert child.returncode == 0, child.stdout + child.stderr

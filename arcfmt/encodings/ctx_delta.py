@@ -276,7 +276,7 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray,
         return []
     be = backend.selected()
     stride = _HIST_STRIDE if base.size >= _CHUNK else 1
-    ne, ce = be.exponent_counts(dt, base[::stride], base, positions)
+    ne, ce = be.exponent_counts(dt, base, stride, positions)
     ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
     return be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
 
@@ -424,7 +424,8 @@ def warm_up() -> None:
     for anything that times single calls, such as the fuzzer's per-case limit. Nothing to do on the
     numpy backend.
     """
-    if backend.selected() is backend.twins():
+    be = backend.selected()
+    if be is backend.twins():
         return
     from ..dtypes import from_name
     rng = np.random.default_rng(0)
@@ -434,18 +435,15 @@ def warm_up() -> None:
         base = rng.integers(0, 1 << (8 * dt.itemsize), m, dtype=np.uint64).astype(dt.uint)
         target = base.copy()
         target[::97] ^= dt.uint.type(1)
-        frozen = base.copy()
-        frozen.setflags(write=False)  # numba compiles read-only arrays separately
-        frozen_target = target.copy()
-        frozen_target.setflags(write=False)
+        # one build per dtype serves memory-mapped and in-memory arrays alike: the kernels take every
+        # array they only read as read-only (kernels._ro)
         pos = changed_positions(base, target)
-        changed_positions(frozen, frozen_target)  # memory-mapped checkpoints are read-only
         top = (1 << dt.exp_bits) - 1
         for thresholds in (None, [max(1, top // 2)]):
             enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
-            p = Params.unpack(enc.params)
-            for b, streams in ((base, enc.streams), (frozen, [bytearray(x) for x in enc.streams])):
-                decode(dt, p, streams, m, b, np.empty_like(base))
+            decode(dt, Params.unpack(enc.params), enc.streams, m, base, np.empty_like(base))
+        for index in (np.int32, np.int64):   # a live model's staged changes (pipeline.Changes)
+            be.scatter(base.copy(), pos.astype(index), target[pos])
 
 
 # ----------------------------------------------------------------------------------------- the encoding
