@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -29,15 +30,22 @@ def test_a_reference_run_that_waited_for_a_compile_is_timed_again(monkeypatch):
     runs, compiled = [], [0]
 
     def once(v, mode, timeout):
-        runs.append(v)
+        runs.append(timeout)
         compiled[0] += v["compiles"]
-        return ("timeout", "took 15.8 s", 15.8) if len(runs) == 1 else ("pass", "", 0.01)
+        slow = len(runs) == 1 or v["slow"]
+        return ("timeout", "took 15.8 s", 15.8) if slow else ("pass", "", 0.01)
 
     monkeypatch.setattr(runner, "_run_reference", once)
     monkeypatch.setattr(backend, "compiled_specializations", lambda: compiled[0])
-    assert runner.run_reference({"compiles": 3}, "random", 10.0) == ("pass", "", 0.01) and len(runs) == 2
+    # compiled, then fast: passes, timed again under the same limit
+    assert runner.run_reference({"compiles": 3, "slow": False}, "random", 10.0) == ("pass", "", 0.01)
+    assert runs == [10.0, 10.0]
+    # compiled, and slow again: a timeout
     runs.clear()
-    assert runner.run_reference({"compiles": 0}, "random", 10.0)[0] == "timeout" and len(runs) == 1
+    assert runner.run_reference({"compiles": 3, "slow": True}, "random", 10.0)[0] == "timeout" and len(runs) == 2
+    # compiled nothing: a timeout at once
+    runs.clear()
+    assert runner.run_reference({"compiles": 0, "slow": False}, "random", 10.0)[0] == "timeout" and runs == [10.0]
 
 
 def test_compiled_specializations_counts_what_numba_built():
@@ -61,7 +69,11 @@ def test_independent_decoder_passes_every_vector():
 
     vectors = runner.load_manifest()["vectors"]
     runs = mutate._runs(vectors)
-    bad = [(vectors[vi]["name"], mode, *mutate.run_one(None, vectors[vi], mode)[:2]) for vi, mode in runs]
+    handler = signal.getsignal(signal.SIGALRM)   # run_one's time limit sets its own
+    try:
+        bad = [(vectors[vi]["name"], mode, *mutate.run_one(None, vectors[vi], mode)[:2]) for vi, mode in runs]
+    finally:
+        signal.signal(signal.SIGALRM, handler)
     assert len(runs) > 1000 and [b for b in bad if b[2] != "pass"] == []
 
 

@@ -110,6 +110,8 @@ def step(m, seed):
     return out
 kinds = (ml_dtypes.bfloat16, np.float16, np.float32, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
 base = {f"w{i}": (rng.standard_normal((128, 300)) * 0.05).astype(k) for i, k in enumerate(kinds)}
+base["steps"] = np.arange(1000, dtype=np.int64)   # 8-byte elements: another width of a live model's scatter
+base["f64"] = rng.standard_normal(1000)
 new, newer = step(base, 1), step(base, 2)
 for name, m in (("a", base), ("b", new)):
     os.makedirs(os.path.join(tmp, name))

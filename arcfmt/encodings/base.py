@@ -59,7 +59,11 @@ class Block:
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
                  effort: str | Trials = "default", period: int | None = None, offset: int = 0,
                  readers: tuple[int, int] | None = None) -> None:
-        self.dt, self.base, self.target, self.effort = dt, base, target, effort
+        # as the kernels read them, C-contiguous and aligned: a view of an odd layout (an unaligned tensor
+        # of a memory-mapped file) is copied once here, not by each kernel an encoding calls
+        self.base = None if base is None else np.require(base, requirements=("C", "A"))
+        self.target = np.require(target, requirements=("C", "A"))
+        self.dt, self.effort = dt, effort
         # the oldest format version that must read the file (None: this one): newer encodings are not tried
         self.readers = readers
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and

@@ -442,8 +442,10 @@ def warm_up() -> None:
         for thresholds in (None, [max(1, top // 2)]):
             enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
             decode(dt, Params.unpack(enc.params), enc.streams, m, base, np.empty_like(base))
-        for index in (np.int32, np.int64):   # a live model's staged changes (pipeline.Changes)
-            be.scatter(base.copy(), pos.astype(index), target[pos])
+    for width in (1, 2, 4, 8):   # a live model's staged changes (pipeline.Changes), of any dtype
+        flat = np.zeros(64, f"u{width}")
+        for index in (np.int32, np.int64):
+            be.scatter(flat, np.arange(0, 64, 7, dtype=index), np.ones(10, flat.dtype))
 
 
 # ----------------------------------------------------------------------------------------- the encoding
