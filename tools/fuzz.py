@@ -1537,6 +1537,17 @@ def run_case(seed, case, engine, rng, tmpdir, files, streams):
     return fail, data if fail else None, t0
 
 
+def _run_limited(hard, *args):
+    """:func:`run_case` under the hang alarm of ``hard`` seconds (None: no alarm, off the main thread)."""
+    if hard:
+        signal.setitimer(signal.ITIMER_REAL, hard)
+    try:
+        return run_case(*args)
+    finally:
+        if hard:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def _rerun_seconds(seed, case, engines, tmpdir, files, streams, hard):
     """The timed seconds of ``case`` run again (its own input, a fresh folder); infinite where it raises
     or hangs. ``hard``: the hang limit (its alarm), or None off the main thread."""
@@ -1544,13 +1555,7 @@ def _rerun_seconds(seed, case, engines, tmpdir, files, streams, hard):
     engine = pick_engine(rng.random(), engines)
     again = tempfile.mkdtemp(prefix=f"rerun-{case}-", dir=tmpdir)
     try:
-        if hard:
-            signal.setitimer(signal.ITIMER_REAL, hard)
-        try:
-            _, _, t0 = run_case(seed, case, engine, rng, again, files, streams)
-        finally:
-            if hard:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+        _, _, t0 = _run_limited(hard, seed, case, engine, rng, again, files, streams)
     except (_Hang, Exception):  # noqa: BLE001 - the first run's outcome stands
         return float("inf")
     finally:
@@ -1580,13 +1585,8 @@ def run_range(seed, start, stop, max_seconds, out_dir, engines=None, max_rss_mib
                 specialized = backend.compiled_specializations()
                 data = None
                 try:
-                    if alarm:
-                        signal.setitimer(signal.ITIMER_REAL, hard)
-                    try:
-                        fail, data, t0 = run_case(seed, case, engine, rng, tmpdir, files, streams)
-                    finally:
-                        if alarm:
-                            signal.setitimer(signal.ITIMER_REAL, 0)
+                    fail, data, t0 = _run_limited(hard if alarm else None, seed, case, engine, rng, tmpdir,
+                                                  files, streams)
                 except _Hang:
                     fail = f"hung: stopped after {hard:.0f} s"
                 except Exception:  # noqa: BLE001 - a bug in the fuzzer itself is also worth seeing
