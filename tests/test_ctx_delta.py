@@ -669,3 +669,22 @@ def test_ctx_delta_offered_beside_rp_keeps_its_own_rice_parameters():
         assert np.array_equal(out, target)
     b, t = {"w": from_bits(base, BY_NAME["BF16"])}, {"w": from_bits(target, BY_NAME["BF16"])}
     assert_bit_exact(arcfmt.decode(b, arcfmt.encode(b, t, effort="max")), t)
+
+
+@pytest.mark.parametrize("encoding", ["ctx-delta-rc", "ctx-delta-rp", "ctx-delta-as", "ctx-delta", "dense-delta"])
+def test_a_forced_encoding_that_cannot_code_a_block_refuses_it(encoding):
+    """Found by the fuzzer: a forced ctx-delta-rc whose changes pass §8.9's bound came out as ctx-delta,
+    under -rc's id (a file no reader takes: its params are ctx-delta's). Every forced encoding now
+    writes a file that decodes, or refuses with InputError."""
+    b = np.array([0x194731B6, 0xE00D388C, 0x07C50C05, 0x3EFD49AC, 0x6A05F352, 0x99ABE768, 0x37430E02], np.uint32)
+    t = np.array([0x214731B6, 0xE00D36E2, 0x6F0C0C05, 0xCB3049EB, 0x6A779652, 0x2AABE7DD, 0x50430E02], np.uint32)
+    base, target = {"x": b.view(np.float32)}, {"x": t.view(np.float32)}
+    buf = io.BytesIO()
+    try:
+        with arcfmt.DeltaWriter(buf, force_encoding=encoding, workers=1) as w:
+            w.write_tensors([("x", base["x"], target["x"])])
+    except arcfmt.InputError as exc:
+        assert encoding == "ctx-delta-rc" and "§8.9" in str(exc)
+        return
+    assert encoding != "ctx-delta-rc"
+    assert arcfmt.decode(base, buf.getvalue())["x"].tobytes() == target["x"].tobytes()

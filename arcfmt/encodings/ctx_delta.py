@@ -514,8 +514,11 @@ class CtxDelta(Encoding):
                      axes=axes if as_wanted else (), force_signs=signs == "always",
                      rc_axes=axes if rc != "never" else (), force_rc=rc == "always",
                      rp=("never", "auto", "always").index(rp))
+        # what the block came out as: a forced -rc or -rp whose changes passed the bound comes out as
+        # ctx-delta (never under its own id: those params are not its), which the caller refuses
+        plain = self.id if self.codes_unchanged else CtxDelta.id
         kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRc.id if enc.rc else CtxDeltaAs.id if enc.adaptive_signs
-                else self.id)
+                else plain)
         out = EncodedBlock(kind, enc.params, enc.streams, c, dense=(0, 1, 2))
         if enc.other is None:
             return out

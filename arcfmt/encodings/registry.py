@@ -149,6 +149,8 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
         raise InputError(f"encoding {enc.name} needs a base")
     block = Block(dt, base, target, period=period, offset=offset)
     out = enc.encode(block)
+    if out is not None and out.encoding != enc.id:   # its params are another encoding's: never written as its
+        raise InputError(f"encoding {enc.name} cannot code this block (it came out as {get(out.encoding).name})")
     if out is None:
         keeper = next(e for e in registered() if e.keeps_base)
         out = keeper.encode(block)
