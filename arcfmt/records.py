@@ -514,6 +514,11 @@ def build_index(index: Index) -> bytes:
     return out
 
 
+def index_body_length(payload: BytesLike) -> int:
+    """The body length an INDX payload gives (§10): what MAX_INDEX_BYTES bounds (a writer checks it)."""
+    return int(L.parse(L.IndexPayload, bytes(payload), "INDX").body_length)
+
+
 def parse_index(payload: BytesLike, index_offset: int, compact: bool = False, inline_blocks: bool = False) -> Index:
     """The index (§10) of a file whose INDX record is at ``index_offset``; ``compact``: the header has
     COMPACT_INDEX, and the TENS and BLCK offsets are derived from the sizes (§10.1); ``inline_blocks``:

@@ -229,8 +229,12 @@ class DeltaWriter:
             raise InputError(f"block_elems must be in 1..{L.MAX_BLOCK_ELEMS}")
         if workers is not None and (not isinstance(workers, int) or workers < 1):
             raise InputError(f"workers must be a positive integer, not {workers!r}")
-        if isinstance(effort, str) and effort not in codecs.EFFORTS:
-            raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}")
+        if not isinstance(effort, str) or effort not in codecs.EFFORTS:
+            raise InputError(f"effort must be one of {', '.join(codecs.EFFORTS)}, not {effort!r}")
+        try:   # checked before the header is written, as every argument is
+            note_bytes = None if note is None else note.encode("utf-8")
+        except (AttributeError, UnicodeEncodeError):
+            raise InputError(f"note must be a str of Unicode text, not {note!r:.80}") from None
         try:
             self._force_encoding = None if force_encoding is None else encodings.by_name(force_encoding).id
             self._force_codec = None if force_codec is None else codecs.by_name(force_codec).id
@@ -253,11 +257,15 @@ class DeltaWriter:
         self._inline = bool(self._flags & L.INLINE_BLOCKS)
         self._readers = (1, 4) if not compact_index else (1, 5) if not inline_blocks else None
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
+        self._blocks = 0                  # blocks of the tensors accepted so far (§14 MAX_BLOCKS)
+        self._added: list[bytes] = []     # names reserved by the write_tensors call under way
+        # why the file cannot be finished: a call failed after writing part of a tensor (set once)
+        self._broken: str | None = None
         self._write(records.build_header(self._flags))
         self._meta = records.Meta(base_step, target_step, prefixed_names=True)
         self._record(L.META, records.build_meta(self._meta))
-        if note:
-            self.write_record(L.NOTE, note.encode("utf-8"))
+        if note_bytes:
+            self.write_record(L.NOTE, note_bytes)
 
     # -- low level
     def _write(self, data) -> None:
@@ -272,8 +280,13 @@ class DeltaWriter:
 
     def write_record(self, rtype: bytes, payload: bytes) -> None:
         """Write an ancillary record (lower-case type, SPEC.md §5) between tensors."""
+        self._check_open()
         if not isinstance(rtype, (bytes, bytearray)) or not L.RECORD_TYPE_RE.match(rtype) or L.is_critical(rtype):
             raise InputError(f"extra records must have an ancillary (lower-case first letter) type, not {rtype!r}")
+        if len(self._others) >= L.MAX_OTHER_RECORDS:   # R-WRITER-LIMITS: the index lists every one (§14)
+            raise InputError(f"a file holds at most MAX_OTHER_RECORDS ({L.MAX_OTHER_RECORDS}) ancillary records")
+        if len(payload) > L.MAX_RECORD_PAYLOAD:
+            raise InputError(f"a record's payload is at most MAX_RECORD_PAYLOAD ({L.MAX_RECORD_PAYLOAD}) bytes")
         off, size, _ = self._record(rtype, payload)
         self._others.append(records.OtherRecord(off, size, rtype))
 
@@ -282,9 +295,17 @@ class DeltaWriter:
         raw = records.check_input_name(name)  # InputError: a caller's name, not damaged input
         if raw in self._names:
             raise InputError(f"tensor {name!r} written twice")
+        if len(self._names) >= L.MAX_TENSORS:   # R-WRITER-LIMITS, file-wide (§14)
+            raise InputError(f"a file holds at most MAX_TENSORS ({L.MAX_TENSORS}) tensors")
         dt, shape, t = as_uint(target)
         _check_shape(name, shape, min(self._block_elems, max(1, t.size)))
+        blocks = -(-t.size // min(self._block_elems, max(1, t.size)))
+        if self._blocks + blocks > L.MAX_BLOCKS:
+            raise InputError(f"tensor {name!r}: the file's blocks would pass MAX_BLOCKS ({L.MAX_BLOCKS}); "
+                             "use larger blocks or another file")
+        self._blocks += blocks
         self._names.add(raw)
+        self._added.append(raw)
         b = None
         if base is not None and not keyframe:
             bdt, bshape, b = as_uint(base)
@@ -310,9 +331,32 @@ class DeltaWriter:
         """Write ``(name, base_or_None, target)`` items in order, blocks encoded in parallel threads.
 
         Each item is handled as by :meth:`write_tensor`; ``items`` may be a generator (it is consumed
-        a few blocks ahead, so memory-mapped inputs stream). ``keyframe``: store every tensor whole."""
+        a few blocks ahead, so memory-mapped inputs stream). ``keyframe``: store every tensor whole.
+
+        A call that raises having written nothing leaves the writer as it was (its items are not in the
+        file; they may be written again); one that raises after writing part of its tensors leaves the
+        file unfinishable: :meth:`close` then refuses, so no index ever lists a half-written tensor."""
+        self._check_open()
+        start, blocks = self._pos, self._blocks
+        self._added = []
+        try:
+            self._write_items(items, keyframe)
+        except BaseException as exc:
+            if self._pos == start:   # nothing of this call is in the file: as if it had not been made
+                self._names.difference_update(self._added)
+                self._blocks = blocks
+            else:
+                self._broken = (f"writing tensors failed after part of them was written ({type(exc).__name__}: "
+                                f"{exc}); the file cannot be finished, start a new one")
+            raise
+
+    def _check_open(self) -> None:
         if self.closed:
             raise InputError("writer is closed")
+        if self._broken is not None:
+            raise InputError(self._broken)
+
+    def _write_items(self, items, keyframe: bool) -> None:
         # blocks encoded between two writes: bounds the pages of mapped inputs held at once (4 blocks of
         # base and target per worker: 32 MiB of BF16 at the default block; a byte cap measured 13 % slower)
         batch = 4 * self._workers
@@ -400,10 +444,17 @@ class DeltaWriter:
         if self.closed:
             assert self.size is not None
             return self.size
+        if self._broken is not None:
+            raise InputError(self._broken)
         base_digest = model_digest(self._base_entries) if self._base_entries else L.NO_BASE_DIGEST
         index = records.Index(base_digest, model_digest(self._target_entries), self._entries, self._others,
                               bool(self._flags & L.COMPACT_INDEX), self._inline)
-        off, size, _ = self._record(L.INDX, records.build_index(index))
+        payload = records.build_index(index)
+        if records.index_body_length(payload) > L.MAX_INDEX_BYTES:   # R-WRITER-LIMITS: long names, many tensors
+            self._broken = (f"the index would pass MAX_INDEX_BYTES ({L.MAX_INDEX_BYTES}); the file cannot be "
+                            "finished: write fewer tensors (or shorter names) per file")
+            raise InputError(self._broken)
+        off, size, _ = self._record(L.INDX, payload)
         self._write(records.build_trailer(off, size, self._flags))
         self.closed = True
         self.size = self._pos
