@@ -298,8 +298,9 @@ class DeltaWriter:
         if len(self._names) >= L.MAX_TENSORS:   # R-WRITER-LIMITS, file-wide (§14)
             raise InputError(f"a file holds at most MAX_TENSORS ({L.MAX_TENSORS}) tensors")
         dt, shape, t = as_uint(target)
-        _check_shape(name, shape, min(self._block_elems, max(1, t.size)))
-        blocks = -(-t.size // min(self._block_elems, max(1, t.size)))
+        block_elems = min(self._block_elems, max(1, t.size))
+        _check_shape(name, shape, block_elems)
+        blocks = -(-t.size // block_elems)
         if self._blocks + blocks > L.MAX_BLOCKS:
             raise InputError(f"tensor {name!r}: the file's blocks would pass MAX_BLOCKS ({L.MAX_BLOCKS}); "
                              "use larger blocks or another file")
@@ -311,8 +312,6 @@ class DeltaWriter:
             bdt, bshape, b = as_uint(base)
             if bdt is not dt or bshape != shape:
                 b = None  # dtype or shape changed: the tensor travels as a keyframe
-        n = t.size
-        block_elems = min(self._block_elems, max(1, n))
         # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks
         th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
                                   0 if b is not None else None, 0)
@@ -345,6 +344,7 @@ class DeltaWriter:
             if self._pos == start:   # nothing of this call is in the file: as if it had not been made
                 self._names.difference_update(self._added)
                 self._blocks = blocks
+                self._held = None    # an inline tensor's header, never written
             else:
                 self._broken = (f"writing tensors failed after part of them was written ({type(exc).__name__}: "
                                 f"{exc}); the file cannot be finished, start a new one")
