@@ -91,7 +91,7 @@ def encode(base: Mapping | None, target: Mapping, *, base_step=None, target_step
 
 
 def decode(base: Mapping | None, delta, *, names=None, workers=None, max_output_bytes: int | None = None,
-           framework: str | None = None, device: Any = None) -> dict:
+           framework: str | None = None, device: Any = None, previous: Mapping | None = None) -> dict:
     """Rebuild the target (name → array) from ``base`` and an arcfmt file (bytes, a file object, or
     any ``DeltaReader`` source).
 
@@ -104,13 +104,17 @@ def decode(base: Mapping | None, delta, *, names=None, workers=None, max_output_
     Torch in, torch out: with torch base tensors the result holds torch tensors (on each base tensor's
     device), else numpy arrays; ``framework="pt"`` or ``"np"`` chooses explicitly (as in
     ``safetensors.safe_open``), ``device`` places torch output.
+
+    ``previous``: the step before the base (name → array, or :class:`arcfmt.History` kept from it),
+    which a file written with it needs (format 1.9, SPEC.md §7): checked like the base.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
-    return reader.decode_all({} if base is None else base, names, framework=framework, device=device)
+    return reader.decode_all({} if base is None else base, names, framework=framework, device=device,
+                             previous=previous)
 
 
 def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
-                   max_output_bytes: int | None = None) -> Iterator[tuple[str, Any]]:
+                   max_output_bytes: int | None = None, previous: Mapping | None = None) -> Iterator[tuple[str, Any]]:
     """Apply a delta straight into live arrays (numpy, or CPU torch tensors), without a full copy.
 
     Yields ``(name, array)`` for every tensor that changed — the pairs a vLLM-style
@@ -121,10 +125,10 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
     dtype or shape changes, or that is new, is yielded as a fresh array instead (the caller must
     install it; a torch tensor when ``arrays`` holds torch tensors). Raises a subclass of
     :class:`arcfmt.ArcError`; tensors already yielded stay updated, the failing one and those after
-    it are untouched.
+    it are untouched. ``previous``: as for :func:`decode`.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
-    wanted, bases, _ = reader.selection(arrays, names, workers=reader.workers)
+    wanted, bases, _ = reader.selection(arrays, names, workers=reader.workers, previous=previous)
     live = {}
     for n in wanted:
         if bases[n] is None:

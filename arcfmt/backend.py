@@ -81,6 +81,8 @@ class Backend(Protocol):
 
     def scatter(self, flat: np.ndarray, index: np.ndarray, values: np.ndarray) -> None: ...
 
+    def history(self, dt: DType, previous: np.ndarray, base: np.ndarray) -> np.ndarray: ...
+
     def exponent_counts(self, dt: DType, base: np.ndarray, stride: int,
                         positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -89,12 +91,13 @@ class Backend(Protocol):
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
                    sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
-                   rc_planes: bool = False, rp: int = 0, rp_limit: int = 0,
+                   rc_planes: bool = False, rp: int = 0, rp_limit: int = 0, history: np.ndarray | None = None,
                    ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
                               list[int] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
-                   out: np.ndarray, positions: np.ndarray | None = None) -> int: ...
+                   out: np.ndarray, positions: np.ndarray | None = None,
+                   history: np.ndarray | None = None) -> int: ...
 
 
 class _Selection:

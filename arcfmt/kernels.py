@@ -37,7 +37,7 @@ from .backend import (
     S_PADDING,
     S_PAST,
 )
-from .encodings.ctx_delta import SIGN_COST, SIGN_P0, SIGN_PROMISING, SIGN_SAMPLE
+from .encodings.ctx_delta import HISTORY_COST_BITS, SIGN_COST, SIGN_P0, SIGN_PROMISING, SIGN_SAMPLE
 
 NAME = "numba"
 
@@ -252,6 +252,15 @@ def changes(base, target):
     return np.flatnonzero(base != target)
 
 
+def history(dt, previous, base):
+    """The history codes of SPEC.md §7 (uint8 per element) from ``previous`` to ``base`` (flat unsigned
+    views of one length), in one pass without the GIL."""
+    previous, base = _input(previous), _input(base)
+    out = np.empty(base.size, np.uint8)
+    _call(_history, (_kind(previous), _kind(base)), previous, base, 1 << (8 * dt.itemsize - 1), out)
+    return out
+
+
 def scatter(flat, index, values) -> None:
     """``flat[index] = values`` (a live model's staged changes), without the GIL."""
     index, values = _ro(index), _ro(values)
@@ -282,7 +291,7 @@ def _args(dt, thresholds):
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
@@ -292,22 +301,27 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp`` (with
     ``rc_limit``): 1 where the gaps' model estimate is below the quotient and remainder bits, 2 always:
     ``coded`` is ctx-delta-rp's stream (§8.10; at most ``rp_limit`` bytes) and ``rp_rice`` its Rice
-    parameters (else None; ``rice`` stays ctx-delta's, whose streams are returned too)."""
+    parameters (else None; ``rice`` stays ctx-delta's, whose streams are returned too). ``history``
+    (with ``rc_limit``, without ``rp``): the block's history codes (§7, uint8): each axis is sized with
+    §8.11's contexts too, and a choice ``i`` of ``len(sign_axes)`` or more is axis ``i - len(sign_axes)``
+    coded with them (``ctx-delta-rh``)."""
     base, target, positions = _input(base), _input(target), _ro(positions)
+    hist = _NO_HISTORY if history is None else _input(history)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
         base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
-        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit)
+        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit, hist)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
             signs, rp_rice.tolist() if rp_rice.size else None)
 
 
-def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
+def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> int:
     """A whole block into ``out``: OK, or the status of the first failed check, having written nothing
     into ``base`` (in place; a separate ``out`` may hold part of the base's copy, see ``_ctx_decode``).
-    ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes."""
+    ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes.
+    ``history``: the block's history codes (§7, uint8), for a ``ctx-delta-rh`` block (§8.11)."""
     args = _decode_args.get((dt.code, *p.thresholds))
     if args is None:
         if len(_decode_args) >= 4096:
@@ -315,7 +329,7 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         args = _decode_args[(dt.code, *p.thresholds)] = _args(dt, p.thresholds)  # never written to
     if not (out.flags.c_contiguous and out.flags.aligned):   # the kernel writes contiguous memory only
         flat = out.copy() if out is base else np.empty(out.shape, out.dtype)
-        status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions)
+        status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions, history)
         if status == OK:
             out[...] = flat
         return status
@@ -332,10 +346,12 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None) -> int:
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
-        axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp)
+        axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp,
+        _NO_HISTORY if history is None else _input(history))
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
+_NO_HISTORY = _ro(np.empty(0, np.uint8))
 # The kernel arguments of a dtype and thresholds (:func:`_args`), by (dtype code, *thresholds): a block's
 # per-call Python work holds the GIL, and these repeat from block to block.
 _decode_args: dict[tuple[int, ...], tuple[Any, ...]] = {}
@@ -385,6 +401,15 @@ def _ordered(u, half):
     per changed element was a third of the decoder's step pass."""
     x = np.int64(u)
     return x + np.int64(x >= half) * ((half - 1) - 2 * x)
+
+
+@_jit
+def _history(previous, base, half, out):
+    for i in range(base.size):
+        p = previous[i]
+        b = base[i]
+        # 0 unchanged, 1 up, 2 down in order-preserving integers (§7), without a branch on the direction
+        out[i] = np.uint8(p != b) * (np.uint8(1) + np.uint8(_ordered(b, half) < _ordered(p, half)))
 
 
 @_jit
@@ -510,7 +535,7 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp, hist):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
@@ -518,7 +543,8 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``; with ``rc``
     too, a ``ctx-delta-rc`` block (§8.9), whose stream 2 codes each change's sign and magnitude
     (``nbits``: the dtype's bits); with ``rp`` too, a ``ctx-delta-rp`` block (§8.10), whose one stream
-    (``sbuf``) codes the gaps first.
+    (``sbuf``) codes the gaps first. ``hist`` (with ``rc``, not ``rp``): the block's history (§7), a
+    ``ctx-delta-rh`` block (§8.11); else empty.
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -572,7 +598,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         if not rp:
             code = _rc_code(sbuf)
         status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab,
-                            code, rng, r)
+                            code, rng, r, hist)
         if status != OK:
             return status
         return _commit(out, pos, nv, pos_out)
@@ -1054,7 +1080,7 @@ def _best_rice(g, lo, hi, max_rice):
 
 @_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
-                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit):
+                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit, hist):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
@@ -1066,7 +1092,10 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
     that passes ``rc_limit`` bytes. The magnitude planes are made only where they are used (with the
     range-coded magnitudes, only if ``rc_planes``). ``rp`` (with ``rc_limit``): 1 codes the gaps in
     the same stream first (``ctx-delta-rp``, §8.10, at most ``rp_limit`` bytes) where the model's
-    estimate of them is below the Rice bits, 2 always.
+    estimate of them is below the Rice bits, 2 always. ``hist`` (with ``rc_limit``, not with ``rp``;
+    else empty): the block's history (§7): each sign axis is sized with and without §8.11's history
+    contexts too, and a choice of ``n`` axes or more (``n`` rows in ``sign_axes``) is axis
+    ``choice - n`` coded with them (``ctx-delta-rh``).
     Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
     chosen or -1, range-coded signs, -rp's Rice parameters or an empty array)``.
     """
@@ -1153,14 +1182,27 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
             cpos[j] = pos[corder[j]]
         choice = 0
         promising = True
-        if sign_axes.shape[0] > 1:   # (0, 1, 0), (1, P, phase)[, (2, P, phase)]: sized in one pass
+        n_axes = sign_axes.shape[0]
+        sh = hist if rc_limit > 0 and not rp else hist[:0]
+        if n_axes > 1 or sh.size:   # (0, 1, 0), (1, P, phase)[, (2, P, phase)]: sized in one pass
             n = min(c, SIGN_SAMPLE)
-            est = _sign_costs(sbuf, cpos[:n], base.size, sign_axes[1, 1], sign_axes[1, 2], sign_axes.shape[0],
-                              sign_cost, p0tab)
-            for i in range(sign_axes.shape[0]):
+            est = _sign_costs(sbuf, cpos[:n], base.size, sign_axes[n_axes - 1, 1], sign_axes[n_axes - 1, 2], n_axes,
+                              sign_cost, p0tab, sh)
+            if sh.size and force_signs:   # (a forced ctx-delta-rh: the history contexts)
+                choice = n_axes
+            for i in range(choice, est.size):
                 if est[i] < est[choice]:
                     choice = i
+            if choice >= n_axes and not force_signs:   # the history's contexts must pay for its hash
+                best = 0
+                for i in range(1, n_axes):
+                    if est[i] < est[best]:
+                        best = i
+                if est[choice] + HISTORY_COST_BITS >= est[best]:
+                    choice = best
             promising = force_signs or est[choice] < SIGN_PROMISING * n   # else no coding pass
+        axis_i = choice % n_axes
+        used = sh if choice >= n_axes else hist[:0]
         if rc_limit > 0:
             use_rp = False
             rp_rice = rice.copy()   # -rp's own Rice parameters: ctx-delta's streams keep ``rice``
@@ -1168,9 +1210,9 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
                 est = _rp_rice(g, counts, rp_rice, sign_cost, p0tab)
                 use_rp = rp == 2 or est < qbits + rbits
             limit = rp_limit if use_rp else rc_limit
-            coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[choice, 0], sign_axes[choice, 1],
-                               sign_axes[choice, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rp_rice,
-                               use_rp)
+            coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[axis_i, 0], sign_axes[axis_i, 1],
+                               sign_axes[axis_i, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rp_rice,
+                               use_rp, used)
             if not use_rp:
                 rp_rice = rp_rice[:0]
             if coded.size > limit:
@@ -1288,26 +1330,42 @@ def _sign_update(counts, x, s):
 
 
 @_jit
-def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab):
+def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab, hist):
     """Estimated bits of the signs (class order, bit ``j`` of ``sbuf``) in one context, per row and
     (``n_axes`` 3) per column of ``period``, in one pass (one division a sign gives row and column):
-    ``cost[s, p0]`` is ``-log2`` of the model's probability of ``s``."""
+    ``cost[s, p0]`` is ``-log2`` of the model's probability of ``s``. With a history (``hist``, the
+    block's, §7), the same ``n_axes`` again, each context split by the element's history (§8.11)."""
     one = np.zeros(2, np.uint16)
-    rows = np.zeros(2 * _sign_contexts(m, 1, period, phase), np.uint16)
+    rows = np.zeros(2 * _sign_contexts(m, 1, period, phase) if n_axes > 1 else 2, np.uint16)
     cols = np.zeros(2 * period if n_axes > 2 else 2, np.uint16)
-    est = np.zeros(n_axes)
+    h = hist.size > 0
+    one_h = np.zeros(6 if h else 0, np.uint16)
+    rows_h = np.zeros(3 * rows.size if h else 0, np.uint16)
+    cols_h = np.zeros(3 * cols.size if h else 0, np.uint16)
+    est = np.zeros(2 * n_axes if h else n_axes)
     for j in range(cpos.size):
         q = cpos[j] + phase
         r = q // period
         s = np.int64((sbuf[j >> 3] >> (j & 7)) & 1)
         est[0] += cost[s, _sign_p0(one, 0, p0tab)]
         _sign_update(one, 0, s)
-        est[1] += cost[s, _sign_p0(rows, r, p0tab)]
-        _sign_update(rows, r, s)
+        if n_axes > 1:
+            est[1] += cost[s, _sign_p0(rows, r, p0tab)]
+            _sign_update(rows, r, s)
+        x = q - r * period
         if n_axes > 2:
-            x = q - r * period
             est[2] += cost[s, _sign_p0(cols, x, p0tab)]
             _sign_update(cols, x, s)
+        if h:
+            e = np.int64(hist[cpos[j]])
+            est[n_axes] += cost[s, _sign_p0(one_h, e, p0tab)]
+            _sign_update(one_h, e, s)
+            if n_axes > 1:
+                est[n_axes + 1] += cost[s, _sign_p0(rows_h, 3 * r + e, p0tab)]
+                _sign_update(rows_h, 3 * r + e, s)
+            if n_axes > 2:
+                est[n_axes + 2] += cost[s, _sign_p0(cols_h, 3 * x + e, p0tab)]
+                _sign_update(cols_h, 3 * x + e, s)
     return est
 
 
@@ -1402,14 +1460,15 @@ RC_LENGTHS = 16   # length and bit contexts per exponent field value: U(x, j), V
 
 @_jit
 def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half, nbits, p0tab, limit, g, counts,
-               rice, rp):
+               rice, rp, hist):
     """§8.9's changes stream: each change's sign (in its context of ``axis``, ``P``, ``phase``), bit
     length (unary, in length contexts of its base's exponent field) and the bits below its top one
     (the first in a bit context, the rest of probability one half), in class order (``corder`` into
     ``bv``/``tv``; ``cpos``: their positions). More than ``limit`` bytes: stops, returning
     ``limit + 1`` of them (the caller writes the block in another encoding). With ``rp``, §8.10's
     stream: first the gaps ``g`` (class order; ``counts`` and ``rice`` per class), each as its Rice
-    quotient in unary in contexts G(k, j) and its field, the top bit in F(k).
+    quotient in unary in contexts G(k, j) and its field, the top bit in F(k). With a history (``hist``,
+    the block's, §7: else empty), §8.11's sign contexts, ``3j + h``.
 
     Two passes per chunk of changes: the first lists each bit with its context, the second codes the
     list. Why: coded as they are found, a bit's context and whether it is coded at all depend on the
@@ -1422,7 +1481,8 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
     first_q = fixed + 1           # G(k, j), then F(k) (§8.10)
     first_f = first_q + RC_LENGTHS * n_classes
     first_sign = first_f + n_classes   # the sign contexts follow
-    ctx = np.zeros(2 * (first_sign + _sign_contexts(m, axis, period, phase)), np.uint16)
+    h = hist.size > 0
+    ctx = np.zeros(2 * (first_sign + (3 if h else 1) * _sign_contexts(m, axis, period, phase)), np.uint16)
     chunk = 1024
     bits = np.empty(chunk * (2 * nbits + 2), np.int64)   # (context << 1) | bit; at most 2 B + 1 bits a change
     low, rng, cache, pending, w = np.int64(0), np.int64(0xFFFFFFFF), np.int64(0), np.int64(1), np.int64(0)
@@ -1464,7 +1524,10 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
             d = _ordered(tv[t], half) - _ordered(bv[t], half)
             s = np.int64(d < 0)
             a = -d if s else d
-            bits[nb] = ((first_sign + _sign_context(cpos[j], axis, period, phase)) << 1) | s
+            sx = _sign_context(cpos[j], axis, period, phase)
+            if h:
+                sx = 3 * sx + np.int64(hist[cpos[j]])
+            bits[nb] = ((first_sign + sx) << 1) | s
             nb += 1
             x = np.int64((bv[t] >> shift) & emask) * RC_LENGTHS
             n = _bit_length(a)
@@ -1581,16 +1644,20 @@ def _rp_ranks(buf, counts, rice, m, ranks, p0tab):
 
 
 @_jit
-def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab, code, rng, r):
+def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab, code, rng, r, hist):
     """§8.9's changes: for each change at ``pos`` (class order, its base value in ``bv``) its sign,
     bit length and magnitude, its new value into ``nv``, checked: OK or the first failed check. The
-    range decoder goes on from ``code, rng, r`` (its start, or where §8.10's gaps left it)."""
-    scounts = np.zeros(2 * _sign_contexts(m, axis, period, phase), np.uint16)
+    range decoder goes on from ``code, rng, r`` (its start, or where §8.10's gaps left it). With a
+    history (``hist``, the block's, §7: else empty), §8.11's sign contexts, ``3j + h``."""
+    h = hist.size > 0
+    scounts = np.zeros(2 * (3 if h else 1) * _sign_contexts(m, axis, period, phase), np.uint16)
     ucounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)
     vcounts = np.zeros(2 * RC_LENGTHS * (emask + 1), np.uint16)
     for t in range(pos.size):
         b = bv[t]
         sx = _sign_context(pos[t], axis, period, phase)
+        if h:
+            sx = 3 * sx + np.int64(hist[pos[t]])
         s, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(scounts, sx, p0tab))
         if s < 0:
             return S_PAST

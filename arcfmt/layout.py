@@ -66,7 +66,7 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 MAGIC = b"\x8aARC\r\n\x1a\n"
 TRAILER_MAGIC = b"\x8aARCEND\n"
 MAJOR = 1
-MINOR = 8
+MINOR = 9
 NO_STEP = 0xFFFF_FFFF_FFFF_FFFF
 RECORD_TYPE_SIZE = 4   # a record type: four ASCII letters (§5)
 DIGEST_SIZE = 16       # a model digest, xxh3-128 (§13.2), as the index holds it (§10)
@@ -103,8 +103,11 @@ HEADER_FLAGS = COMPACT_INDEX | INLINE_BLOCKS   # the header's and the trailer's 
 # TENS flags
 NEEDS_BASE = 0x01
 INLINE_BLOCK = 0x02   # (1.6, with the header's INLINE_BLOCKS) the tensor's only block ends its payload (§7)
+TENS_HISTORY = 0x04   # (1.9, with META's HISTORY) the tensor needs its previous step: previous_hash follows (§7)
 # META flags
 PREFIXED_NAMES = 0x01  # (1.3) each TENS name is stored after the bytes it shares with the previous name
+META_HISTORY = 0x02    # (1.9) TENS records may carry HISTORY (§6, §7)
+META_FLAGS = PREFIXED_NAMES | META_HISTORY
 
 
 # ------------------------------------------------------------------------------------ varints
@@ -202,7 +205,7 @@ RecordHeader = Struct(      # §5
 )
 
 MetaPayload = Struct(       # §6
-    "flags" / Int32ul,          # bit 0 PREFIXED_NAMES (1.3)
+    "flags" / Int32ul,          # bit 0 PREFIXED_NAMES (1.3), bit 1 HISTORY (1.9)
     "base_step" / Int64ul,
     "target_step" / Int64ul,
 )
@@ -325,7 +328,8 @@ def frame_record(rtype: bytes, payload: BytesLike, checksum_of: Callable[[bytes,
 # ------------------------------------------------------------------------------------ TENS (§7)
 # The definition of the TENS payload:
 #   name_length varint | name | dtype u8 | ndim u8 | dims ndim x varint | block_elems varint | flags u8 |
-#   base_hash u64 (only with NEEDS_BASE) | target_hash u64
+#   base_hash u64 (only with NEEDS_BASE) | previous_hash u64 (only with HISTORY, in a file whose META has
+#   HISTORY: elsewhere bit 2 is reserved and brings no field, 1.9) | target_hash u64
 # and, in a file whose META has PREFIXED_NAMES (1.3), the name as prefix_length varint | name_length
 # varint | name: the first prefix_length bytes of the previous tensor's name (``prev``), then these.
 # Read with the checks §7 makes while reading: prefix_length beyond the previous name (corrupt), the
@@ -333,17 +337,21 @@ def frame_record(rtype: bytes, payload: BytesLike, checksum_of: Callable[[bytes,
 # field past the end (corrupt). ``_end``: bytes consumed.
 
 class TensorFields:
-    __slots__ = ("name", "dtype", "ndim", "dims", "block_elems", "flags", "base_hash", "target_hash", "_end")
+    __slots__ = ("name", "dtype", "ndim", "dims", "block_elems", "flags", "base_hash", "previous_hash",
+                 "target_hash", "_end")
 
     def __init__(self, name: bytes, dtype: int, ndim: int, dims: list[int], block_elems: int, flags: int,
-                 base_hash: int | None, target_hash: int, end: int) -> None:
+                 base_hash: int | None, target_hash: int, end: int, previous_hash: int | None = None) -> None:
         self.name, self.dtype, self.ndim, self.dims, self.block_elems = name, dtype, ndim, dims, block_elems
         self.flags, self.base_hash, self.target_hash, self._end = flags, base_hash, target_hash, end
+        self.previous_hash = previous_hash
 
 
-def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = None) -> TensorFields:
+def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = None,
+                         history: bool = False) -> TensorFields:
     """The fields of a TENS payload; errors are prefixed with ``what``. ``prev``: the previous tensor's
-    name (``b""`` for the first) in a file with PREFIXED_NAMES; None in one without."""
+    name (``b""`` for the first) in a file with PREFIXED_NAMES; None in one without. ``history``: the
+    file's META has HISTORY (1.9), so a tensor with the flag has ``previous_hash``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
     short = f"{what}: structure runs past the end of its bytes"
     k, pos = (0, 0) if prev is None else _varint_at(buf, 0, what)
@@ -378,17 +386,25 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
             raise CorruptError(short)
         base_hash = _U64.unpack_from(buf, pos)[0]
         pos += 8
+    previous_hash: int | None = None
+    if history and flags & TENS_HISTORY:
+        if pos + 8 > len(buf):
+            raise CorruptError(short)
+        previous_hash = _U64.unpack_from(buf, pos)[0]
+        pos += 8
     if pos + 8 > len(buf):
         raise CorruptError(short)
     target_hash = _U64.unpack_from(buf, pos)[0]
     pos += 8
-    return TensorFields(name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, pos)
+    return TensorFields(name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, pos, previous_hash)
 
 
 def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_elems: int, flags: int,
-                         base_hash: int | None, target_hash: int, prev: bytes | None = None) -> bytes:
-    """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``);
-    with ``prev`` (PREFIXED_NAMES), the name after the bytes it shares with ``prev``."""
+                         base_hash: int | None, target_hash: int, prev: bytes | None = None,
+                         previous_hash: int | None = None) -> bytes:
+    """The TENS payload of these fields (``base_hash`` is written only with ``NEEDS_BASE`` in ``flags``,
+    ``previous_hash`` only with HISTORY); with ``prev`` (PREFIXED_NAMES), the name after the bytes it
+    shares with ``prev``."""
     if prev is None:
         parts = [varint_bytes(len(name)), name]
     else:
@@ -400,6 +416,9 @@ def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_ele
     if flags & NEEDS_BASE:
         assert base_hash is not None, "NEEDS_BASE in flags without a base_hash"
         parts.append(base_hash.to_bytes(8, "little"))
+    if flags & TENS_HISTORY:
+        assert previous_hash is not None, "HISTORY in flags without a previous_hash"
+        parts.append(previous_hash.to_bytes(8, "little"))
     parts.append(target_hash.to_bytes(8, "little"))
     return b"".join(parts)
 

@@ -99,6 +99,37 @@ def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
     return u
 
 
+def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous: object) -> np.ndarray | None:
+    """§12.3 step 1 for a tensor with HISTORY (1.9), after its base: the history codes (§7) of the
+    previous step it names — from a :class:`~arcfmt.history.History` kept for this base, or from the
+    previous value itself — or None for a tensor without HISTORY (``previous`` is then not looked at)."""
+    if not th.needs_history:
+        return None
+    assert base_u is not None, "HISTORY comes with NEEDS_BASE (records.parse_tensor)"
+    if previous is None:
+        raise WrongBaseError(f"tensor {th.name!r} needs the previous step (its value before the base), "
+                             f"which was not given")
+    from .history import History, codes
+    if isinstance(previous, History):
+        dt, shape, got = previous.dtype, previous.shape, previous.previous_hash
+    else:
+        dt, shape, u = as_uint(previous)
+        got = None
+    if dt is not th.dtype or tuple(shape) != th.shape:
+        raise WrongBaseError(f"previous tensor {th.name!r} is {dt.name}{list(shape)}, the file expects "
+                             f"{th.dtype.name}{list(th.shape)}")
+    if got is None:
+        got = tensor_hash(u)
+    if got != th.previous_hash:
+        raise WrongBaseError(f"previous tensor {th.name!r} is not the previous step this delta was made with "
+                             f"(hash {got:016x}, expected {th.previous_hash:016x})")
+    if isinstance(previous, History):
+        if previous.base_hash != th.base_hash:
+            raise WrongBaseError(f"the history kept for tensor {th.name!r} leads to another base")
+        return previous.codes
+    return codes(th.dtype, u, base_u)
+
+
 def verify_hash(th: records.TensorHeader, digest: int) -> None:
     """§12.3 step 3."""
     if digest != th.target_hash:
@@ -129,9 +160,10 @@ def check_digests(headers: Sequence[records.TensorHeader], index: records.Index)
 
 
 def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: np.ndarray | None,
-                 out: np.ndarray, *, changes: bool = False) -> np.ndarray | None:
+                 out: np.ndarray, *, changes: bool = False, history: np.ndarray | None = None) -> np.ndarray | None:
     """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block. With
-    ``changes``: the positions it changed, where the encoding hands them over (else None)."""
+    ``changes``: the positions it changed, where the encoding hands them over (else None).
+    ``history``: the block's history codes, for a tensor with HISTORY (§7)."""
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
         return None  # in place: the bytes are already there
@@ -139,7 +171,7 @@ def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: n
     streams = records.decode_block_streams(payload, info, where)
     try:
         return encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out,
-                                      changes=changes)
+                                      changes=changes, history=history)
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
 
@@ -157,6 +189,7 @@ class Item:
     loaders: Iterable[Callable[[], Loaded]]
     encodings: Sequence[int] | None = None
     order: int = 0   # the tensor's place in the file: which of several failures :func:`run` reports
+    history: np.ndarray | None = None   # its history codes (HISTORY, §7), from :func:`check_previous`
 
 
 class _Drain(enum.Enum):
@@ -183,8 +216,9 @@ class _Tensor:
 
 def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
                 arr: np.ndarray, hashed: list[int] | None,
-                post: Callable[[int, np.ndarray, np.ndarray | None], None] | None) -> None:
-    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None)
+                post: Callable[[int, np.ndarray, np.ndarray | None], None] | None,
+                history: np.ndarray | None = None) -> None:
+    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None, history=history)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
     if post is not None:    # the sink's own per-block work, on the same thread (e.g. StagedSink's diff)
@@ -345,6 +379,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
+                hist = None if item.history is None else item.history[s:e]
                 enc = None if item.encodings is None else item.encodings[b]
                 while pending and cap is not None and in_flight[0] + (e - s) * th.dtype.itemsize > cap:
                     complete_one()
@@ -353,13 +388,14 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 shared = e - s >= SHARED_MIN_ELEMS and threads
                 if not pending and not shared:   # nothing in flight: decode and finish it here, no job
                     try:
-                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None))
+                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None), hist)
                     except Exception as exc:  # noqa: BLE001 - block_failed holds or re-raises it
                         block_failed(t, b, arr, exc)
                     else:
                         completed(t, b, arr, base_block, hashed)
                 else:
-                    job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None)))
+                    job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None),
+                                            hist))
                     pending.append((t, b, job, arr, base_block, hashed))
                     in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)

@@ -136,6 +136,7 @@ class DeltaReader:
         self._headers: dict[str, records.TensorHeader] = {}
         self._inline: dict[str, memoryview] = {}   # TENS payloads ending in an inline block, until it is checked
         self._checked: dict[str, LoadedBlock] = {}   # inline blocks checked (by selection), until loaded
+        self._histories: dict[str, np.ndarray] = {}   # history codes of tensors with HISTORY, once checked
 
     # -- identity
     @property
@@ -198,7 +199,8 @@ class DeltaReader:
         _, payload = self._read_record(e.tens_offset, e.tens_size, L.TENS, e.tens_checksum)
         t = self._ordinal[name]
         where = f"TENS at offset {e.tens_offset}"
-        th = records.parse_tensor(payload, where, self.meta.prev_name(self.index.entries, t), self._inline_blocks)
+        th = records.parse_tensor(payload, where, self.meta.prev_name(self.index.entries, t), self._inline_blocks,
+                                  self.meta.history)
         if th.name != name:
             raise CorruptError(f"{where} names {th.name!r}, the index {name!r}")
         if th.block_count != len(e.blocks):
@@ -256,27 +258,38 @@ class DeltaReader:
         return LoadedBlock(info, payload)
 
     # -- decoding (every path goes through arcfmt.pipeline)
-    def check_base(self, name: str, base) -> np.ndarray | None:
+    def check_base(self, name: str, base, previous=None) -> np.ndarray | None:
         """The base tensor's unsigned flat view, after checking it is the one the file names (and,
-        first, the tensor's inline block: the last of its TENS record's checks, SPEC §7)."""
+        first, the tensor's inline block: the last of its TENS record's checks, SPEC §7); for a tensor
+        with HISTORY (1.9), then its ``previous`` value or :class:`~arcfmt.history.History`."""
         self._check_inline_block(name)
-        return pipeline.check_base(self.header(name), base)
+        return self._check_inputs(self.header(name), base, previous)
+
+    def _check_inputs(self, th: records.TensorHeader, base, previous) -> np.ndarray | None:
+        """§12.3 step 1: the base, then the previous step (kept for :meth:`item`)."""
+        base_u = pipeline.check_base(th, base)
+        history = pipeline.check_previous(th, base_u, previous)
+        if history is not None:
+            self._histories[th.name] = history
+        return base_u
 
     def item(self, name: str, base_u) -> pipeline.Item:
-        """The pipeline item of one tensor (``base_u`` from :meth:`check_base`)."""
+        """The pipeline item of one tensor (``base_u`` from :meth:`check_base` or :meth:`selection`)."""
         th = self.header(name)
         refs = self._entry(name).blocks
         return pipeline.Item(th, base_u, [functools.partial(self._load, name, b) for b in range(th.block_count)],
-                             [r.encoding for r in refs], self._ordinal[name])
+                             [r.encoding for r in refs], self._ordinal[name], self._histories.get(name))
 
     def _load(self, name: str, b: int):
         lb = self.load_block(name, b)
         return lb.info, lb.payload
 
-    def selection(self, base, names=None, *, workers: int = 1, keyframe: bool = False) -> tuple[list, dict, bool]:
+    def selection(self, base, names=None, *, workers: int = 1, keyframe: bool = False,
+                  previous: Mapping | None = None) -> tuple[list, dict, bool]:
         """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
-        (§12.3 step 4), all before any block is decoded. ``workers`` threads hash the bases (xxhash
+        (§12.3 step 4), all before any block is decoded; ``previous`` (name → previous value or
+        :class:`~arcfmt.history.History`) serves tensors with HISTORY (1.9). ``workers`` threads hash the bases (xxhash
         and a memory map's page faults run outside the GIL); the first failure in file order wins
         (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order."""
         wanted = self.names if names is None else list(dict.fromkeys(names))
@@ -299,8 +312,12 @@ class DeltaReader:
                 failed = exc
                 break
         # a keyframe object's tensors need no base (a stream's rule, S9.4 step 2), checked where a base is
-        check = _needs_no_base if keyframe else pipeline.check_base
-        jobs = [Job(check, (th, base.get(th.name) if th.needs_base else None)) for th in headers]
+        prev = {} if previous is None else previous
+        if keyframe:
+            jobs = [Job(_needs_no_base, (th, None)) for th in headers]
+        else:
+            jobs = [Job(self._check_inputs, (th, base.get(th.name) if th.needs_base else None,
+                                             prev.get(th.name) if th.needs_history else None)) for th in headers]
         batch = Batch(workers)
         inline_failed: tuple[int, Exception] | None = None
         try:
@@ -373,14 +390,17 @@ class DeltaReader:
         th = self.header(name)
         return flat_u.view(th.dtype.numpy).reshape(th.shape)
 
-    def decode_all(self, base, names=None, *, framework: str | None = None, device: Any = None) -> dict:
+    def decode_all(self, base, names=None, *, framework: str | None = None, device: Any = None,
+                   previous: Mapping | None = None) -> dict:
         """Rebuild the tensors (all, or ``names``) against ``base`` (a mapping); every check of SPEC §12.3.
+        ``previous``: the previous step (name → array or :class:`~arcfmt.history.History`), which the
+        tensors with HISTORY need (1.9, §7).
 
         All base tensors (and, for the whole file, the digests) are checked before any block is
         decoded; blocks decode in parallel threads. Torch base tensors give torch tensors back;
         ``framework``/``device`` as for :func:`arcfmt.decode`.
         """
-        wanted, bases, _ = self.selection(base, names, workers=self.workers)
+        wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous)
         headers = [self.header(n) for n in wanted]
         sink = pipeline.ArraySink(self.output_budget(headers), headers)
         order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together
@@ -394,18 +414,21 @@ class DeltaReader:
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)
 
-    def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None):
+    def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None, previous=None):
         """One tensor, rebuilt and verified: random access to a single tensor of the file.
 
         ``base``: that tensor's base (an array), or the whole base mapping (its ``name`` entry is
         used); None for a tensor that needs no base. Checks the base against the file's hash,
         decodes only this tensor's blocks and verifies the result; the model digests, which cover
         every tensor, are checked by :meth:`decode_all`. Returns an array of the tensor's dtype and
-        shape (numpy; torch for a torch base or ``framework="pt"``, as :func:`arcfmt.decode`)."""
+        shape (numpy; torch for a torch base or ``framework="pt"``, as :func:`arcfmt.decode`).
+        ``previous``: likewise, its previous value or history (a tensor with HISTORY, 1.9)."""
         from .api import as_framework
 
         one = base.get(name) if isinstance(base, Mapping) else base
-        out = self.decode_all({} if one is None else {name: one}, [name], framework="np")
+        prev = previous.get(name) if isinstance(previous, Mapping) else previous
+        out = self.decode_all({} if one is None else {name: one}, [name], framework="np",
+                              previous=None if prev is None else {name: prev})
         return as_framework(out, base, framework, device)[name]
 
     # -- description
@@ -452,10 +475,13 @@ class StreamReader:
     """
 
     def __init__(self, fileobj, base=None, *, max_output_bytes: int | None = None,
-                 framework: str | None = None, device: Any = None):
+                 framework: str | None = None, device: Any = None, previous: Mapping | None = None):
+        """``previous``: the previous step (name → array or :class:`~arcfmt.history.History`), which
+        the tensors with HISTORY need (1.9, §7)."""
         from .api import wants_torch
 
         self._f = fileobj
+        self._previous = {} if previous is None else previous
         self._explicit_budget = max_output_bytes
         self._base = {} if base is None else base
         self._torch = wants_torch(self._base, framework)   # checked now: a bad value fails before any read
@@ -582,7 +608,7 @@ class StreamReader:
                 index = records.parse_index(payload, offset, header.compact_index, header.inline_blocks)
                 break
             th = records.parse_tensor(payload, f"TENS at offset {offset}", self.meta.prev_name(seen, len(seen)),
-                                      header.inline_blocks)
+                                      header.inline_blocks, self.meta.history)
             raw = th.name.encode("utf-8")
             if raw in names:
                 raise CorruptError(f"TENS at offset {offset}: duplicate tensor name {th.name!r}")
@@ -601,9 +627,10 @@ class StreamReader:
                 entry.blocks.append(records.BlockRef(offset, 0, None, info.encoding))
                 inline = (info, payload)
             base_u = pipeline.check_base(th, self._base.get(th.name) if th.needs_base else None)
+            history = pipeline.check_previous(th, base_u, self._previous.get(th.name) if th.needs_history else None)
             if self._backed and th.needs_base:
                 sink.budget[0] += th.size * th.dtype.itemsize  # as large as the base the caller holds
-            yield pipeline.Item(th, base_u, self._blocks(th, entry, len(seen) - 1, inline))
+            yield pipeline.Item(th, base_u, self._blocks(th, entry, len(seen) - 1, inline), history=history)
         trailer_bytes = self._read(L.TRAILER_SIZE, "the trailer")
         end = self._pos
         if self._f.read(1):

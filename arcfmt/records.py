@@ -175,6 +175,7 @@ class Meta:
     base_step: int | None
     target_step: int | None
     prefixed_names: bool = False   # PREFIXED_NAMES (1.3): TENS names share the previous one's first bytes
+    history: bool = False   # HISTORY (1.9): TENS records may carry HISTORY and previous_hash (§6, §7)
 
     def prev_name(self, entries: Sequence[IndexEntry], t: int) -> bytes | None:
         """What :func:`parse_tensor` takes as ``prev`` for tensor ``t``, given the entries (index
@@ -186,7 +187,7 @@ class Meta:
 
 def build_meta(meta: Meta) -> bytes:
     out: bytes = L.MetaPayload.build(dict(
-        flags=L.PREFIXED_NAMES if meta.prefixed_names else 0,
+        flags=(L.PREFIXED_NAMES if meta.prefixed_names else 0) | (L.META_HISTORY if meta.history else 0),
         base_step=L.NO_STEP if meta.base_step is None else meta.base_step,
         target_step=L.NO_STEP if meta.target_step is None else meta.target_step))
     return out
@@ -196,10 +197,11 @@ def parse_meta(payload: BytesLike) -> Meta:
     if len(payload) != L.META_PAYLOAD_SIZE:
         raise CorruptError(f"META payload is {len(payload)} bytes, {L.META_PAYLOAD_SIZE} expected")
     m = L.parse_meta_payload(payload)
-    if m.flags & ~L.PREFIXED_NAMES:
+    if m.flags & ~L.META_FLAGS:
         raise ReservedBitsError(f"META flags 0x{m.flags:08x}: reserved bits must be zero")
     return Meta(None if m.base_step == L.NO_STEP else m.base_step,
-                None if m.target_step == L.NO_STEP else m.target_step, bool(m.flags & L.PREFIXED_NAMES))
+                None if m.target_step == L.NO_STEP else m.target_step, bool(m.flags & L.PREFIXED_NAMES),
+                bool(m.flags & L.META_HISTORY))
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -282,6 +284,7 @@ class TensorHeader:
     block_elems: int
     base_hash: int | None  # None: the tensor needs no base
     target_hash: int
+    previous_hash: int | None = None   # HISTORY (1.9, §7): the tensor needs its previous step, of this hash
 
     # Computed once, as plain attributes: the pipeline reads them per block, and a header never changes
     # once made (functools.cached_property takes a lock per first read on Python 3.11).
@@ -301,6 +304,10 @@ class TensorHeader:
     def needs_base(self) -> bool:
         return self.base_hash is not None
 
+    @property
+    def needs_history(self) -> bool:
+        return self.previous_hash is not None
+
     def block_range(self, b: int) -> tuple[int, int]:
         start = b * self.block_elems
         return start, min(self.size, start + self.block_elems)
@@ -313,34 +320,37 @@ class TensorHeader:
 def build_tensor(h: TensorHeader, prev: bytes | None = None, inline: bytes | None = None) -> bytes:
     """``prev``: the previous tensor's name (b"" for the first) in a file with PREFIXED_NAMES;
     ``inline``: its only block (:func:`build_block` without ordinals), carried in the record (§7)."""
-    flags = (L.NEEDS_BASE if h.needs_base else 0) | (L.INLINE_BLOCK if inline is not None else 0)
+    flags = ((L.NEEDS_BASE if h.needs_base else 0) | (L.INLINE_BLOCK if inline is not None else 0)
+             | (L.TENS_HISTORY if h.needs_history else 0))
     fields = L.build_tensor_payload(h.name.encode("utf-8"), h.dtype.code, h.shape, h.block_elems, flags,
-                                    h.base_hash, h.target_hash, prev)
+                                    h.base_hash, h.target_hash, prev, h.previous_hash)
     return fields if inline is None else fields + inline
 
 
 def parse_tensor(payload: BytesLike, where: str, prev: bytes | None = None,
-                 inline_blocks: bool = False) -> TensorHeader:
+                 inline_blocks: bool = False, history: bool = False) -> TensorHeader:
     """A checked TENS record (§7). ``prev``: the previous tensor's name (b"" for the first) in a file
     whose META has PREFIXED_NAMES, None in one without (see :meth:`Meta.prev_name`). ``inline_blocks``:
     the header has INLINE_BLOCKS: a tensor with the flag INLINE_BLOCK ends in its only block
     (``inline_at``), checked by :func:`parse_block` once the caller has compared the record with the
-    index (§7, §10)."""
-    t = L.parse_tensor_payload(payload, f"{where}: TENS", prev)
-    defined = L.NEEDS_BASE | (L.INLINE_BLOCK if inline_blocks else 0)
+    index (§7, §10). ``history``: the file's META has HISTORY (1.9), which defines the flag HISTORY."""
+    t = L.parse_tensor_payload(payload, f"{where}: TENS", prev, history)
+    defined = L.NEEDS_BASE | (L.INLINE_BLOCK if inline_blocks else 0) | (L.TENS_HISTORY if history else 0)
     inline = bool(t.flags & defined & L.INLINE_BLOCK)
     if not inline and t._end != len(payload):
         raise CorruptError(f"{where}: TENS payload has {len(payload) - t._end} bytes left over")
     name = check_name(t.name, where)
     if t.flags & ~defined:
         raise ReservedBitsError(f"{where}: TENS flags 0x{t.flags:02x}: reserved bits must be zero")
+    if t.previous_hash is not None and t.base_hash is None:   # R-TENS-HISTORY
+        raise CorruptError(f"{where}: tensor {name!r} needs its previous step (HISTORY) but no base")
     dt = from_code(t.dtype)
     element_count(t.dims, f"{where}: tensor {name!r}")
     if t.block_elems == 0:
         raise CorruptError(f"{where}: tensor {name!r} has block_elems 0")
     if t.block_elems > L.MAX_BLOCK_ELEMS:
         raise LimitError(f"{where}: block_elems {t.block_elems} exceeds MAX_BLOCK_ELEMS ({L.MAX_BLOCK_ELEMS})")
-    h = TensorHeader(name, dt, tuple(t.dims), t.block_elems, t.base_hash, t.target_hash)
+    h = TensorHeader(name, dt, tuple(t.dims), t.block_elems, t.base_hash, t.target_hash, t.previous_hash)
     if h.block_count > L.MAX_BLOCKS_PER_TENSOR:
         raise LimitError(f"{where}: tensor {name!r} has {h.block_count} blocks, more than MAX_BLOCKS_PER_TENSOR")
     if inline:
@@ -425,6 +435,9 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     if enc.needs_base and not th.needs_base:
         raise CorruptError(f"{where}: encoding {enc.name} needs a base, "
                            f"but tensor {th.name!r} has none")
+    if enc.needs_history and not th.needs_history:   # R-CTXRH-TENSOR
+        raise CorruptError(f"{where}: encoding {enc.name} needs the previous step, "
+                           f"but tensor {th.name!r} does not carry HISTORY")
     streams = []
     total = 0
     for (codec, length), dec_len in zip(head.streams, lengths):

@@ -26,6 +26,7 @@ from .backend import (
     S_PAST,
 )
 from .encodings.ctx_delta import (
+    HISTORY_COST_BITS,
     MAX_RICE,
     SIGN_COST,
     SIGN_PROMISING,
@@ -57,6 +58,17 @@ class _Failed(Exception):
 def changes(base, target):
     """Indices where ``base`` and ``target`` differ (int64, increasing)."""
     return np.flatnonzero(base != target)
+
+
+def history(dt, previous, base):
+    """The history codes of SPEC.md §7 (uint8 per element) from ``previous`` to ``base``."""
+    out = np.empty(base.size, np.uint8)
+    for s in range(0, base.size, 1 << 20):   # the order-preserving integers take 8 bytes an element
+        p, b = previous[s:s + (1 << 20)], base[s:s + (1 << 20)]
+        h = out[s:s + (1 << 20)]
+        h[:] = np.where(ordered(dt, b) < ordered(dt, p), 2, 1)
+        h[p == b] = 0
+    return out
 
 
 def scatter(flat, index, values) -> None:
@@ -105,7 +117,7 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False, rp=0, rp_limit=0):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
@@ -114,7 +126,9 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     ``coded`` is ctx-delta-rc's changes stream (§8.9), or ``signs`` None where it would pass
     ``rc_limit`` bytes; the magnitude planes are then empty unless ``rc_planes``. ``rp``: ``coded`` is
     ctx-delta-rp's stream (§8.10) where the gaps' estimate is below their Rice bits (1) or always (2),
-    and ``rp_rice`` its Rice parameters (else None)."""
+    and ``rp_rice`` its Rice parameters (else None). ``history`` (with ``rc_limit``, without ``rp``):
+    the block's history codes (§7): each axis is sized with §8.11's contexts too, and a choice ``i`` of
+    ``len(sign_axes)`` or more is axis ``i - len(sign_axes)`` coded with them (``ctx-delta-rh``)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -156,14 +170,22 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     signs = None
     if len(sign_axes):
         sbits, cpos, m = neg.tolist(), pos.tolist(), base.size
+        hist = history if history is not None and rc_limit > 0 and not rp else None
         i, promising = 0, True
-        if len(sign_axes) > 1:
+        if len(sign_axes) > 1 or hist is not None:
             n = min(len(cpos), SIGN_SAMPLE)
             ests = [_sign_cost(sbits[:n], cpos[:n], m, *axes) for axes in sign_axes]
-            i = ests.index(min(ests))
+            if hist is not None:
+                ests += [_sign_cost(sbits[:n], cpos[:n], m, ax, pe, ph, hist) for ax, pe, ph in sign_axes]
+            first = len(sign_axes) if hist is not None and force_signs else 0   # a forced ctx-delta-rh
+            i = first + ests[first:].index(min(ests[first:]))
+            if i >= len(sign_axes) and not force_signs:   # the history's contexts must pay for its hash
+                best = ests.index(min(ests[:len(sign_axes)]))
+                if ests[i] + HISTORY_COST_BITS >= ests[best]:
+                    i = best
             promising = force_signs or ests[i] < SIGN_PROMISING * n
         if rc_limit > 0:
-            axis, period, phase = sign_axes[i]
+            axis, period, phase = sign_axes[i % len(sign_axes)]
             use_rp = False
             rp_rice = list(rice)   # -rp's own Rice parameters: ctx-delta's streams keep ``rice``
             if rp:
@@ -171,7 +193,8 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
                 use_rp = rp == 2 or est < qbits + rbits
             limit = rp_limit if use_rp else rc_limit
             changes = _rc_encode(d, exponent_field(dt, base[pos]), pos, m, axis, period, phase, 1 << dt.exp_bits,
-                                 (g, counts, rp_rice) if use_rp else None)
+                                 (g, counts, rp_rice) if use_rp else None,
+                                 hist if i >= len(sign_axes) else None)
             if len(changes) <= limit:
                 planes = to_planes(mag, mw) if rc_planes else b""
                 return (counts, rice, qbits, mw, [qstream, rstream, _pack([neg]), planes], (i, changes),
@@ -182,17 +205,18 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
 
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
-               positions: np.ndarray | None = None) -> int:
+               positions: np.ndarray | None = None, history: np.ndarray | None = None) -> int:
     """The block into ``out``, one step at a time: OK, or the status of the first failed check, having
-    written nothing (every check runs before any element is)."""
+    written nothing (every check runs before any element is). ``history``: the block's history codes
+    (§7), for a ``ctx-delta-rh`` block (§8.11)."""
     try:
-        return _ctx_decode(dt, p, streams, m, base, out, positions)
+        return _ctx_decode(dt, p, streams, m, base, out, positions, history)
     except _Failed as exc:
         return exc.status
 
 
 def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
-                positions: np.ndarray | None) -> int:
+                positions: np.ndarray | None, history: np.ndarray | None = None) -> int:
     c = p.changed
     if p.dense:
         kept = _ranks(p, streams, [m - c])
@@ -217,7 +241,7 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
             assert p.signs is not None
             v = _rc_decode(_RangeDecoder(streams[2], code), pos, ordered(dt, base[pos]),
                            exponent_field(dt, base[pos]), m, p.signs[0], p.signs[1], p.signs[2], 8 * dt.itemsize,
-                           1 << dt.exp_bits)
+                           1 << dt.exp_bits, history)
             return _commit(dt, pos, v, base, out, positions)
         sbits = np.array(_sign_decode(streams[2], code, pos.tolist(), m, *p.signs[:3]), np.uint8)
     # In place where numpy allows: a block of 2^24 changes took ~60 bytes of scratch per element with
@@ -353,12 +377,14 @@ class _RangeDecoder:
             raise _Failed(S_LENGTH)
 
 
-def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int) -> float:
-    p0, update = _count_model(_contexts(m, axis, period, phase))
+def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int,
+               hist: np.ndarray | None = None) -> float:
+    """Estimated bits of the signs in these contexts (with ``hist``: split by history, §8.11)."""
+    p0, update = _count_model((1 if hist is None else 3) * _contexts(m, axis, period, phase))
     cost0, cost1 = SIGN_COST[0].tolist(), SIGN_COST[1].tolist()
     total = 0.0
     for p, s in zip(cpos, sbits):
-        x = _context(p, axis, period, phase)
+        x = _context(p, axis, period, phase) if hist is None else 3 * _context(p, axis, period, phase) + int(hist[p])
         total += cost1[p0(x)] if s else cost0[p0(x)]
         update(x, s)
     return total
@@ -397,11 +423,17 @@ _RC_LENGTHS = 16
 _RC_CHUNK = 4096
 
 
-def _rc_models(m: int, axis: int, period: int, phase: int, n_fields: int):
-    """The sign, length and bit models of §8.9, each ``(p0, update)`` over fresh counts."""
+def _rc_models(m: int, axis: int, period: int, phase: int, n_fields: int, history: bool = False):
+    """The sign, length and bit models of §8.9, each ``(p0, update)`` over fresh counts (with
+    ``history``, §8.11's three sign contexts for each of §8.8's)."""
     lengths = _count_model(n_fields * _RC_LENGTHS)
     bits = _count_model(n_fields * _RC_LENGTHS)
-    return _count_model(_contexts(m, axis, period, phase)), lengths, bits
+    return _count_model((3 if history else 1) * _contexts(m, axis, period, phase)), lengths, bits
+
+
+def _history_at(hist: np.ndarray | None, cpos: np.ndarray) -> np.ndarray:
+    """The history codes of the changes at ``cpos`` (zeros without a history)."""
+    return np.zeros(cpos.size, np.int64) if hist is None else hist[cpos].astype(np.int64)
 
 
 def _chunks(*arrays: np.ndarray):
@@ -412,10 +444,12 @@ def _chunks(*arrays: np.ndarray):
 
 
 def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis: int, period: int, phase: int,
-               n_fields: int, gaps: tuple | None = None) -> bytes:
+               n_fields: int, gaps: tuple | None = None, hist: np.ndarray | None = None) -> bytes:
     """§8.9's changes stream: for each change (class order) its sign, bit length and low bits. With
-    ``gaps`` (``g, counts, rice``, class order): §8.10's stream, those gaps coded first."""
-    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
+    ``gaps`` (``g, counts, rice``, class order): §8.10's stream, those gaps coded first. With ``hist``
+    (the block's history codes, §7): §8.11's sign contexts."""
+    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields, hist is not None)
+    hs = _history_at(hist, cpos)
     coder = _RangeEncoder()
     if gaps is not None:
         g, counts, rice = gaps
@@ -430,9 +464,9 @@ def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis
                     coder.put_modelled(fields_top, k, (gi >> (rk - 1)) & 1)
                     for b in range(rk - 2, -1, -1):
                         coder.put(2048, (gi >> b) & 1)
-    for step, x, p in _chunks(d, fields, cpos):
+    for step, x, p, e in _chunks(d, fields, cpos, hs):
         s, a = int(step < 0), abs(step)
-        coder.put_modelled(signs, _context(p, axis, period, phase), s)
+        coder.put_modelled(signs, _context(p, axis, period, phase) * (3 if hist is not None else 1) + e, s)
         n = a.bit_length()
         for k in range(1, n + 1):
             coder.put_modelled(lengths, x * _RC_LENGTHS + min(k - 1, _RC_LENGTHS - 1), int(k == n))
@@ -513,15 +547,16 @@ def _rp_ranks(dec: _RangeDecoder, counts: list, rice: list, m: int) -> np.ndarra
 
 
 def _rc_decode(dec: _RangeDecoder, cpos: np.ndarray, ords: np.ndarray, fields: np.ndarray, m: int, axis: int,
-               period: int, phase: int, nbits: int, n_fields: int) -> np.ndarray:
+               period: int, phase: int, nbits: int, n_fields: int, hist: np.ndarray | None = None) -> np.ndarray:
     """The new values (order-preserving integers) of the changes at ``cpos`` (class order), as §8.9
-    decodes them from their bases' ``ords`` and exponent ``fields``, ``dec`` going on from where it is."""
-    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields)
+    decodes them from their bases' ``ords`` and exponent ``fields``, ``dec`` going on from where it is.
+    With ``hist`` (the block's history codes, §7): §8.11's sign contexts."""
+    signs, lengths, low = _rc_models(m, axis, period, phase, n_fields, hist is not None)
     half = 1 << (nbits - 1)
     out = np.empty(cpos.size, np.int64)
     t = 0
-    for p, o, x in _chunks(cpos, ords, fields):
-        s = dec.get_modelled(signs, _context(p, axis, period, phase))
+    for p, o, x, e in _chunks(cpos, ords, fields, _history_at(hist, cpos)):
+        s = dec.get_modelled(signs, _context(p, axis, period, phase) * (3 if hist is not None else 1) + e)
         n = 1
         while not dec.get_modelled(lengths, x * _RC_LENGTHS + min(n - 1, _RC_LENGTHS - 1)):
             if n == nbits:

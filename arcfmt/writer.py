@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import codecs, encodings, records
+from . import backend, codecs, encodings, records
 from . import layout as L
 from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
@@ -32,6 +32,9 @@ DEFAULT_BLOCK_ELEMS = 1 << 21
 # for its slowest block, so small batches leave threads idle; the inputs are in memory already, and
 # what a batch holds besides them is its blocks' streams.
 BATCH_BYTES = 64 << 20
+# Tensors given a previous value carry HISTORY (SPEC.md §7, 1.9) from this size on: its 8-byte hash pays
+# only where the signs are many (forced ctx-delta-rh: every tensor given one)
+HISTORY_MIN_ELEMS = 4096
 ON_MISMATCH = ("warn", "error", "ignore")
 
 
@@ -121,10 +124,13 @@ INLINE_MAX_BYTES = 1 << 16
 _SCREEN_MARGIN = 1.15  # stronger codecs gain under 15 % over zstd-3 on a block's streams (corpus)
 
 
-def _hash_into(th: records.TensorHeader, base: np.ndarray | None, target: np.ndarray) -> None:
+def _hash_into(th: records.TensorHeader, base: np.ndarray | None, target: np.ndarray,
+               previous: np.ndarray | None = None) -> None:
     """A tensor header's hashes (xxh3 releases the GIL on large tensors: a job like a block's)."""
     if base is not None:
         th.base_hash = tensor_hash(base)
+    if previous is not None:
+        th.previous_hash = tensor_hash(previous)
     th.target_hash = tensor_hash(target)
 
 
@@ -132,14 +138,17 @@ def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
-def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0), readers=None):
+def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0), readers=None,
+                  previous=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total.
     ``where``: the tensor's last dimension (None for a vector) and the block's first flat element;
-    ``readers``: the oldest format version that must read the file (None: this one)."""
+    ``readers``: the oldest format version that must read the file (None: this one); ``previous``:
+    the block's previous value, for a tensor with HISTORY (§7)."""
+    history = None if previous is None else backend.selected().history(dt, previous, base)
     if force_encoding is not None:
-        cands = [encodings.encode_forced(dt, base, target, force_encoding, *where)]
+        cands = [encodings.encode_forced(dt, base, target, force_encoding, where[0], where[1], history)]
     else:
-        cands = encodings.candidates(dt, base, target, effort, where[0], where[1], readers)
+        cands = encodings.candidates(dt, base, target, effort, where[0], where[1], readers, history)
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).
@@ -208,7 +217,8 @@ class DeltaWriter:
 
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
                  effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
-                 force_codec: str | None = None, compact_index: bool = True, inline_blocks: bool = True):
+                 force_codec: str | None = None, compact_index: bool = True, inline_blocks: bool = True,
+                 previous=None):
         """Start a file: its header and META record (``base_step`` → ``target_step``) are written now.
 
         ``block_elems``: elements per block (the unit of parallelism and of random access);
@@ -220,7 +230,11 @@ class DeltaWriter:
         (SPEC.md §10), no inline blocks and no encoding added after 1.4: a file readers of 1.4 read.
         ``inline_blocks=False`` (with a compact index) writes a one-block tensor's block as a BLCK
         record, as before 1.6 (§7), and no encoding added after 1.5: for vectors and for readers of
-        1.5. (``force_encoding`` is obeyed either way.)"""
+        1.5. (``force_encoding`` is obeyed either way.)
+        ``previous``: the step before the base (name → array), as a follower of a stream holds it:
+        tensors of the ctx-delta dtypes with a previous value of their dtype and shape carry HISTORY
+        (1.9, §7) and may code their signs in its contexts (``ctx-delta-rh``, §8.11), and the file then
+        needs that previous step to be read. Ignored in the modes for older readers."""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
                                      or not 0 <= step < L.NO_STEP):
@@ -256,13 +270,16 @@ class DeltaWriter:
         self._flags = records.header_flags(compact_index, inline_blocks)
         self._inline = bool(self._flags & L.INLINE_BLOCKS)
         self._readers = (1, 4) if not compact_index else (1, 5) if not inline_blocks else None
+        if previous is not None and not isinstance(previous, Mapping):
+            raise InputError("previous must be a mapping of tensor name to array")
+        self._previous = previous if self._readers is None else None
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
         self._blocks = 0                  # blocks of the tensors accepted so far (§14 MAX_BLOCKS)
         self._added: list[bytes] = []     # names reserved by the write_tensors call under way
         # why the file cannot be finished: a call failed after writing part of a tensor (set once)
         self._broken: str | None = None
         self._write(records.build_header(self._flags))
-        self._meta = records.Meta(base_step, target_step, prefixed_names=True)
+        self._meta = records.Meta(base_step, target_step, prefixed_names=True, history=self._previous is not None)
         self._record(L.META, records.build_meta(self._meta))
         if note_bytes:
             self.write_record(L.NOTE, note_bytes)
@@ -312,10 +329,25 @@ class DeltaWriter:
             bdt, bshape, b = as_uint(base)
             if bdt is not dt or bshape != shape:
                 b = None  # dtype or shape changed: the tensor travels as a keyframe
+        p = self._previous_of(name, dt, shape, b, t.size)
         # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks
         th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
-                                  0 if b is not None else None, 0)
-        return th, b, t
+                                  0 if b is not None else None, 0, 0 if p is not None else None)
+        return th, b, t, p
+
+    def _previous_of(self, name, dt, shape, base, size) -> np.ndarray | None:
+        """The tensor's previous value (flat unsigned view) where it will carry HISTORY, else None."""
+        if self._previous is None or base is None:
+            return None
+        forced = self._force_encoding == encodings.by_name("ctx-delta-rh").id
+        if not encodings.get(encodings.by_name("ctx-delta-rh").id).defined_for(dt) or \
+                (size < HISTORY_MIN_ELEMS and not forced):
+            return None
+        prev = self._previous.get(name)
+        if prev is None:
+            return None
+        pdt, pshape, p = as_uint(prev)
+        return p if pdt is dt and pshape == shape else None
 
     def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
         """Write one tensor: ``target`` (numpy, ml_dtypes or CPU torch array) as a delta from ``base``.
@@ -375,17 +407,18 @@ class DeltaWriter:
             held[:] = [0, False, 0]
 
         for name, base, target in items:
-            th, b, t = self._prepare(name, base, target, keyframe)
+            th, b, t, p = self._prepare(name, base, target, keyframe)
             pending.append(("T", th))
-            jobs.append((_hash_into, th, b, t))  # before the tensor's first emit: same flush or an earlier one
-            sizes.append(t.size * (1 if b is None else 2))
+            jobs.append((_hash_into, th, b, t, p))  # before the tensor's first emit: same flush or an earlier one
+            sizes.append(t.size * (1 if b is None else 2 if p is None else 3))
             held[1] = held[1] or is_mapped(t) or is_mapped(b)
             for blk in range(th.block_count):
                 s, e = th.block_range(blk)
                 bb = None if b is None else b[s:e]
                 slot: list[_Coded] = []
                 jobs.append((_encode_into, slot, th.dtype, bb, t[s:e], self._effort, self._force_encoding,
-                             self._force_codec, (th.shape[-1] if len(th.shape) >= 2 else None, s), self._readers))
+                             self._force_codec, (th.shape[-1] if len(th.shape) >= 2 else None, s), self._readers,
+                             None if p is None else p[s:e]))
                 sizes.append(e - s)
                 pending.append(("B", (th, blk, slot, bb, t[s:e])))
                 held[0] += (e - s) * th.dtype.itemsize * (1 if bb is None else 2)
@@ -409,6 +442,8 @@ class DeltaWriter:
         release(bb)  # memory-mapped inputs: this block's pages are done with
         release(tb)
         held, self._held = self._held, None
+        if held is not None and held.needs_history and not encodings.get(enc.encoding).needs_history:
+            held.previous_hash = None   # its one block does not use the history: the record need not name it
         # sized before it is built: a large block's streams are joined once, into its own record
         head = records.block_head(None, None, enc, coded)
         inline_size = len(head) + sum(len(s) for _, s in coded)

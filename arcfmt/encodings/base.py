@@ -58,7 +58,7 @@ class Block:
 
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
                  effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-                 readers: tuple[int, int] | None = None) -> None:
+                 readers: tuple[int, int] | None = None, history: np.ndarray | None = None) -> None:
         # as the kernels read them, C-contiguous and aligned: a view of an odd layout (an unaligned tensor
         # of a memory-mapped file) is copied once here, not by each kernel an encoding calls
         self.base = None if base is None else np.require(base, requirements=("C", "A"))
@@ -69,6 +69,9 @@ class Block:
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
         # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
         self.period, self.offset = period, offset
+        # the block's history codes (SPEC.md §7: the direction of each element's last change), where the
+        # writer was given the previous step and the tensor carries HISTORY; else None
+        self.history = history
         # candidates one encoding's pass made for another, by its id (ctx-delta's one pass over a block
         # makes both ctx-delta's and ctx-delta-rc's streams), taken by that encoding's propose
         self.made_for: dict[int, EncodedBlock] = {}
@@ -104,6 +107,8 @@ class Encoding(ABC):
     id: ClassVar[int]             # the u8 of the BLCK record and the index's blk_encodings (§8, §10)
     name: ClassVar[str]           # its SPEC.md name (what inspect, reports and force_encoding use)
     needs_base: ClassVar[bool] = True   # decoding reads the base (§7: not allowed without NEEDS_BASE)
+    needs_history: ClassVar[bool] = False   # decoding reads the history (§7: not allowed without HISTORY);
+    # its decode and decode_changes then take ``history=``, the block's history codes
     keeps_base: ClassVar[bool] = False  # the target is the base itself: decoding in place has nothing to do
     dtypes: ClassVar[frozenset[str] | None] = None  # dtype names it is defined for; None: all
     param_names: ClassVar[tuple[str, ...]] = ()  # its fixed params, in order (their number is the param count)

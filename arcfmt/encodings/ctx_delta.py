@@ -45,6 +45,7 @@ _RC_ALONE = 256   # fewer: ctx-delta-rc's contexts are still learning, ctx-delta
 _MIN_SIGNS_FOR_ROWS = 64
 SIGN_SAMPLE = 1 << 14    # the signs each axis is sized on (the first, in class order): the choice, not the coding
 SIGN_PROMISING = 0.97    # ...and coded only where the best estimate is below this many bits a sign
+HISTORY_COST_BITS = 64.0   # ctx-delta-rh only where it saves more than its tensor's previous_hash (§7)
 _HIST_STRIDE = 8          # blocks of at least _CHUNK elements: the exponent histogram samples every 8th
 
 
@@ -77,6 +78,7 @@ class Params:
     signs: tuple[int, int, int, int] | None = None  # ctx-delta-as (§8.8): axis, P, phase, sbytes; -rc: nbytes last
     rc: bool = False     # a ctx-delta-rc block (§8.9): signs and magnitudes in stream 2, no mag_width
     rp: bool = False     # with rc: a ctx-delta-rp block (§8.10): gaps, signs, magnitudes in stream 0, no qbits
+    rh: bool = False     # with rc: a ctx-delta-rh block (§8.11): -rc's params, signs in history contexts too
 
     @property
     def classes(self) -> int:
@@ -288,6 +290,7 @@ class Encoded:
     adaptive_signs: bool = False   # a ctx-delta-as block (§8.8)
     rc: bool = False               # a ctx-delta-rc block (§8.9)
     rp: bool = False               # with rc: a ctx-delta-rp block (§8.10)
+    rh: bool = False               # with rc: a ctx-delta-rh block (§8.11)
     other: Encoded | None = None   # the block as ctx-delta too, where its codec may make that the smaller
 
 
@@ -298,7 +301,8 @@ def _varints(values: Sequence[int]) -> int:
 def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
            thresholds: Sequence[int] | None = None, max_classes: int = DEFAULT_CLASSES, dense: bool = False,
            axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
-           rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False, rp: int = 0) -> Encoded:
+           rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False, rp: int = 0,
+           history: np.ndarray | None = None, force_rh: bool = False) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
     ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
     ``rc_axes``: sign contexts to try for ``ctx-delta-rc`` (§8.9), tried first: the block is that
@@ -308,7 +312,9 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     (:func:`sign_axes`) to try: the block is ``ctx-delta-as`` (§8.8) where the best of them codes the
     signs in fewer bytes than the raw bits and the extra params, or always with ``force_signs``.
     ``rp`` (with ``rc_axes``): 1 makes a ctx-delta-rc block ``ctx-delta-rp`` (§8.10) where the model's
-    estimate of its gaps is below their Rice bits, 2 always."""
+    estimate of its gaps is below their Rice bits, 2 always. ``history`` (with ``rc_axes``, without
+    ``rp``): the block's history codes (§7); a ctx-delta-rc block is ``ctx-delta-rh`` (§8.11) where
+    the history contexts size its signs smaller (``force_rh``: always, the axis still chosen)."""
     if dense:
         thresholds = []
     elif thresholds is None:
@@ -317,24 +323,27 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     c = positions.size
     if rc_axes and not dense:
         both = not force_rc and c < _RC_ALONE
+        assert history is None or not rp, "ctx-delta-rh is ctx-delta-rc's, never -rp's"
+        # (force_signs with a history: the history contexts, whichever axis)
         counts, rice, qbits, mw, streams, signs, rp_rice = backend.selected().ctx_encode(
-            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, False, rc_limit(dt, c), both,
-            rp, rp_limit(dt, c, base.size))
+            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, force_rh, rc_limit(dt, c), both,
+            rp, rp_limit(dt, c, base.size), history)
         if signs is not None:
             i, coded = signs
-            rc_params = (*rc_axes[i], len(coded))
+            used_rh = history is not None and i >= len(rc_axes)
+            rc_params = (*rc_axes[i % len(rc_axes)], len(coded))
             # ctx-delta's signs and magnitudes as they are before any codec, with its one more param;
             # -rp's stream holds the positions too
             used_rp = rp_rice is not None
             raw = (c + 7) // 8 + c * mw + 1 + (len(streams[0]) + len(streams[1]) if used_rp else 0)
             if force_rc or len(coded) + _varints(rc_params) < raw:
                 p = Params(list(thresholds), counts, rp_rice or rice, qbits, 0, signs=rc_params, rc=True,
-                           rp=used_rp)
+                           rp=used_rp, rh=used_rh)
                 other = None
                 if both:
                     other = Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
                 coded_streams = [coded] if used_rp else [streams[0], streams[1], coded]
-                return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, other=other)
+                return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, rh=used_rh, other=other)
     counts, rice, qbits, mw, streams, signs, _ = backend.selected().ctx_encode(
         dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
@@ -377,18 +386,20 @@ def dense_stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
 # ----------------------------------------------------------------------------------------- decode
 
 def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray,
-           positions: np.ndarray | None = None) -> None:
+           positions: np.ndarray | None = None, history: np.ndarray | None = None) -> None:
     """Rebuild the block into ``out`` (may be ``base``); every check runs before any element of ``base``
     is written (in place), and before any changed value reaches a separate ``out`` (which, being the
     decoder's private buffer, may already hold part of the base's copy when a check fails).
-    ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes."""
+    ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes.
+    ``history``: the block's history codes (§7), which a ctx-delta-rh block (``p.rh``) needs."""
     backend.warn_first_compile(backend.DECODE)
-    status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions)
+    assert p.rh == (history is not None), "a ctx-delta-rh block, and only one, decodes with its history"
+    status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions, history)
     if status != backend.OK:
         # Worded from the status, the same for every backend: re-running the numpy twin to find the
         # check again cost ~60 bytes of scratch per element (a 1 KB file made 1 GB, per worker).
         name = ("dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-rp" if p.rp
-                else "ctx-delta-rc" if p.rc else "ctx-delta-as")
+                else "ctx-delta-rh" if p.rh else "ctx-delta-rc" if p.rc else "ctx-delta-as")
         failed = _FAILED_RP if p.rp else _FAILED_RC if p.rc else _FAILED
         raise CorruptError(f"{name}{failed[status].format(dt=dt.name, m=m)}")
 
@@ -442,6 +453,15 @@ def warm_up() -> None:
         for thresholds in (None, [max(1, top // 2)]):
             enc = encode(dt, base, target, pos, thresholds=thresholds, max_classes=4)
             decode(dt, Params.unpack(enc.params), enc.streams, m, base, np.empty_like(base))
+        # ctx-delta-rh (§8.11): the history of a previous step, and a block coded with it
+        previous = base.copy()
+        previous[::89] ^= dt.uint.type(1)
+        history = be.history(dt, previous, base)
+        enc = encode(dt, base, target, pos, rc_axes=sign_axes(256, 0, m), force_rc=True, history=history,
+                     force_rh=True)
+        p = Params.unpack_rc(enc.params)
+        p.rh = True
+        decode(dt, p, enc.streams, m, base, np.empty_like(base), None, history)
     for width in (1, 2, 4, 8):   # a live model's staged changes (pipeline.Changes), of any dtype
         flat = np.zeros(64, f"u{width}")
         for index in (np.int32, np.int64):
@@ -475,19 +495,19 @@ class CtxDelta(Encoding):
         return stream_lengths(dt, Params.unpack(params), m)
 
     def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
-               out: np.ndarray) -> None:
+               out: np.ndarray, history: np.ndarray | None = None) -> None:
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
-        decode(dt, self.unpack(params), streams, m, base, out)
+        decode(dt, self.unpack(params), streams, m, base, out, None, history)
 
     def decode_changes(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int,
-                       base: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+                       base: np.ndarray | None, out: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
         """:meth:`decode`, returning the positions it changed (unsorted; every one differs from the base,
         as a step's magnitude is at least 1): a live model's sparse update needs them, and the decoder
         has them already."""
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
         p = self.unpack(params)
         positions = np.empty(p.changed, np.int64)
-        decode(dt, p, streams, m, base, out, positions)
+        decode(dt, p, streams, m, base, out, positions, history)
         return positions
 
     def changed(self, params: Sequence[int]) -> int:
@@ -497,10 +517,11 @@ class CtxDelta(Encoding):
         return _ROLES
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               rp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
         """None when nothing changed. ``signs``: ``"never"`` (this encoding), ``"auto"`` (ctx-delta-as
         where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as). ``rc``: likewise
-        for ctx-delta-rc (§8.9), tried first; ``rp``: likewise for ctx-delta-rp (§8.10) in its place."""
+        for ctx-delta-rc (§8.9), tried first; ``rp``: likewise for ctx-delta-rp (§8.10) in its place;
+        ``rh``: likewise for ctx-delta-rh (§8.11, the block's history given; never with ``rp``)."""
         positions = block.positions
         c = positions.size
         if c == 0:
@@ -513,12 +534,13 @@ class CtxDelta(Encoding):
         enc = encode(block.dt, block.base, block.target, positions, max_classes=max_classes, dense=self.codes_unchanged,
                      axes=axes if as_wanted else (), force_signs=signs == "always",
                      rc_axes=axes if rc != "never" else (), force_rc=rc == "always",
-                     rp=("never", "auto", "always").index(rp))
+                     rp=("never", "auto", "always").index(rp),
+                     history=block.history if rh != "never" else None, force_rh=rh == "always")
         # what the block came out as: a forced -rc or -rp whose changes passed the bound comes out as
         # ctx-delta (never under its own id: those params are not its), which the caller refuses
         plain = self.id if self.codes_unchanged else CtxDelta.id
-        kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRc.id if enc.rc else CtxDeltaAs.id if enc.adaptive_signs
-                else plain)
+        kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRh.id if enc.rh else CtxDeltaRc.id if enc.rc
+                else CtxDeltaAs.id if enc.adaptive_signs else plain)
         out = EncodedBlock(kind, enc.params, enc.streams, c, dense=(0, 1, 2))
         if enc.other is None:
             return out
@@ -535,9 +557,12 @@ class CtxDelta(Encoding):
         rc = "auto" if block.may_use(CtxDeltaRc) else "never"   # (or a file for readers of 1.6 or older)
         # ctx-delta-rp at effort max only: 1.2-2.2 % smaller, but its gaps' coder took pure-BF16 encode
         # from 519 to 375 MB/s and decode from 877 to 706 (tools/bench.py, BENCHMARKS 2026-12-07)
-        rp = "auto" if rc == "auto" and effort == "max" and block.may_use(CtxDeltaRp) else "never"
+        # ctx-delta-rh where the block's history is given: the signs it saves (up to 62 % on pure-BF16
+        # training) are worth more than -rp's gaps, and the two do not combine
+        rh = "auto" if rc == "auto" and block.history is not None and block.may_use(CtxDeltaRh) else "never"
+        rp = "auto" if rc == "auto" and rh == "never" and effort == "max" and block.may_use(CtxDeltaRp) else "never"
         classes = CLASS_LIMITS.get(effort, DEFAULT_CLASSES) if isinstance(effort, str) else DEFAULT_CLASSES
-        return self.encode(block, classes, signs, rc, rp)
+        return self.encode(block, classes, signs, rc, rp, rh)
 
 
 @register
@@ -556,7 +581,7 @@ class CtxDeltaAs(CtxDelta):
         return param_count(head) + (4 if head else 0)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "always", rc: str = "never",
-               rp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, signs)
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -579,9 +604,14 @@ class CtxDeltaRc(CtxDelta):
     _more_params = 3           # after ctx-delta's 3K + 2, less mw: axis, P, phase, nbytes
     _roles: tuple[StreamRole, ...] = _RC_ROLES
     _rp = "never"              # the forced encoding's ctx-delta-rp setting
+    _rh = "never"              # ... and its ctx-delta-rh setting
 
     def unpack(self, params: Sequence[int]) -> Params:
-        return Params.unpack_rp(params) if self._rp == "always" else Params.unpack_rc(params)
+        if self._rp == "always":
+            return Params.unpack_rp(params)
+        p = Params.unpack_rc(params)
+        p.rh = self._rh == "always"
+        return p
 
     def param_count(self, head: Sequence[int]) -> int:
         return param_count(head) + (self._more_params if head else 0)
@@ -593,8 +623,10 @@ class CtxDeltaRc(CtxDelta):
         return self._roles
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
-               rp: str = "never") -> EncodedBlock | None:
-        out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp)
+               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
+        if self._rh == "always" and block.history is None:
+            raise InputError(f"{self.name} needs the previous step (its history, SPEC.md §7), which was not given")
+        out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp, self._rh)
         if out is not None and out.encoding != self.id:
             top = rp_limit(block.dt, out.changed, block.m) if self._rp == "always" else rc_limit(block.dt, out.changed)
             raise InputError(f"{self.name}: this block's changes take more than {top} bytes range-coded "
@@ -628,6 +660,25 @@ class CtxDeltaRp(CtxDeltaRc):
 
 
 @register
+class CtxDeltaRh(CtxDeltaRc):
+    """``ctx-delta-rh`` (SPEC.md §8.11): ``ctx-delta-rc`` whose signs are coded in contexts of each
+    element's history too: the direction of its change at the previous step (§7). Why: weights keep
+    moving the way they moved (momentum), and on pure-BF16 training a one-ulp move is often undone;
+    the receiver of a stream holds the previous step anyway. ``ctx-delta`` proposes it in -rc's place
+    where the block's history is given (``rh="auto"``); forced, it codes every block with a history."""
+
+    id = 10
+    name = "ctx-delta-rh"
+    since = (1, 9)
+    trial_rank = 15
+    needs_history = True
+    _rh = "always"
+
+    def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
+        return None   # ctx-delta's pass makes it, in ctx-delta-rc's place
+
+
+@register
 class DenseDelta(CtxDelta):
     """``dense-delta`` (SPEC.md §8.7): ``ctx-delta`` with one class whose Rice codes are the positions
     of the elements that did not change. Why: a prefix code spends a bit or more on every coded
@@ -645,7 +696,7 @@ class DenseDelta(CtxDelta):
         return dense_unpack(params)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               rp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
@@ -670,4 +721,4 @@ class DenseDelta(CtxDelta):
         return out
 
 
-_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id))   # the candidates DenseDelta.propose defers to
+_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id, CtxDeltaRh.id))   # the candidates DenseDelta.propose defers to

@@ -117,17 +117,18 @@ NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e:
 
 def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
                effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-               readers: tuple[int, int] | None = None) -> list[EncodedBlock]:
+               readers: tuple[int, int] | None = None, history: np.ndarray | None = None) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
     no streams ends the trials: nothing is smaller. ``readers``: the oldest format version that must
-    read the file; encodings added after it are not tried."""
+    read the file; encodings added after it are not tried. ``history``: the block's history codes
+    (SPEC.md §7), where the tensor carries HISTORY."""
     every, cache = _trials
     key = (dt.code, base is not None)
     trials = cache.get(key)
     if trials is None:
         trials = cache[key] = tuple(e for e in every if (base is not None or not e.needs_base) and e.defined_for(dt))
-    block = Block(dt, base, target, effort, period, offset, readers)
+    block = Block(dt, base, target, effort, period, offset, readers, history)
     out: list[EncodedBlock] = []
     for enc in trials:
         if readers is not None and enc.since > readers:
@@ -141,13 +142,13 @@ def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
 
 
 def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding_id: int,
-                  period: int | None = None, offset: int = 0) -> EncodedBlock:
+                  period: int | None = None, offset: int = 0, history: np.ndarray | None = None) -> EncodedBlock:
     """One given encoding (``force_encoding``: tests and conformance vectors); raises if it cannot
     code this block. A block without changes is written with the encoding that keeps the base."""
     enc = for_dtype(encoding_id, dt)
     if enc.needs_base and base is None:
         raise InputError(f"encoding {enc.name} needs a base")
-    block = Block(dt, base, target, period=period, offset=offset)
+    block = Block(dt, base, target, period=period, offset=offset, history=history)
     out = enc.encode(block)
     if out is not None and out.encoding != enc.id:   # its params are another encoding's: never written as its
         raise InputError(f"encoding {enc.name} cannot code this block (it came out as {get(out.encoding).name})")
@@ -162,14 +163,20 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
 
 def decode_block(dt: DType, encoding_id: int, params: Sequence[int], streams: Sequence[BytesLike], m: int,
                  base: np.ndarray | None,
-                 out: np.ndarray, *, changes: bool = False) -> np.ndarray | None:
+                 out: np.ndarray, *, changes: bool = False, history: np.ndarray | None = None) -> np.ndarray | None:
     """Write a block's target into ``out`` (which may be ``base`` itself, for in-place updates). With
     ``changes``, also return the positions it changed where the encoding knows them for free
-    (``decode_changes``: exactly the positions whose value differs from the base, unsorted), else None."""
+    (``decode_changes``: exactly the positions whose value differs from the base, unsorted), else None.
+    ``history``: the block's history codes (SPEC.md §7), handed to an encoding that needs them (the
+    container checked the tensor's previous step first)."""
     enc = get(encoding_id)
+    more = {}
+    if enc.needs_history:
+        assert history is not None, f"{enc.name} needs a history: the container never decodes one without"
+        more["history"] = history
     fast = getattr(enc, "decode_changes", None) if changes else None
     if fast is not None:
-        result: np.ndarray = fast(dt, params, streams, m, base, out)
+        result: np.ndarray = fast(dt, params, streams, m, base, out, **more)
         return result
-    enc.decode(dt, params, streams, m, base, out)
+    enc.decode(dt, params, streams, m, base, out, **more)
     return None
