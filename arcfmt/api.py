@@ -161,7 +161,7 @@ def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out,
                  target_step: int | None = None, block_elems: int = DEFAULT_BLOCK_ELEMS, effort: str = "default",
                  workers: int | None = None, keyframe: bool = False, force: bool = False,
                  on_mismatch: str = "warn", progress: Callable[[int], object] | None = None,
-                 compact_index: bool = True) -> DeltaWriter:
+                 compact_index: bool = True, previous: str | os.PathLike | None = None) -> DeltaWriter:
     """Write the delta between two safetensors checkpoints (a ``.safetensors`` file or a sharded folder
     with its ``model.safetensors.index.json``) to ``out``: what ``arcfmt encode BASE TARGET -o OUT`` does.
 
@@ -169,7 +169,8 @@ def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out,
     atomically (an existing file is refused unless ``force``; an input never), or a binary file
     object. Tensors are read memory-mapped, so checkpoints larger than memory stream through.
     ``on_mismatch`` and ``compact_index`` as for :func:`encode`; ``progress(nbytes)`` is called as target
-    tensors are read.
+    tensors are read. ``previous``: the checkpoint of the step before ``base`` (format 1.9, SPEC.md §7):
+    smaller files, which then need that checkpoint to be applied (:func:`apply_files` ``previous``).
     Returns the closed :class:`DeltaWriter` (``.size``: bytes written; ``.stats``: per tensor).
     """
     from .checkpoint import encode_checkpoints
@@ -177,12 +178,14 @@ def encode_files(base: str | os.PathLike | None, target: str | os.PathLike, out,
     return encode_checkpoints(None if base is None else os.fspath(base), os.fspath(target), out,
                               base_step=base_step, target_step=target_step, block_elems=block_elems,
                               effort=effort, workers=workers, keyframe=keyframe, progress=progress, force=force,
-                              on_mismatch=on_mismatch, stacklevel=3, compact_index=compact_index)
+                              on_mismatch=on_mismatch, stacklevel=3, compact_index=compact_index,
+                              previous_path=None if previous is None else os.fspath(previous))
 
 
 def apply_files(base: str | os.PathLike, delta, out: str | os.PathLike | None = None, *, in_place: bool = False,
                 workers: int | None = None, max_output_bytes: int | None = None,
-                progress: Callable[[int], object] | None = None) -> ApplyResult:
+                progress: Callable[[int], object] | None = None,
+                previous: str | os.PathLike | None = None) -> ApplyResult:
     """Rebuild the target checkpoint from the one at ``base`` and a delta: what ``arcfmt apply`` does.
 
     ``delta``: a path, bytes, a binary file object or a :class:`DeltaReader`. Give exactly one of
@@ -191,12 +194,14 @@ def apply_files(base: str | os.PathLike, delta, out: str | os.PathLike | None = 
     owner). All or nothing: every base tensor and both digests are checked before anything is written,
     the output is verified bit-exact before one atomic rename exposes it, and files beside the weights
     (config, tokenizer) come along. Returns an ``ApplyResult`` (``path``, ``tensors``,
-    ``changed_tensors``, ``bytes_written``, ``files``).
+    ``changed_tensors``, ``bytes_written``, ``files``). ``previous``: the checkpoint of the step before
+    ``base``, which a delta written with one needs (format 1.9).
     """
     from .checkpoint import apply_delta
 
     return apply_delta(os.fspath(base), delta, None if out is None else os.fspath(out), in_place=in_place,
-                       workers=workers, progress=progress, max_output_bytes=max_output_bytes)
+                       workers=workers, progress=progress, max_output_bytes=max_output_bytes,
+                       previous_path=None if previous is None else os.fspath(previous))
 
 
 __all__ = ["encode", "decode", "apply_in_place", "encode_files", "apply_files", "as_framework", "wants_torch"]

@@ -23,7 +23,7 @@ from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
 def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_step=None, target_step=None,
                        block_elems=DEFAULT_BLOCK_ELEMS, effort="default", workers=None, keyframe=False,
                        progress=None, force=False, on_mismatch: str = "warn", stacklevel: int = 2,
-                       compact_index: bool = True) -> DeltaWriter:
+                       compact_index: bool = True, previous_path: str | None = None) -> DeltaWriter:
     """Write the delta from the checkpoint at ``base_path`` to the one at ``target_path`` into ``out``
     (a path, written atomically, or a binary file object). Returns the closed writer (sizes, stats).
     The one implementation behind ``arcfmt encode`` and :func:`arcfmt.encode_files`.
@@ -32,20 +32,24 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
     (through links too, each shard of a folder) always: arcfmt.outputs.check_output. Target tensors
     without a same-named, same-dtype, same-shape base tensor become keyframes: ``on_mismatch``
     ``"warn"`` (one :class:`arcfmt.KeyframeWarning`, ``stacklevel`` as for :func:`warnings.warn` from
-    here), ``"error"`` (InputError before the output is created) or ``"ignore"``."""
+    here), ``"error"`` (InputError before the output is created) or ``"ignore"``. ``previous_path``:
+    the checkpoint of the step before the base (format 1.9, SPEC.md §7): signs coded in contexts of
+    each element's last change, and the file then needs that checkpoint to be applied."""
     from . import outputs
 
     base_path = os.fspath(base_path) if base_path is not None and not keyframe else None
     target_path = os.fspath(target_path)
     check_mismatches({}, {}, on_mismatch)  # a bad value fails before anything is read
-    for p in (target_path, base_path):
+    previous_path = os.fspath(previous_path) if previous_path is not None and base_path is not None else None
+    for p in (target_path, base_path, previous_path):
         if p is not None:
             outputs.check_readable(p)
     if not hasattr(out, "write"):
-        out = outputs.check_output(out, [base_path, target_path], force)
+        out = outputs.check_output(out, [base_path, target_path, previous_path], force)
     try:
         target = open_checkpoint(target_path)
         base = open_checkpoint(base_path).tensors() if base_path is not None else {}
+        previous = open_checkpoint(previous_path).tensors() if previous_path is not None else None
     except OSError as exc:
         raise os_error(exc, "read", exc.filename or target_path) from None
     tensors = target.tensors()
@@ -60,7 +64,7 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
 
     def write(f):
         w = DeltaWriter(f, base_step=base_step, target_step=target_step, block_elems=block_elems, effort=effort,
-                        workers=workers, compact_index=compact_index)
+                        workers=workers, compact_index=compact_index, previous=previous)
         w.write_tensors(items(), keyframe=keyframe)
         w.close()
         return w
@@ -102,7 +106,7 @@ class ApplyResult:
 
 def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place: bool = False,
                 workers=None, progress=None, max_output_bytes: int | None = None,
-                delta_path: str | None = None) -> ApplyResult:
+                delta_path: str | None = None, previous_path: str | None = None) -> ApplyResult:
     """Rebuild the target checkpoint from the one at ``base_path`` and an arcfmt file.
 
     ``out_path``: where the target goes (same layout as the base). ``in_place``: replace the base
@@ -113,6 +117,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     written; the output is staged beside its destination, re-opened and checked, and only then swapped
     in. Files beside the weights in a folder (config, tokenizer) come along. ``delta_path``: the
     file ``delta`` (a reader) was opened from, so that an output that is that file is refused as an input.
+    ``previous_path``: the checkpoint of the step before the base, which a delta written with it needs
+    (format 1.9, SPEC.md §7; checked like the base, ``wrong_base``).
     """
     if in_place == (out_path is not None):
         raise InputError("give exactly one of an output path or in_place=True")
@@ -122,6 +128,10 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
         base = open_checkpoint(base_path)
     except SafetensorsError as exc:  # SPEC.md §1 "Base files", §19: a base that is not one is `wrong_base`
         raise WrongBaseError(f"base: {exc}") from None
+    try:
+        previous = None if previous_path is None else open_checkpoint(os.fspath(previous_path))
+    except SafetensorsError as exc:  # a previous step given as a file is a base file (SPEC.md §1)
+        raise WrongBaseError(f"previous step: {exc}") from None
     if not base.is_dir and os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(base_path))
     if in_place and base.is_dir and os.path.islink(base_path):
@@ -131,7 +141,8 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
     recover(dest)
     if not in_place:
         named = delta if isinstance(delta, (str, os.PathLike)) else delta_path
-        dest = outputs.check_output(dest, [base_path, named],
+        previous_named = None if previous_path is None else os.fspath(previous_path)
+        dest = outputs.check_output(dest, [base_path, named, previous_named],
                                     force=False, folder=base.is_dir, hint="use --in-place to update the base itself")
     if isinstance(delta, (str, os.PathLike)):
         try:
@@ -140,10 +151,11 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
             raise os_error(exc, "read", os.fspath(delta)) from None
         with f:
             return apply_delta(base_path, DeltaReader(f, workers=workers, max_output_bytes=max_output_bytes),
-                               out_path, in_place=in_place, workers=workers, progress=progress)
+                               out_path, in_place=in_place, workers=workers, progress=progress,
+                               previous_path=previous_path)
     reader = delta if isinstance(delta, DeltaReader) else DeltaReader(delta, workers=workers,
                                                                       max_output_bytes=max_output_bytes)
-    plan = plan_apply(base, reader)
+    plan = plan_apply(base, reader, None if previous is None else previous.tensors())
     parent = os.path.dirname(os.path.abspath(dest))
     need = sum(lay.size for lay in plan.layouts) + sum(os.path.getsize(f.path) for f in plan.copies if not in_place)
     free = _free_bytes(parent)
@@ -183,11 +195,12 @@ class ApplyPlan:
     names: dict          # file name -> tensor names it holds in the output
 
 
-def plan_apply(base: Checkpoint, reader: DeltaReader) -> ApplyPlan:
-    """Check every base tensor and the digests, and lay the output out as the base is laid out: each
-    base file keeps its tensors (those the delta has), new tensors go into the last file."""
+def plan_apply(base: Checkpoint, reader: DeltaReader, previous: dict | None = None) -> ApplyPlan:
+    """Check every base tensor (and previous value, ``previous``, where a tensor needs it) and the
+    digests, and lay the output out as the base is laid out: each base file keeps its tensors (those
+    the delta has), new tensors go into the last file."""
     base_arrays = base.tensors()
-    _, bases, _ = reader.selection(base_arrays, workers=reader.workers)
+    _, bases, _ = reader.selection(base_arrays, workers=reader.workers, previous=previous)
     headers = [reader.header(n) for n in reader.names]
     pipeline.check_budget(headers, reader.output_budget(headers), "this delta")
     changed = {n for n in reader.names if reader.changes(n)}

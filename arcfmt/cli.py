@@ -396,7 +396,7 @@ def cmd_encode(args) -> int:
         w = encode_checkpoints(base, target, out, base_step=base_step, target_step=target_step,
                                block_elems=args.block_elems, effort=effort, workers=args.workers,
                                keyframe=args.keyframe, progress=update, force=args.force,
-                               compact_index=not args.full_index)
+                               compact_index=not args.full_index, previous_path=args.previous)
     finally:
         close()
     if to_stdout:
@@ -444,7 +444,8 @@ def cmd_apply(args) -> int:
             "apply", args.progress)
         try:
             res = apply_delta(args.base, reader, output, in_place=args.in_place, workers=args.workers,
-                              progress=update, delta_path=None if args.delta == "-" else args.delta)
+                              progress=update, delta_path=None if args.delta == "-" else args.delta,
+                              previous_path=args.previous)
         except WrongBaseError as exc:
             if _already_target(args.base, reader):
                 at = "this delta's target" if reader.target_step is None else f"step {reader.target_step}"
@@ -987,6 +988,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"elements per block, {MIN_BLOCK_ELEMS}..16777216 (default {DEFAULT_BLOCK_ELEMS})")
     e.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
     e.add_argument("--full-index", action="store_true", help=FULL_INDEX_HELP)
+    e.add_argument("--previous", metavar="PREVIOUS",
+                   help="the checkpoint of the step before BASE: signs coded in contexts of each weight's last "
+                        "move (format 1.9; 1-15 %% smaller), and 'apply' then needs it too (--previous)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(e)
     e.set_defaults(func=cmd_encode)
@@ -1000,6 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", "--output", help="write the target here (must not exist); for a one-file BASE, a folder "
                                           "(DIR/, made if missing, or one that exists): DIR/stepNNNN.safetensors")
     a.add_argument("--in-place", action="store_true", help="replace BASE, crash-safely")
+    a.add_argument("--previous", metavar="PREVIOUS",
+                   help="the checkpoint of the step before BASE, for a delta encoded with --previous")
     a.add_argument("--workers", type=_count_at_least(1), help="decoder threads (default: CPU count)")
     a.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=PROGRESS_HELP)
     common(a)
