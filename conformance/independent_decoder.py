@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.8 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.9 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -7,7 +7,7 @@ and hash bindings ``zstandard`` and ``xxhash``; it does not import ``arcfmt``.
 
 Usage::
 
-    python conformance/independent_decoder.py [--stream] BASE DELTA OUT
+    python conformance/independent_decoder.py [--stream] [--previous PREVIOUS] BASE DELTA OUT
     python conformance/independent_decoder.py object KIND PATH [NAME]   # KIND: head | manifest | descriptor | signature
 
 The second form checks one stream object (SPEC.md Part II: S2 JSON, S3 names, S4 object
@@ -20,7 +20,9 @@ object name given (or an empty one), the checks against the object's own name ar
 check between fields (each object reference's derived name included) is made.  See "Part II" below.
 
 BASE is a safetensors file holding the base tensors (``{}`` header when the file
-needs no base), DELTA the arcfmt file, OUT the JSON report written on success::
+needs no base), DELTA the arcfmt file, OUT the JSON report written on success; PREVIOUS (1.9) a
+safetensors file holding the previous step, the tensors one step before the base, for the tensors
+with HISTORY (§7), opened and checked after BASE (§1 "Base files")::
 
     {name: {"dtype": NAME, "shape": [...], "sha256": HEX}}
 
@@ -245,6 +247,58 @@ Version 1.8 (ctx-delta-rp, encoding 9, §8.10; R-CTXRP*):
   E4 The sign, U and V contexts of step 4 are the block's (counts 0 at its start, §8.10
      "Contexts"); step 2 uses none of them, so they are made when step 4 starts.
 
+Version 1.9 (META flag HISTORY, TENS flag HISTORY and previous_hash, ctx-delta-rh = encoding 10;
+§1, §6, §7, §8, §8.11, §12.3; R-META-FLAGS, R-TENS-FLAGS, R-TENS-HISTORY, R-CTXRH*, R-PREVIOUS.*),
+from SPEC.md as of commit 474a64b:
+  - main: ``--previous PREVIOUS`` opens the previous step as a BaseCheckpoint labelled "previous",
+    after the base file (§1 "Base files": "checked the same way when it is opened (after the base
+    file)"): the same checks, `wrong_base`, check sites shared with the base file's (their messages
+    name the file).  It is opened and checked whether or not the arcfmt file needs it.
+  - parse_meta: bit 1 is HISTORY, bits 2-31 stay reserved (`reserved_bits`, R-META-FLAGS).
+  - parse_tens (META has HISTORY): flag bit 2 is HISTORY; previous_hash (u64) is read after base_hash,
+    before target_hash; without META's HISTORY, bit 2 is reserved and brings no field (so a record
+    that carries the field anyway has 8 bytes left over, `corrupt`, before its reserved bit is seen).
+    The check order of §7 gains two steps: the reserved flag bits (bits 3-7, bit 1 without
+    INLINE_BLOCKS, bit 2 without META's HISTORY), then HISTORY without NEEDS_BASE (`corrupt`,
+    R-TENS-HISTORY), then the dtype code as before.
+  - §12.3 step 1 (check_history, BaseCheckpoint.check_previous), both read modes, right after the base
+    check of a tensor with HISTORY (random access: §12.1 step 6, after the TENS record's checks, its
+    comparisons with the index and its inline block's checks; streaming: §12.2 step 3, after the name
+    checks and the inline block's checks, before the inline block is decoded): no previous step given
+    at all (`wrong_base`: "a decoder given no previous step at all reports the first such tensor"),
+    then R-PREVIOUS.PRESENT (the name is not in the previous step), .DTYPE, .SHAPE, .HASH
+    (`wrong_base`), check sites of their own.  A tensor without HISTORY looks nothing up.
+  - read_block_fields: id 10 is known (KNOWN_ENCODINGS), defined for the dtypes of ctx-delta
+    (`unsupported` on any other, check 1); its params are ctx-delta-rc's, read and checked by the same
+    code and check sites (read_ctx_params with changes_rc, check_ctxrc_params; R-CTXRH-PARAMS: "ctx-
+    delta-rc's params and checks"); S = 3 streams of ctx-delta-rc's decoded lengths.  Check 4 gains,
+    after the NEEDS_BASE check, ctx-delta-rh in a tensor without HISTORY (`corrupt`, R-CTXRH-TENSOR),
+    a check site of its own.
+  - decode_block_fields: ctx-delta-rh decodes as ctx-delta-rc (decode_ctx_delta with changes_rc,
+    ctxrc_decode_changes: the same steps, the same checks and check sites, R-CTXRH-CHANGES "ctx-delta-
+    rc's checks of the changes stream"), except the sign of the change at p, coded in sign context
+    3j + h(p) of 3J (j the §8.8 context of p).  h is computed per block by TensorBuilder.get_history
+    from the previous and base tensors' elements b * block_elems + p (§8.11), with §8.6's ord on
+    B = 8W bits (§7): 0 for equal bit patterns, 1 when ord(base) > ord(previous), 2 when less.
+    Memory: the previous step's elements are read block by block, like the base's.
+  - Any minor version is still read (§4, §16), 9 included; an encoding id above 10 is refused where it
+    is met (`unsupported`).
+  ASSUMPTIONs:
+  F1 §7's table makes previous_hash "present only if HISTORY (in a file whose META has HISTORY)",
+     with no word on NEEDS_BASE: a TENS record with HISTORY but not NEEDS_BASE is read with its
+     previous_hash (and no base_hash), then refused (`corrupt`, R-TENS-HISTORY) after its reserved
+     bits.  Read the other way (no previous_hash without NEEDS_BASE) only a record with a second fault
+     could be refused with another category (a field that runs past the payload, `corrupt` while
+     reading, before a reserved bit's `reserved_bits`).
+  F2 "a decoder given no previous step at all reports the first such tensor" is a check of its own,
+     made where R-PREVIOUS.PRESENT is (after the base of the first tensor with HISTORY, in the order
+     of the read mode), not when the file's META is read: a file whose META has HISTORY and none of
+     whose tensors has it needs no previous step (§6: "without it, no tensor of the file needs one";
+     §7: "Without HISTORY a tensor needs no previous value, whatever the file's META says").
+  F3 §1 "Base files" has a previous step given as a file checked "when it is opened (after the base
+     file)": it is opened, and a bad one refused (`wrong_base`), even for an arcfmt file that needs
+     no previous step, as a bad base file is refused for a file that needs no base (§1).
+
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
   P2 S2 "null means absent" vs "a missing field is corrupt": every key of the S5-S7 tables must
@@ -374,8 +428,9 @@ ENC_DENSE_DELTA = 6  # added in version 1.2 (§8.7)
 ENC_CTX_DELTA_AS = 7  # added in version 1.4 (§8.8)
 ENC_CTX_DELTA_RC = 8  # added in version 1.7 (§8.9)
 ENC_CTX_DELTA_RP = 9  # added in version 1.8 (§8.10)
+ENC_CTX_DELTA_RH = 10  # added in version 1.9 (§8.11)
 KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
-                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RP}
+                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RP, ENC_CTX_DELTA_RH}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
@@ -396,6 +451,8 @@ CTXRC_HALF = 2048  # §8.9: a bit "of probability one half" is coded with p0 = 2
 CTX_DELTA_RP_DTYPES = CTX_DELTA_DTYPES  # §8.10: the dtypes of ctx-delta
 CTXRP_MIN_NBYTES = 5  # §8.10: as §8.9's nbytes, the range decoder's first byte and its 4-byte code
 CTXRP_MAX_J = 15  # §8.10: the quotient contexts G(k, j) have 0 <= j <= 15
+CTX_DELTA_RH_DTYPES = CTX_DELTA_DTYPES  # §8.11: the dtypes of ctx-delta
+CTXRH_HISTORIES = 3  # §7, §8.11: h(p) is 0 (unchanged), 1 (moved up) or 2 (moved down); sign context 3j + h(p)
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -767,9 +824,12 @@ class InputFile:
 
 class BaseCheckpoint:
     """SPEC §1 "Base files": the base safetensors file, checked when it is opened (before the delta is
-    read); every fault is `wrong_base`."""
+    read); every fault is `wrong_base`.  label "previous" (1.9): the previous step given as a file
+    (§1: "a base file by these rules and is checked the same way when it is opened (after the base
+    file)"), the same checks, the same category; only the messages name it."""
 
-    def __init__(self, path):
+    def __init__(self, path, label="base"):
+        self.label = label
         self.f = open(path, "rb")
         try:
             self._load()
@@ -780,33 +840,33 @@ class BaseCheckpoint:
     def _load(self):
         size = os.fstat(self.f.fileno()).st_size
         if size < 8:
-            fail("wrong_base", f"base file: {size} bytes, shorter than the 8-byte header length")
+            fail("wrong_base", f"{self.label} file: {size} bytes, shorter than the 8-byte header length")
         n = struct.unpack("<Q", self.f.read(8))[0]
         if n > size - 8:
-            fail("wrong_base", f"base file: header length {n} runs past the end of the file ({size} bytes)")
+            fail("wrong_base", f"{self.label} file: header length {n} runs past the end of the file ({size} bytes)")
         try:
             header = json.loads(self.f.read(n).decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            fail("wrong_base", f"base file: header is not UTF-8 JSON ({str(exc)[:80]})")
+            fail("wrong_base", f"{self.label} file: header is not UTF-8 JSON ({str(exc)[:80]})")
         if not isinstance(header, dict):
-            fail("wrong_base", "base file: header is not a JSON object")
+            fail("wrong_base", f"{self.label} file: header is not a JSON object")
         self.data_start = 8 + n
         self.data_size = size - self.data_start
         self.tensors = {}
         for name, entry in header.items():
             if name == "__metadata__":
                 if not (isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())):
-                    fail("wrong_base", "base file: __metadata__ is not an object of strings")
+                    fail("wrong_base", f"{self.label} file: __metadata__ is not an object of strings")
                 continue
             dtype = entry.get("dtype") if isinstance(entry, dict) else None
             shape = entry.get("shape") if isinstance(entry, dict) else None
             offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
             if not (isinstance(dtype, str) and isinstance(shape, list) and all(is_int(d) and d >= 0 for d in shape)
                     and isinstance(offsets, list) and len(offsets) == 2 and all(is_int(x) for x in offsets)):
-                fail("wrong_base", f"base file: tensor {name!r}: not an entry {{dtype, shape, data_offsets}}")
+                fail("wrong_base", f"{self.label} file: tensor {name!r}: not an entry {{dtype, shape, data_offsets}}")
             begin, end = offsets
             if not 0 <= begin <= end <= self.data_size:
-                fail("wrong_base", f"base file: tensor {name!r}: data_offsets [{begin}, {end}] outside the "
+                fail("wrong_base", f"{self.label} file: tensor {name!r}: data_offsets [{begin}, {end}] outside the "
                                    f"{self.data_size}-byte data section")
             code = DTYPE_BY_NAME.get(dtype)
             if code is not None:  # a dtype §2 does not name cannot be any tensor's base (may be refused)
@@ -814,7 +874,7 @@ class BaseCheckpoint:
                 for d in shape:
                     count *= d
                 if end - begin != count * DTYPES[code][1]:
-                    fail("wrong_base", f"base file: tensor {name!r}: data_offsets hold {end - begin} bytes, "
+                    fail("wrong_base", f"{self.label} file: tensor {name!r}: data_offsets hold {end - begin} bytes, "
                                        f"{dtype} x {shape} is {count * DTYPES[code][1]}")
             self.tensors[name] = (dtype, list(shape), begin, end)
 
@@ -826,6 +886,16 @@ class BaseCheckpoint:
         assert len(data) == n
         return data
 
+    def hash_of(self, name):
+        """xxh3-64 of the tensor's bytes, read in chunks (the entry holds dtype x shape bytes, checked
+        when the file was opened)."""
+        _, _, begin, end = self.tensors[name]
+        h = xxhash.xxh3_64()
+        chunk = 1 << 24
+        for off in range(0, end - begin, chunk):
+            h.update(self.read(name, off, min(chunk, end - begin - off)))
+        return h.intdigest()
+
     def check(self, ti):
         """SPEC §12.3 step 1: exists, same dtype, same shape, hashes to base_hash (`wrong_base`)."""
         entry = self.tensors.get(ti.name)
@@ -836,14 +906,43 @@ class BaseCheckpoint:
             fail("wrong_base", f"tensor {ti.name!r}: base dtype {dtype_name} != {ti.dtype_name}")
         if shape != ti.dims:
             fail("wrong_base", f"tensor {ti.name!r}: base shape {shape} != {ti.dims}")
-        # the base file's entries hold dtype x shape bytes (checked when it was opened)
-        h = xxhash.xxh3_64()
-        chunk = 1 << 24
-        for off in range(0, end - begin, chunk):
-            h.update(self.read(ti.name, off, min(chunk, end - begin - off)))
-        if h.intdigest() != ti.base_hash:
-            fail("wrong_base", f"tensor {ti.name!r}: base hash 0x{h.intdigest():016x} != "
+        h = self.hash_of(ti.name)
+        if h != ti.base_hash:
+            fail("wrong_base", f"tensor {ti.name!r}: base hash 0x{h:016x} != "
                                f"base_hash 0x{ti.base_hash:016x}")
+
+    def check_previous(self, ti):
+        """SPEC §12.3 step 1 (1.9), on the previous step (self.label "previous"), for a tensor with
+        HISTORY, after its base passed: a previous tensor of the name is given (R-PREVIOUS.PRESENT),
+        it has the dtype (R-PREVIOUS.DTYPE) and the shape (R-PREVIOUS.SHAPE), and hashes to
+        previous_hash (R-PREVIOUS.HASH); all `wrong_base`.  Check sites of their own, beside the
+        base's.  (No previous step given at all: check_history, before this.)"""
+        entry = self.tensors.get(ti.name)
+        if entry is None:
+            fail("wrong_base", f"tensor {ti.name!r}: HISTORY, but not in the previous step")
+        dtype_name, shape, begin, end = entry
+        if dtype_name != ti.dtype_name:
+            fail("wrong_base", f"tensor {ti.name!r}: previous dtype {dtype_name} != {ti.dtype_name}")
+        if shape != ti.dims:
+            fail("wrong_base", f"tensor {ti.name!r}: previous shape {shape} != {ti.dims}")
+        h = self.hash_of(ti.name)
+        if h != ti.previous_hash:
+            fail("wrong_base", f"tensor {ti.name!r}: previous hash 0x{h:016x} != "
+                               f"previous_hash 0x{ti.previous_hash:016x}")
+
+
+def check_history(ti, previous):
+    """SPEC §12.3 step 1 (1.9), §7 "History": with HISTORY, after the base check, the decoder must hold
+    the tensor's previous value; "a decoder given no previous step at all reports the first such
+    tensor" (`wrong_base`, R-PREVIOUS.PRESENT); otherwise the previous step's own checks
+    (BaseCheckpoint.check_previous).  Without HISTORY nothing is looked up, "whatever the file's META
+    says" (§7), and a previous step given for such a file is never used."""
+    if not ti.history:
+        return
+    if previous is None:
+        fail("wrong_base", f"tensor {ti.name!r}: HISTORY needs the previous step (previous_hash "
+                           f"0x{ti.previous_hash:016x}), and none was given")
+    previous.check_previous(ti)
 
 
 # --------------------------------------------------------------------------------------------
@@ -962,17 +1061,20 @@ def read_located_record(f, offset, size, expected_type, expected_checksum=None):
 
 
 META_PREFIXED_NAMES = 1  # §6 flag bit 0 (1.3): every TENS record has a prefix_length (§7)
+META_HISTORY = 2         # §6 flag bit 1 (1.9): a TENS record may carry HISTORY and previous_hash (§7)
+META_KNOWN_FLAGS = META_PREFIXED_NAMES | META_HISTORY  # bits 2-31 are reserved
 
 
 def parse_meta(payload):
-    """§6: exactly 20 bytes (corrupt), then reserved flags, bits 1-31 (reserved_bits).
-    Returns whether the file has PREFIXED_NAMES."""
+    """§6: exactly 20 bytes (corrupt), then reserved flags, bits 2-31 (reserved_bits, R-META-FLAGS;
+    bit 1 is HISTORY since 1.9).  Returns (prefixed, history): whether the file has PREFIXED_NAMES
+    and HISTORY."""
     if len(payload) != 20:
         fail("corrupt", f"META payload is {len(payload)} bytes, not 20")
     flags, base_step, target_step = struct.unpack("<IQQ", payload)
-    if flags & ~META_PREFIXED_NAMES:
-        fail("reserved_bits", f"META flags 0x{flags:08x} (reserved bits 0x{flags & ~META_PREFIXED_NAMES:08x})")
-    return bool(flags & META_PREFIXED_NAMES)
+    if flags & ~META_KNOWN_FLAGS:
+        fail("reserved_bits", f"META flags 0x{flags:08x} (reserved bits 0x{flags & ~META_KNOWN_FLAGS:08x})")
+    return bool(flags & META_PREFIXED_NAMES), bool(flags & META_HISTORY)
 
 
 # --------------------------------------------------------------------------------------------
@@ -985,9 +1087,11 @@ class TensorInfo:
 TENS_NEEDS_BASE = 1    # §7 TENS flag bit 0
 TENS_INLINE_BLOCK = 2  # §7 TENS flag bit 1 (1.6): the tensor's only block follows target_hash; only
                        # in a file whose header has INLINE_BLOCKS, else reserved
+TENS_HISTORY = 4       # §7 TENS flag bit 2 (1.9): previous_hash follows base_hash; only in a file whose
+                       # META has HISTORY, else reserved (and no field)
 
 
-def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False):
+def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False, history=False):
     """§7 'Checks, in this order'.  prefixed: META has PREFIXED_NAMES (§6); prev_name: the previous
     tensor's name (b"" for the first tensor), as the caller's read mode defines it (§7: streaming,
     the last TENS record's name; random access, the index's name of tensor t - 1).
@@ -999,7 +1103,13 @@ def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False):
     the payload is kept in ti.inline_rest (a Cursor over it), which the caller checks with
     check_inline_block -- after, in random access, the comparisons with the index (§7, §10 "Later":
     name, B, the flag against the index's size 0), in streaming the name checks of §12.2 step 3 (a
-    name seen before, the names' total).  ti.inline_rest is None without INLINE_BLOCK."""
+    name seen before, the names' total).  ti.inline_rest is None without INLINE_BLOCK.
+
+    history: META has HISTORY (§6, 1.9).  Then flag bit 2 is HISTORY (ti.history; without META's
+    HISTORY it is a reserved bit and brings no field): previous_hash is read after base_hash (§7's
+    table: "present only if HISTORY", NEEDS_BASE or not -- ASSUMPTION F1), and after the reserved
+    flag bits HISTORY without NEEDS_BASE is `corrupt` (R-TENS-HISTORY).  ti.previous_hash is None
+    without HISTORY."""
     what = f"TENS #{ordinal}"
     c = Cursor(payload, what)
     ti = TensorInfo()
@@ -1029,7 +1139,13 @@ def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False):
     ti.needs_base = bool(flags & TENS_NEEDS_BASE)
     # §7 (1.6): bit 1 is INLINE_BLOCK only in a file whose header has INLINE_BLOCKS, else reserved.
     ti.inline_flag = inline and bool(flags & TENS_INLINE_BLOCK)
+    # §7 (1.9): bit 2 is HISTORY only in a file whose META has HISTORY, else reserved (no field).
+    ti.history = history and bool(flags & TENS_HISTORY)
     ti.base_hash = c.u64("base_hash") if ti.needs_base else None
+    # ASSUMPTION F1: previous_hash is present with HISTORY whether or not NEEDS_BASE is set (§7's
+    # table conditions it on HISTORY alone); HISTORY without NEEDS_BASE is refused below, after the
+    # reserved bits.
+    ti.previous_hash = c.u64("previous_hash") if ti.history else None
     ti.target_hash = c.u64("target_hash")
     # Then.  Bytes left over -- in a file with INLINE_BLOCKS only when INLINE_BLOCK is clear (§7, 1.6):
     # with it, the rest of the payload is the inline block (checked last, by the caller).
@@ -1037,10 +1153,15 @@ def parse_tens(payload, ordinal, prefixed=False, prev_name=b"", inline=False):
         c.end()
     ti.name = check_name_bytes(ti.name_bytes, what)  # the joined name (§7)
     what = f"TENS {ti.name!r}"
-    # Reserved flag bits (R-TENS-FLAGS): bits 2-7, and bit 1 in a file without INLINE_BLOCKS (§7, 1.6).
-    reserved = flags & ~(TENS_NEEDS_BASE | (TENS_INLINE_BLOCK if inline else 0)) & 0xFF
+    # Reserved flag bits (R-TENS-FLAGS): bits 3-7, bit 1 in a file without INLINE_BLOCKS (§7, 1.6),
+    # bit 2 in a file whose META lacks HISTORY (§7, 1.9).
+    reserved = flags & ~(TENS_NEEDS_BASE | (TENS_INLINE_BLOCK if inline else 0)
+                         | (TENS_HISTORY if history else 0)) & 0xFF
     if reserved:
         fail("reserved_bits", f"{what}: reserved TENS flag bits 0x{reserved:02x} (flags 0x{flags:02x})")
+    # §7 (1.9), right after the reserved bits: HISTORY must come with NEEDS_BASE (R-TENS-HISTORY).
+    if ti.history and not ti.needs_base:
+        fail("corrupt", f"{what}: HISTORY without NEEDS_BASE (flags 0x{flags:02x})")
     if ti.dtype not in DTYPES:
         fail("unsupported", f"{what}: unknown dtype code {ti.dtype}")
     ti.dtype_name, ti.W, ti.kind, ti.E, ti.M = DTYPES[ti.dtype]
@@ -1087,8 +1208,8 @@ def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
     if enc == ENC_CTX_DELTA_AS:  # §8.8: stream 2 holds sbytes range-coded bytes; the others as §8.6
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.sbytes, ctx.c * ctx.mw]
-    if enc == ENC_CTX_DELTA_RC:  # §8.9: S = 3, stream 2 holds nbytes range-coded bytes; no stream 3
-        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]
+    if enc in (ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RH):  # §8.9 (and §8.11): S = 3, stream 2 holds nbytes
+        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]  # range-coded bytes; no stream 3
     if enc == ENC_CTX_DELTA_RP:  # §8.10: S = 1, stream 0 holds nbytes range-coded bytes (gaps, then changes)
         return [ctx.nbytes]
     if enc == ENC_DENSE_DELTA:  # §8.7
@@ -1375,7 +1496,7 @@ class CtxRangeDecoder:
         return bit
 
 
-def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None):
+def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None, history=None):
     """§8.9 decoding, after §8.6 steps 1-3: for each change (``positions``: each change's index in
     the block, in class order), with b = base[p] and x = x(p) its exponent field:
       1. the sign s, one bit in the sign context of p (§8.8: axis, P, phase);
@@ -1394,7 +1515,12 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None):
     rd (ctx-delta-rp, §8.10 step 4): the range decoder of stream 0, going on from where the gaps
     (step 2) left it; s2 and code are then unused.  The same items (a)-(d) and the same contexts
     (sign, U, V: none was used by the gaps, so their counts are still 0), with §8.10's own check
-    sites: R-CTXRP-CHANGES.LONG, .STEP, .PAST-END (in CtxRangeDecoder.bit) and .LENGTH."""
+    sites: R-CTXRP-CHANGES.LONG, .STEP, .PAST-END (in CtxRangeDecoder.bit) and .LENGTH.
+
+    history (ctx-delta-rh, §8.11): the history h(p) in {0, 1, 2} of each of the block's m elements
+    (§7); the sign of the change at p is then coded in sign context 3j + h(p) of 3J (j as §8.8 gives
+    it), all else -- U, V, the checks and their sites -- as ctx-delta-rc (§8.11: "Everything of §8.9
+    ... applies ... except the sign contexts of item (a)")."""
     E, M, B = ti.E, ti.M, 8 * ti.W
     H = 2 ** (B - 1)
     emask = 2 ** E - 1
@@ -1410,6 +1536,9 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None):
         J = (m - 1 + phase) // P + 1  # rows
     else:
         J = P  # columns
+    if history is not None:  # §8.11: 3J sign contexts, 3j + h(p)
+        assert len(history) == m
+        J *= CTXRH_HISTORIES
     nj = CTXRC_MAX_J + 1
     # Counts n0, n1 of each context: [sign contexts (J)] [U(x, j): x * 16 + j] [V(x, j): x * 16 + j]
     sign_n0, sign_n1 = [0] * J, [0] * J
@@ -1429,6 +1558,8 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None):
             j = (i + phase) // P
         else:
             j = (i + phase) % P
+        if history is not None:  # §8.11: ctx-delta-rh's sign context 3j + h(p)
+            j = CTXRH_HISTORIES * j + history[i]
         s = context_bit(sign_n0, sign_n1, j)
         # 2. The bit length n, unary in the length contexts U(x, min(n - 1, 15)).
         n = 1
@@ -1653,13 +1784,14 @@ def class_members(base, p, ti):
     return members, n_of
 
 
-def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
+def decode_ctx_delta(ti, m, p, streams, base_bytes, what, history=None):
     """§8.6 decoding steps 1-5, in order; every failed check is `corrupt`.  With p.signs_as
     (ctx-delta-as, §8.8): step 2 starts stream 2's range decoder in place of its padding check, and
     the sign bits are range-decoded after step 3, before step 4.  With p.changes_rc (ctx-delta-rc,
     §8.9): three streams; step 2 starts stream 2's range decoder likewise, and after step 3 each
     change's sign and magnitude are range-decoded and its step applied (ctxrc_decode_changes), in
-    place of step 4."""
+    place of step 4.  With history (ctx-delta-rh, §8.11; p.changes_rc too): the m histories h of the
+    block's elements, for the sign contexts of ctxrc_decode_changes; everything else as ctx-delta-rc."""
     W = ti.W
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
@@ -1732,7 +1864,7 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what):
     # ctx-delta-rc (§8.9): after step 3, each change's sign and magnitude, range-decoded in class
     # order, with its step (in place of step 4); step 5 is in ctxrc_decode_changes.
     if p.changes_rc:
-        target = ctxrc_decode_changes(s2, code, positions, base, p, ti, what)
+        target = ctxrc_decode_changes(s2, code, positions, base, p, ti, what, history=history)
         return struct.pack(f"<{m}{fmt}", *target)
 
     # ctx-delta-as (§8.8): after step 3, the c sign bits, range-decoded in class order.
@@ -1840,16 +1972,17 @@ class BlockFields:
     pass
 
 
-def decode_block(ti, t, b, payload, get_base, expected_encoding=None):
+def decode_block(ti, t, b, payload, get_base, expected_encoding=None, get_history=None):
     """Decode one BLCK payload of tensor `ti` (ordinal t), block b; return (encoding, target bytes).
 
     §8 'Checks, in this order': checks 1-6 (read_block_fields), then check 7 (decode_block_fields).
     get_base(start, m) returns the base bytes of elements [start, start+m).  expected_encoding is the
-    index's blk_encodings entry (random access).
+    index's blk_encodings entry (random access).  get_history(start, m) (1.9): their histories (§7),
+    for ctx-delta-rh.
     """
     what = f"BLCK {ti.name!r} #{b}"
     bf = read_block_fields(ti, b, Cursor(payload, what), what, expected_encoding, ordinals=(t, b))
-    return decode_block_fields(ti, bf, get_base)
+    return decode_block_fields(ti, bf, get_base, get_history)
 
 
 def check_inline_block(ti, expected_encoding=None):
@@ -1894,6 +2027,8 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
         fail("unsupported", f"{what}: ctx-delta-rc used on {ti.dtype_name}")
     if enc == ENC_CTX_DELTA_RP and ti.dtype not in CTX_DELTA_RP_DTYPES:
         fail("unsupported", f"{what}: ctx-delta-rp used on {ti.dtype_name}")
+    if enc == ENC_CTX_DELTA_RH and ti.dtype not in CTX_DELTA_RH_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta-rh used on {ti.dtype_name}")
     c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
@@ -1909,9 +2044,9 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     if enc == ENC_CTX_DELTA_AS:  # §8.8: §8.6's params and checks, then its own four
         ctx = read_ctx_params(cur, ti, m, what, signs_as=True)
         check_ctxas_params(ctx, m, what)
-    if enc == ENC_CTX_DELTA_RC:  # §8.9: §8.6's params (no mw) and checks, then its own four
-        ctx = read_ctx_params(cur, ti, m, what, changes_rc=True)
-        check_ctxrc_params(ctx, ti, m, what)
+    if enc in (ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RH):  # §8.9: §8.6's params (no mw) and checks, then its
+        ctx = read_ctx_params(cur, ti, m, what, changes_rc=True)  # own four; §8.11: "params, their
+        check_ctxrc_params(ctx, ti, m, what)                      # checks and bounds" are §8.9's
     if enc == ENC_CTX_DELTA_RP:  # §8.10: §8.6's params (no qbits, no mw) and checks, then its own four
         ctx = read_ctx_params(cur, ti, m, what, positions_rp=True)
         check_ctxrp_params(ctx, ti, m, what)
@@ -1927,9 +2062,12 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     # 3. Random access: the index's encoding.
     if expected_encoding is not None and enc != expected_encoding:
         fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
-    # 4. NEEDS_BASE.
+    # 4. NEEDS_BASE; then (1.9) an encoding that needs the previous step (ctx-delta-rh) in a tensor
+    # without HISTORY (R-CTXRH-TENSOR).
     if not ti.needs_base and enc != ENC_KEYFRAME:
         fail("corrupt", f"{what}: tensor without NEEDS_BASE uses encoding {enc}")
+    if enc == ENC_CTX_DELTA_RH and not ti.history:
+        fail("corrupt", f"{what}: tensor without HISTORY uses ctx-delta-rh (encoding {enc})")
     # 5. Codec ids.
     for k, (codec, _) in enumerate(table):
         if codec not in KNOWN_CODECS:
@@ -1945,9 +2083,13 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     return bf
 
 
-def decode_block_fields(ti, bf, get_base):
+def decode_block_fields(ti, bf, get_base, get_history=None):
     """§8 check 7 and the decoding of a block whose checks 1-6 passed (read_block_fields); returns
-    (encoding, target bytes).  The same for a BLCK record and an inline block (R-INLINE.DECODE)."""
+    (encoding, target bytes).  The same for a BLCK record and an inline block (R-INLINE.DECODE).
+    get_history(start, m) (1.9): the histories h of elements [start, start+m) (§7), for ctx-delta-rh;
+    check 4 let such a block through only in a tensor with HISTORY, whose previous step was checked
+    with its base (§8.11: "A decoder that holds no history for the tensor never reaches a block of
+    it")."""
     what, enc, start, m = bf.what, bf.enc, bf.start, bf.m
     c, e, ctx, dense = bf.c, bf.e, bf.ctx, bf.dense
     lengths, table, cur = bf.lengths, bf.table, bf.cur
@@ -1984,6 +2126,8 @@ def decode_block_fields(ti, bf, get_base):
         return enc, base_bytes
     if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC):  # §8.6, §8.8, §8.9
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
+    if enc == ENC_CTX_DELTA_RH:  # §8.11: §8.9 with the sign contexts 3j + h(p)
+        return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what, history=get_history(start, m))
     if enc == ENC_CTX_DELTA_RP:  # §8.10
         return enc, decode_ctx_delta_rp(ti, m, ctx, streams, base_bytes, what)
     if enc == ENC_DENSE_DELTA:  # §8.7
@@ -2278,9 +2422,10 @@ def check_digests(ix, tensors):
 # Tensor reconstruction shared by both procedures
 
 class TensorBuilder:
-    def __init__(self, ti, base):
+    def __init__(self, ti, base, previous=None):
         self.ti = ti
         self.base = base
+        self.previous = previous  # the previous step (1.9), used only for a tensor with HISTORY
         self.xxh = xxhash.xxh3_64()
         self.sha = hashlib.sha256()
         self.next_block = 0
@@ -2289,8 +2434,32 @@ class TensorBuilder:
         W = self.ti.W
         return self.base.read(self.ti.name, start * W, m * W)
 
+    def get_history(self, start, m):
+        """§7 "History" (1.9): h(i) of the tensor's elements [start, start+m) -- a block's, its element
+        p being the tensor's element start + p (§8.11) -- from the previous and the base tensors:
+        0 if previous[i] = base[i] (equal bit patterns), else 1 if ord(base[i]) > ord(previous[i]),
+        2 if less, with §8.6's ord on B = 8W bits.  Only a ctx-delta-rh block asks, and §8 check 4
+        admits one only in a tensor with HISTORY, whose previous tensor passed check_history."""
+        ti = self.ti
+        assert ti.history and self.previous is not None
+        W = ti.W
+        fmt = {1: "B", 2: "H", 4: "I"}[W]
+        base = struct.unpack(f"<{m}{fmt}", self.base.read(ti.name, start * W, m * W))
+        prev = struct.unpack(f"<{m}{fmt}", self.previous.read(ti.name, start * W, m * W))
+        H = 2 ** (8 * W - 1)
+        out = []
+        for bu, pu in zip(base, prev):
+            if bu == pu:
+                out.append(0)
+                continue
+            ob = bu if bu < H else H - 1 - bu  # ord (§8.6)
+            op = pu if pu < H else H - 1 - pu
+            out.append(1 if ob > op else 2)
+        return out
+
     def add_block(self, t, payload, expected_encoding=None):
-        enc, data = decode_block(self.ti, t, self.next_block, payload, self.get_base, expected_encoding)
+        enc, data = decode_block(self.ti, t, self.next_block, payload, self.get_base, expected_encoding,
+                                 self.get_history)
         self.xxh.update(data)
         self.sha.update(data)
         self.next_block += 1
@@ -2300,7 +2469,7 @@ class TensorBuilder:
         """§8 check 7 on the tensor's inline block (1.6), already checked with its TENS record
         (check_inline_block): decoded like a BLCK record's block 0 (R-INLINE.DECODE)."""
         assert self.next_block == 0 and self.ti.inline_block is not None
-        enc, data = decode_block_fields(self.ti, self.ti.inline_block, self.get_base)
+        enc, data = decode_block_fields(self.ti, self.ti.inline_block, self.get_base, self.get_history)
         self.xxh.update(data)
         self.sha.update(data)
         self.next_block += 1
@@ -2328,7 +2497,9 @@ def report(tensors):
 # --------------------------------------------------------------------------------------------
 # Random access (SPEC §12.1)
 
-def decode_random_access(path, base):
+def decode_random_access(path, base, previous=None):
+    """§12.1.  previous (1.9): the previous step (a BaseCheckpoint, already checked when it was opened,
+    after the base), or None when none was given."""
     f = InputFile(path)
     major, minor, compact, inline = check_header(f)                         # step 1
     if f.size < MIN_FILE_SIZE:                                              # step 2
@@ -2341,7 +2512,7 @@ def decode_random_access(path, base):
     ix = parse_index(payload, index_offset, compact, inline)
     check_other_headers(f, ix)
     payload = read_located_record(f, HEADER_SIZE, META_SIZE, b"META")       # step 5
-    prefixed = parse_meta(payload)
+    prefixed, history = parse_meta(payload)
     # The payloads of the other records are not read (§5: a random-access decoder need not read
     # the payload of records it does not use); their headers were checked in step 4.
     # §5 check 3: with COMPACT_INDEX the index holds no checksums and the record's checksum field is
@@ -2353,7 +2524,7 @@ def decode_random_access(path, base):
         payload = read_located_record(f, ix.tens_offsets[t], ix.tens_sizes[t], b"TENS",
                                       None if ix.compact else ix.tens_checksums[t])
         # §7: in random access the previous name is the index's (checked, §10 check 8)
-        ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"", inline)
+        ti = parse_tens(payload, t, prefixed, ix.names[t - 1] if t > 0 else b"", inline, history)
         # §10 "Later", in this order: the name, B against tens_block_counts, and (1.6) the flag
         # INLINE_BLOCK against the index's size 0 -- all after §7's own checks, and, with
         # INLINE_BLOCK, before the inline block's checks (§7).
@@ -2373,6 +2544,7 @@ def decode_random_access(path, base):
             check_inline_block(ti, ix.blk_encodings[ix.block_base[t]])
         if ti.needs_base:                                                   # §12.3 step 1
             base.check(ti)
+            check_history(ti, previous)  # 1.9: with HISTORY, then the previous tensor (R-PREVIOUS)
         tensors.append(ti)
     # R-DIGEST-EARLY (§12.1 step 6, 1.5): every tensor is read, so the model digests (§12.3 step 4,
     # target_digest then base_digest) are checked now, from the TENS records, after every TENS record
@@ -2380,7 +2552,7 @@ def decode_random_access(path, base):
     check_digests(ix, tensors)
     builders = []                                                           # step 7
     for t, ti in enumerate(tensors):
-        builder = TensorBuilder(ti, base)
+        builder = TensorBuilder(ti, base, previous)
         if ti.inline_block is not None:
             # §12.1 step 7 (1.6): the inline block, read and checked with its TENS record in step 6,
             # is decoded here like the others (§8 check 7); it has no BLCK record to read.
@@ -2443,7 +2615,8 @@ class SeqReader:
         return not more
 
 
-def decode_streaming(path, base):
+def decode_streaming(path, base, previous=None):
+    """§12.2.  previous (1.9): as for decode_random_access."""
     f = InputFile(path)
     major, minor, compact, inline = check_header(f)                         # step 1
     r = SeqReader(path)
@@ -2457,6 +2630,7 @@ def decode_streaming(path, base):
     seen_other = []  # (offset, size, type)
     first = True
     prefixed = False  # META's PREFIXED_NAMES (§6), known once the first record is read
+    history = False   # META's HISTORY (§6, 1.9), likewise
     while True:                                                             # step 2
         offset = r.pos
         if r.at_eof():
@@ -2481,7 +2655,7 @@ def decode_streaming(path, base):
         if first:
             if typ != b"META":
                 fail("corrupt", f"first record is {typ!r}, not META")
-            prefixed = parse_meta(payload)  # §12.2 step 2: "checked as in §6"
+            prefixed, history = parse_meta(payload)  # §12.2 step 2: "checked as in §6"
             first = False
             continue
         awaiting = builder is not None and not builder.complete()
@@ -2498,7 +2672,7 @@ def decode_streaming(path, base):
         if typ == b"TENS":                                                  # step 3
             # §7: in streaming the previous name is the last TENS record's (b"" before the first)
             ti = parse_tens(payload, len(tensors), prefixed, tensors[-1].name_bytes if tensors else b"",
-                            inline)
+                            inline, history)
             # §12.2 step 3: "check it (§7, all but its inline block's checks)" -- parse_tens; then a
             # name seen before (`corrupt`), then the names' total (`limit`, R-STREAM-NAMES) ...
             if ti.name_bytes in names:
@@ -2516,9 +2690,10 @@ def decode_streaming(path, base):
                 check_inline_block(ti)
             if ti.needs_base:
                 base.check(ti)
+                check_history(ti, previous)  # 1.9: with HISTORY, then the previous tensor (R-PREVIOUS)
             tensors.append(ti)
             seen_tens.append((offset, size, csum))
-            builder = TensorBuilder(ti, base)
+            builder = TensorBuilder(ti, base, previous)
             if ti.inline_block is not None:
                 # §12.2 step 3 (1.6): the inline block is decoded after the base check (§8 check 7);
                 # no BLCK record is then due for the tensor.  Its entry for the cross-check (step 6):
@@ -3171,13 +3346,24 @@ def main(argv):
     if "--stream" in args:
         args.remove("--stream")
         stream = True
-    if len(args) != 3:
-        print("usage: independent_decoder.py [--stream] BASE DELTA OUT", file=sys.stderr)
+    previous_path = None  # 1.9: --previous PATH, the previous step as a safetensors file
+    if "--previous" in args:
+        k = args.index("--previous")
+        if k + 1 >= len(args):
+            print("usage: independent_decoder.py [--stream] [--previous PREVIOUS] BASE DELTA OUT", file=sys.stderr)
+            return 2
+        previous_path = args[k + 1]
+        del args[k:k + 2]
+    if len(args) != 3 or "--previous" in args:
+        print("usage: independent_decoder.py [--stream] [--previous PREVIOUS] BASE DELTA OUT", file=sys.stderr)
         return 2
     base_path, delta_path, out_path = args
     try:
         base = BaseCheckpoint(base_path)
-        tensors = (decode_streaming if stream else decode_random_access)(delta_path, base)
+        # §1 "Base files" (1.9): a previous step given as a file is checked the same way when it is
+        # opened, after the base file (`wrong_base`).
+        previous = BaseCheckpoint(previous_path, "previous") if previous_path is not None else None
+        tensors = (decode_streaming if stream else decode_random_access)(delta_path, base, previous)
     except ArcError as exc:
         msg = " ".join(str(exc.message).split()).encode("ascii", "backslashreplace").decode("ascii")
         print(f"error: {exc.category}: {msg}")

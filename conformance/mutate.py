@@ -179,17 +179,20 @@ def run_one(index, v, mode):
                 lines = _raising_lines(exc)
             return outcome, detail, lines
         decode = mod.decode_streaming if mode == "stream" else mod.decode_random_access
-        base = None
+        base = previous = None
         try:
             base = mod.BaseCheckpoint(os.path.join(HERE, v["base"]))
+            prev_path = runner.previous_path(v)  # SPEC.md 1.9: opened and checked after the base file
+            previous = mod.BaseCheckpoint(prev_path, "previous") if prev_path is not None else None
             with runner.object_file(v, "delta") as delta:
-                out = mod.report(decode(delta, base))
+                out = mod.report(decode(delta, base, previous))
         except mod.ArcError as exc:
             outcome, detail = runner.judge(v, 1, None, exc.category, mode)
             return outcome, detail, _raising_lines(exc)
         finally:
-            if base is not None:
-                base.f.close()
+            for f in (base, previous):
+                if f is not None:
+                    f.f.close()
         outcome, detail = runner.judge(v, 0, out, None, mode)
         return outcome, detail, []
     except _Timeout:

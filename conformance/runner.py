@@ -2,7 +2,8 @@
 
     python -m conformance run                       # the reference implementation (in process)
     python -m conformance run --impl independent    # conformance/independent_decoder.py
-    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}]" [--impl-objects "CMD {kind} {object} [{name}]"]
+    python -m conformance run --impl "CMD {base} {delta} {out} [{mode}] [{previous}]"
+                              [--impl-objects "CMD {kind} {object} [{name}]"]
     python -m conformance list                      # the vectors and what they cover
     python -m conformance rules                     # SPEC.md conditions (Appendix A, A.1) without a vector
     python -m conformance mutate                    # checks of the independent decoder no vector notices
@@ -10,6 +11,9 @@
 Contract for --impl (conformance/README.md): the command rebuilds the target from {base} (a safetensors
 file) and {delta} (an arcfmt file) and writes {out}, a JSON object {name: {dtype, shape, sha256}};
 exit 0 = rebuilt, 1 = rejected (first stdout line ``error: CATEGORY: message``), anything else = crash.
+{previous} (SPEC 1.9) is the option ``--previous PATH`` (the vector's previous step, a safetensors file)
+for a vector that has one, else empty; a template without {previous} has ``--previous PATH`` appended
+when the vector has one.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import io
 import json
 import os
 import shlex
+import string
 import subprocess
 import sys
 import tempfile
@@ -61,10 +66,20 @@ def object_name(v) -> str:
     return v.get("object_name", "")
 
 
+def previous_path(v) -> str | None:
+    """The path of a vector's previous step (SPEC.md 1.9, §7 "History": a safetensors file, opened and
+    checked like the base file, after it), or None when the vector has none (``previous`` absent or
+    null). Like ``base``, the manifest names it relative to this folder (``vectors/NAME.previous.safetensors``)."""
+    name = v.get("previous")
+    return os.path.join(HERE, name) if name else None
+
+
 # ------------------------------------------------------------------------------------ reference
 
-def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
-    """Rebuild with arcfmt in process; returns {name: {dtype, shape, sha256}} or raises ArcError."""
+def reference_decode(base_path: str, delta_path: str, mode: str, prev_path: str | None = None) -> dict:
+    """Rebuild with arcfmt in process; returns {name: {dtype, shape, sha256}} or raises ArcError.
+    ``prev_path``: the vector's previous step (SPEC.md 1.9), opened as the base file is, after it, and
+    passed as ``previous=``; None (no previous step) passes no such keyword."""
     import numpy as np
 
     import arcfmt
@@ -75,12 +90,18 @@ def reference_decode(base_path: str, delta_path: str, mode: str) -> dict:
         base = open_checkpoint(base_path).tensors()
     except SafetensorsError as exc:
         raise WrongBaseError(f"base file: {exc}") from None
+    extra = {}
+    if prev_path is not None:
+        try:  # SPEC.md §1 "Base files" (1.9): a previous step given as a file is checked the same way, after the base
+            extra["previous"] = open_checkpoint(prev_path).tensors()
+        except SafetensorsError as exc:
+            raise WrongBaseError(f"previous file: {exc}") from None
     with open(delta_path, "rb") as f:
         data = f.read()
     if mode == "stream":
-        out = dict(arcfmt.StreamReader(io.BytesIO(data), base))
+        out = dict(arcfmt.StreamReader(io.BytesIO(data), base, **extra))
     else:
-        out = arcfmt.decode(base, data)
+        out = arcfmt.decode(base, data, **extra)
     res = {}
     for name, a in out.items():
         from arcfmt.dtypes import from_numpy
@@ -127,7 +148,7 @@ def _run_reference(v, mode, timeout):
             rc, category = 0, None
             return judge_object(v, rc, category) + (time.perf_counter() - t0,)
         with object_file(v, "delta") as delta:
-            out = reference_decode(os.path.join(HERE, v["base"]), delta, mode)
+            out = reference_decode(os.path.join(HERE, v["base"]), delta, mode, previous_path(v))
         rc, category = 0, None
     except ArcError as exc:
         if "kind" in v:
@@ -146,8 +167,26 @@ def _run_reference(v, mode, timeout):
 def impl_command(impl: str) -> str:
     if impl == "independent":
         path = os.path.join(HERE, "independent_decoder.py")
-        return f"{shlex.quote(sys.executable)} {shlex.quote(path)} {{base}} {{delta}} {{out}} {{mode_flag}}"
+        return (f"{shlex.quote(sys.executable)} {shlex.quote(path)} {{previous}} {{base}} {{delta}} {{out}} "
+                f"{{mode_flag}}")
     return impl
+
+
+def previous_option(v) -> str:
+    """What ``{previous}`` becomes in an --impl template: ``--previous PATH`` (quoted for the shell) for a
+    vector with a previous step (SPEC.md 1.9), else the empty string."""
+    path = previous_path(v)
+    return "" if path is None else f"--previous {shlex.quote(path)}"
+
+
+def expand_template(template: str, **fields) -> str:
+    """``template`` with its placeholders filled in. ``{previous}`` (``previous_option``) is filled in
+    where the template has it; a template without it gets it appended (after a space) when it is not
+    empty, so that a command written before 1.9 is still told of a vector's previous step."""
+    cmd = template.format(**fields)
+    if "previous" not in {f for _, f, _, _ in string.Formatter().parse(template) if f} and fields["previous"]:
+        cmd += " " + fields["previous"]
+    return cmd
 
 
 def objects_command(impl: str | None, impl_objects: str | None) -> str | None:
@@ -189,9 +228,10 @@ def run_external_object(template, v, timeout):
 def run_external(template, v, mode, timeout):
     with tempfile.TemporaryDirectory(prefix="arcfmt-conf-") as tmp, object_file(v, "delta") as delta:
         out_path = os.path.join(tmp, "out.json")
-        cmd = template.format(base=shlex.quote(os.path.join(HERE, v["base"])),
+        cmd = expand_template(template, base=shlex.quote(os.path.join(HERE, v["base"])),
                               delta=shlex.quote(delta), out=shlex.quote(out_path),
-                              mode=mode, mode_flag="--stream" if mode == "stream" else "")
+                              mode=mode, mode_flag="--stream" if mode == "stream" else "",
+                              previous=previous_option(v))
         p, dt = _run_shell(cmd, timeout)
         if p is None:
             return "timeout", f"no answer in {timeout} s", timeout
@@ -364,7 +404,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the vectors against an implementation")
-    r.add_argument("--impl", help="'independent', or a command with {base} {delta} {out} and optionally {mode}")
+    r.add_argument("--impl", help="'independent', or a command with {base} {delta} {out} and optionally {mode} "
+                                  "and {previous} (--previous PATH, or nothing; appended when left out)")
     r.add_argument("--impl-objects", help="a command with {kind}, {object} and optionally {name} for the "
                                           "stream-object vectors (SPEC.md Part II); 'independent' supplies its own")
     r.add_argument("--mode", choices=["random", "stream", "both"], default="both")

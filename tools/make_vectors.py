@@ -119,6 +119,7 @@ class Vector:
     modes: list = field(default_factory=lambda: ["random", "stream"])
     gz: bool = False                     # the delta stored gzip-compressed (.arc.gz, conformance/README.md)
     errors: dict | None = None           # n_: a different category for some read mode (SPEC.md §12)
+    previous: dict | bytes | None = None  # (1.9) the previous step (SPEC.md §7 "History"), a file like the base's
 
 
 def valid_vectors():
@@ -219,6 +220,7 @@ def valid_vectors():
     V += ctxas_valid_vectors()
     V += ctxrc_valid_vectors()
     V += ctxrp_valid_vectors()
+    V += ctxrh_valid_vectors()
     V += inline_valid_vectors()
     return V
 
@@ -890,8 +892,8 @@ def reject_vectors():
       "corrupt")
 
     def meta_flags(p):
-        p.recs[0].payload = b"\x02" + p.recs[0].payload[1:]   # bit 0 is PREFIXED_NAMES (1.3)
-    n("n_reserved_meta_flags", "META reserved flag (bit 1) set", ["6"], mod(meta_flags), "reserved_bits")
+        p.recs[0].payload = b"\x04" + p.recs[0].payload[1:]   # bit 0 is PREFIXED_NAMES (1.3), bit 1 HISTORY (1.9)
+    n("n_reserved_meta_flags", "META reserved flag (bit 2) set", ["6"], mod(meta_flags), "reserved_bits")
     V += prefix_vectors()
     tens_i = next(i for i, r in enumerate(P.recs) if r.type == L.TENS)
 
@@ -1133,7 +1135,8 @@ def reject_vectors():
                     "random access checks every base first (§12.1 step 6)", ["12.1", "12.2", "12.3"],
                     {"a": b, "b": b2_wrong}, restream(wrong_step, two_raw), error="verification",
                     errors={"random": "wrong_base"}))
-    n("n_unknown_encoding", "encoding id 10", ["8"], mod(lambda p: set_first_encoding(p, 10)), "unsupported")
+    n("n_unknown_encoding", "encoding id 11 (the first unassigned: 10 is ctx-delta-rh since 1.9)", ["8"],
+      mod(lambda p: set_first_encoding(p, 11)), "unsupported")
 
     n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(lambda p: set_first_encoding(p, 3)),
       "unsupported")
@@ -2076,7 +2079,8 @@ def _restream(fn, src):
     place: ``streams`` as ``[codec, stored bytes]`` pairs), the record rebuilt around them."""
     p = split(src)
     i = next(i for i, r in enumerate(p.recs) if r.type == L.BLCK)
-    th = records.parse_tensor(p.recs[i - 1].payload, "")
+    history = records.parse_meta(p.recs[0].payload).history   # (1.9) its TENS records may carry previous_hash
+    th = records.parse_tensor(p.recs[i - 1].payload, "", None, False, history)
     info = records.parse_block(p.recs[i].payload, th, 0, 0, "")
     streams, pos = [], info.data_offset
     for st in info.streams:
@@ -2537,10 +2541,11 @@ def ctxrc_valid_vectors():
     return V
 
 
-def _rc_recode(base, target, edit_d):
+def _rc_recode(base, target, edit_d, previous=None):
     """An edit of ctx-delta-rc's changes stream (and ``nbytes``): the block's steps in class order,
     passed through ``edit_d(d, ords)`` (``d`` a list of ints, edited in place; ``ords`` the bases'
-    order-preserving integers), range-coded again with the block's own contexts."""
+    order-preserving integers), range-coded again with the block's own contexts (with ``previous``, a
+    ctx-delta-rh block's: §8.11's sign contexts of the history from ``previous`` to ``base``)."""
     from arcfmt import twins
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
@@ -2555,25 +2560,28 @@ def _rc_recode(base, target, edit_d):
             pos = pos[np.argsort(cls, kind="stable")]
         d = (ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])).tolist()
         edit_d(d, ctx.ordered(adt, bu[pos]).tolist())
+        hist = None if previous is None else history_of(base, previous)
         coded = twins._rc_encode(np.array(d, dtype=object), ctx.exponent_field(adt, bu[pos]), pos, bu.size,
-                                 *p.signs[:3], 1 << adt.exp_bits)
+                                 *p.signs[:3], 1 << adt.exp_bits, None, hist)
         streams[2][1] = coded
         params[-1] = len(coded)
     return edit
 
 
-def _all_ones_rc_bytes(adt, base, target) -> int:
+def _all_ones_rc_bytes(adt, base, target, previous=None) -> int:
     """The bytes §8.9's decoder reads for a block coded with one sign context and no thresholds when its
     code is never below the bound (an initial code of 2^32 - 1): every bit decodes as 1, so every change
-    is a sign 1 and a bit length 1 (the step -1)."""
+    is a sign 1 and a bit length 1 (the step -1). With ``previous``: §8.11's, its sign contexts h."""
     from arcfmt import twins
     from arcfmt.encodings import ctx_delta as ctx
-    signs = twins._count_model(1)
+    signs = twins._count_model(1 if previous is None else 3)
     lengths = twins._count_model(twins._RC_LENGTHS << adt.exp_bits)
     rng, pos = 0xFFFFFFFF, 5
     bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
-    for x in ctx.exponent_field(adt, bu[np.flatnonzero(bu != tu)]).tolist():
-        for model, i in ((signs, 0), (lengths, x * twins._RC_LENGTHS)):
+    changed = np.flatnonzero(bu != tu)
+    hs = [0] * changed.size if previous is None else history_of(base, previous)[changed].tolist()
+    for x, h in zip(ctx.exponent_field(adt, bu[changed]).tolist(), hs):
+        for model, i in ((signs, h), (lengths, x * twins._RC_LENGTHS)):
             p0, update = model
             rng -= (rng >> 12) * p0(i)
             update(i, 1)
@@ -2825,6 +2833,667 @@ def ctxrp_reject_vectors():
     set_first_encoding(pf, 9)
     V.append(Vector("n_ctxrp_on_f64", "ctx-delta-rp is not defined for F64", ["8", "8.10"], {"x": f64},
                     assemble(pf), error="unsupported"))
+    return V
+
+
+# ---------------------------------------------------------------------- ctx-delta-rh, HISTORY (1.9: §6, §7, §8.11)
+
+def write_history(base, target, previous, **kw):
+    """A file written given the previous step (1.9, ``DeltaWriter(previous=)``): META has HISTORY; the
+    tensors of the ctx-delta dtypes given a previous value carry HISTORY as the writer chooses (every one
+    with ``force_encoding="ctx-delta-rh"``, else those of 4096 elements or more). Framing as the
+    reference writer sets it (INLINE_BLOCKS: the modes for older readers write no HISTORY)."""
+    return write_delta(base, target, previous=previous, **kw)
+
+
+def _adt(a):
+    from arcfmt.dtypes import from_numpy
+    return from_numpy(np.dtype(a.dtype))
+
+
+def previous_for(base, target, seed=0, agree=0.85, still=0.12, mirror=0.15):
+    """A previous step for ``(base, target)`` whose history (§7) predicts the direction of most changes:
+    where the target steps up from the base, the base mostly came up from the previous value (h = 1),
+    where it steps down mostly down (h = 2); some changes have h = 0 (``still``: the previous value is
+    the base), and ``1 - agree`` of the others the opposite history. ``mirror`` of the changes have a
+    previous value of the other sign (the base's bits with the sign bit flipped: ``ord`` -x - 1, the
+    step across zero, ±0 included) in the direction of their step. The unchanged elements get any
+    history. Deterministic in its arguments."""
+    from arcfmt.encodings.ctx_delta import ordered, unordered
+    adt = _adt(base)
+    bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+    ob, ot = ordered(adt, bu), ordered(adt, tu)
+    s = np.sign(ot - ob)
+    r = rng(seed + 7000)
+    m = bu.size
+    half = 1 << (8 * adt.itemsize - 1)
+    want = np.where(r.random(m) < agree, s, -s)          # +1: base above the previous value (h = 1)
+    want = np.where(s == 0, r.choice([-1, 0, 1], m), want)
+    want = np.where((s != 0) & (r.random(m) < still), 0, want)
+    op = np.clip(ob - want * r.integers(1, 4, m), -half, half - 1)
+    # across zero: the previous value of the other sign, where that is the step's direction too
+    flip = (s != 0) & ((ob >= 0) == (s > 0)) & (r.random(m) < mirror)
+    flip |= (bu == 0) | (bu == (1 << (8 * adt.itemsize - 1)))   # +0 came from -0 and -0 from +0
+    op = np.where(flip, -ob - 1, op)
+    prev = unordered(adt, op).view(base.dtype).reshape(base.shape)
+    return prev
+
+
+def history_of(base, previous) -> np.ndarray:
+    """§7's h of every element (flat uint8): 0 for equal bit patterns, 1 where ord(base) > ord(previous), 2
+    where less — computed here from §8.6's ord, not by the encoder."""
+    from arcfmt.encodings.ctx_delta import ordered
+    adt = _adt(base)
+    bu, pu = base.view(adt.uint).reshape(-1), previous.view(adt.uint).reshape(-1)
+    ob, op = ordered(adt, bu), ordered(adt, pu)
+    return np.where(bu == pu, 0, np.where(ob > op, 1, 2)).astype(np.uint8)
+
+
+def _check_history_case(base, target, previous, least=8):
+    """The changes of ``(base, target)`` have every history, and among them are steps across zero and
+    elements whose history a decoder comparing raw bit patterns instead of ``ord`` gets wrong."""
+    adt = _adt(base)
+    bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+    pu = previous.view(adt.uint).reshape(-1)
+    ch = bu != tu
+    h = history_of(base, previous)
+    raw = np.where(bu == pu, 0, np.where(bu > pu, 1, 2))
+    sign = 1 << (8 * adt.itemsize - 1)
+    across = ch & (h != 0) & ((bu & sign) != (pu & sign))
+    for what, n in (("h = 0", (ch & (h == 0)).sum()), ("h = 1", (ch & (h == 1)).sum()),
+                    ("h = 2", (ch & (h == 2)).sum()), ("raw order differs", (ch & (raw != h)).sum()),
+                    ("across zero", across.sum())):
+        assert n >= least, f"only {n} changes with {what}"
+
+
+def _block_parts(data):
+    """Each block of a file written with HISTORY: ``(tensor header, tensor ordinal, block ordinal, encoding,
+    params, decoded streams)``, inline blocks included."""
+    from arcfmt import codecs
+    p = split(data, block_records=True)
+    history = records.parse_meta(p.recs[0].payload).history
+    out, th, t, b = [], None, -1, 0
+    for r in p.recs:
+        if r.type == L.TENS:
+            th, t, b = records.parse_tensor(r.payload, "", None, False, history), t + 1, 0
+        elif r.type == L.BLCK:
+            info = records.parse_block(r.payload, th, t, b, "")
+            streams, pos = [], info.data_offset
+            for st in info.streams:
+                streams.append(codecs.decode(st.codec, r.payload[pos:pos + st.stored], st.decoded))
+                pos += st.stored
+            out.append((th, t, b, info.encoding, list(info.params), streams))
+            b += 1
+    return out
+
+
+RH = 10   # ctx-delta-rh's encoding id (§8)
+
+
+def _rh_blocks(data):
+    return [x for x in _block_parts(data) if x[3] == RH]
+
+
+def assert_history_matters(data, base, target, previous):
+    """Every ctx-delta-rh block of ``data`` (one tensor ``x``, or named by ``base``'s keys) is checked the
+    way a wrong decoder would read it: with no history (as ctx-delta-rc), with h = 0 everywhere, with the
+    neighbouring element's h, with h from raw bit patterns instead of ``ord``, with h = 0 where the values
+    are equal as numbers (±0) instead of as bit patterns, and (a block after the first) with the h of the
+    tensor's first elements: each must fail or rebuild another block. And its changes stream differs
+    from ctx-delta-rc's of the same block, axis and classes. Returns the wrong readings some block tells
+    from the right one (a block whose changes such a reader gets right is not one), and the number of
+    ctx-delta-rh blocks."""
+    from arcfmt.encodings import ctx_delta as ctx
+    from arcfmt.errors import CorruptError
+    n, seen = 0, set()
+    for th, _, b, _, params, streams in _rh_blocks(data):
+        be = th.block_elems
+        bt, tt, pt = base[th.name], target[th.name], previous[th.name]
+        adt = _adt(bt)
+        bu = bt.view(adt.uint).reshape(-1)
+        tu = tt.view(adt.uint).reshape(-1)
+        pu = pt.view(adt.uint).reshape(-1)
+        s, e = b * be, min(bu.size, (b + 1) * be)
+        hist = history_of(bt, pt)
+        h = hist[s:e]
+        pos = np.flatnonzero(bu[s:e] != tu[s:e])
+        raw = np.where(bu == pu, 0, np.where(bu > pu, 1, 2)).astype(np.uint8)[s:e]
+        # (h = 1 and 2 swapped everywhere is not among them: it renames the contexts 3j + 1 and 3j + 2,
+        # which start alike and never meet, so such a decoder reads every stream as §8.11 does)
+        with np.errstate(invalid="ignore"):
+            fb, fp = bt.reshape(-1)[s:e].astype(np.float64), pt.reshape(-1)[s:e].astype(np.float64)
+            by_value = np.where(fb == fp, 0, np.where(fb > fp, 1, 2)).astype(np.uint8)
+        wrong = {"zero": np.zeros_like(h), "neighbour": np.roll(h, 1), "raw bits": raw, "float values": by_value}
+        if b:
+            wrong["tensor offset"] = hist[:e - s]
+        p = ctx.Params.unpack_rc(params)
+        p.rh = True
+        out = np.empty(e - s, adt.uint)
+        ctx.decode(adt, p, streams, e - s, bu[s:e], out, None, h)
+        assert (out == tu[s:e]).all()
+        n += 1
+        axis, period, phase = p.signs[:3]
+        j = np.zeros_like(pos) if axis == 0 else (pos + phase) // period if axis == 1 else (pos + phase) % period
+        wrong["none"] = None
+        for what, hw in wrong.items():
+            q = ctx.Params.unpack_rc(params)
+            q.rh = hw is not None
+            # contexts start alike and never meet: a reading whose contexts are a renaming of the right
+            # ones (one to one over the changes: h = 0 everywhere read as none, every change its own
+            # context, h right at every change) reads every stream alike, so no block can tell it
+            right, read = 3 * j + h[pos], (j if hw is None else 3 * j + hw[pos])
+            pairs = set(zip(right.tolist(), read.tolist()))
+            if len(pairs) == len(set(right.tolist())) == len(set(read.tolist())):
+                continue
+            seen.add(what)
+            try:
+                ctx.decode(adt, q, streams, e - s, bu[s:e], out, None, hw)
+            except CorruptError:
+                continue
+            assert (out != tu[s:e]).any(), f"{th.name} block {b}: a decoder with h {what} rebuilds it too"
+        if "none" in seen:   # ... and then the writer's ctx-delta-rc stream of the block differs from it
+            rc = ctx.encode(adt, bu[s:e], tu[s:e], pos, thresholds=p.thresholds, rc_axes=[p.signs[:3]],
+                            force_rc=True)
+            assert rc.rc and not rc.rh and rc.streams[2] != bytes(streams[2])
+    return seen, n
+
+
+def rh_custom(base, target, previous, axis, period=1, phase=None, thresholds=(), codec="raw",
+              block_elems=None) -> bytes:
+    """:func:`ctx_custom` as ctx-delta-rh (§8.11): a one-tensor file given the previous step, its tensor
+    with HISTORY, its blocks ctx-delta-rh with exactly the given thresholds and sign axis (``phase`` None:
+    the block's place in the tensor), each stream of ``codec``, every block a BLCK record (the header
+    without INLINE_BLOCKS)."""
+    from arcfmt import codecs, encodings
+    from arcfmt.encodings import ctx_delta as ctx
+    be = block_elems or max(1, base.size)
+    p = split(write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rh",
+                            force_codec=codec, block_elems=be), block_records=True)
+    adt = _adt(base)
+    bu = base.view(adt.uint).reshape(-1)
+    tu = target.view(adt.uint).reshape(-1)
+    hist = history_of(base, previous)
+    k = 0
+    for rec in p.recs:
+        if rec.type != L.BLCK:
+            continue
+        b, t = bu[k * be:(k + 1) * be], tu[k * be:(k + 1) * be]
+        pos = np.flatnonzero(b != t)
+        axes = [(axis, period, (k * be) % period if phase is None else phase)]
+        enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True,
+                         history=hist[k * be:(k + 1) * be], force_rh=True)
+        assert enc.rc and enc.rh and not enc.rp
+        blk = encodings.EncodedBlock(RH, enc.params, enc.streams, pos.size)
+        rec.payload = records.build_block(0, k, blk, [codecs.encode_with(codecs.by_name(codec).id, bytes(x))
+                                                      for x in enc.streams])
+        rec.encoding = RH
+        k += 1
+    return assemble(p)
+
+
+def _rh_axes(data):
+    """The sign params ``(axis, P, phase)`` of each ctx-delta-rh block of ``data``."""
+    return [tuple(params[3 * params[0] + 1:3 * params[0] + 4]) for _, _, _, _, params, _ in _rh_blocks(data)]
+
+
+EVERY_WRONG_READING = {"none", "zero", "neighbour", "raw bits", "float values", "tensor offset"}
+
+
+def _multi_block_case():
+    """``(base, target, previous, file)``: tensor emb (no HISTORY: not in the previous step) and tensor
+    layers.0.w (HISTORY), 8 blocks of 1024, the writer's choice per block: a history that predicts the
+    signs in blocks 0-3 and 7 (ctx-delta-rh), one that does not in 4 and 5 (-rc), 6 unchanged."""
+    b, t = ctx_case(195, BF16, 8192)
+    b, t = b.reshape(64, 128), t.copy().reshape(64, 128)
+    p = previous_for(b, t, 195, agree=0.95).reshape(-1)
+    p[4096:6144] = previous_for(b, t, 196, agree=0.5, still=0.3).reshape(-1)[4096:6144]   # no use: -rc
+    p = p.reshape(b.shape)
+    t.reshape(-1)[6144:7168] = b.reshape(-1)[6144:7168]                                  # unchanged
+    e, et = ctxas_case(197, BF16, (64, 128), by="rows", specials=False)
+    base, target = {"emb": e, "layers.0.w": b}, {"emb": et, "layers.0.w": t}
+    return base, target, {"layers.0.w": p}, write_history(base, target, {"layers.0.w": p}, effort="max",
+                                                          block_elems=1024)
+
+
+def ctxrh_valid_vectors():
+    V = []
+    seen_all = set()
+
+    def y(name, desc, base, target, data=None, previous=None, covers=("7", "8.11"), wrong=(), **kw):
+        """A one-tensor ``x`` vector given the previous step (default :func:`previous_for`), its file ``data``
+        or the writer's with ctx-delta-rh forced; ``wrong``: the wrong readings of h its blocks must tell."""
+        previous = previous_for(base, target) if previous is None else previous
+        if data is None:
+            data = write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rh", **kw)
+        seen, n = assert_history_matters(data, {"x": base}, {"x": target}, {"x": previous})
+        assert n and set(wrong) <= seen, (name, n, set(wrong) - seen)
+        seen_all.update(seen)
+        V.append(Vector(name, desc, list(covers), {"x": base}, data, expect_tensors={"x": target},
+                        previous={"x": previous}))
+        return data
+
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctxas_case(170 + i, dt)
+        p = previous_for(b, t, 170 + i)
+        _check_history_case(b, t, p)
+        y(f"y_ctxrh_{nm}", f"ctx-delta-rh on {nm.upper()}, two blocks (2000 elements: the second's history "
+          "from tensor elements 2000 on): a previous step whose changes predict most steps' signs, changes "
+          "with h = 0, 1 and 2, steps across zero (±0 included) and negative values, whose order is not their "
+          "bits' order; specials", b, t, previous=p, effort="max", block_elems=2000,
+          wrong=EVERY_WRONG_READING - {"float values"})
+    # the writer's choice of axis under the history contexts (§18): one context, rows, columns
+    b0, t0 = ctx_case(180, BF16, 3072)
+    for axis, (b, t) in ((0, (b0.reshape(48, 64), t0.reshape(48, 64))),
+                         (1, ctxas_case(180, BF16, (48, 64), by="rows")),
+                         (2, ctxas_case(180, BF16, (48, 64), by="columns"))):
+        p = previous_for(b, t, 180)
+        what = {0: "signs alike in no row or column: one context", 1: "signs alike along rows: a context a row",
+                2: "signs alike along columns: a context a column"}[axis]
+        data = y(f"y_ctxrh_chosen_{['axis0', 'rows', 'columns'][axis]}", f"ctx-delta-rh, the writer's sign axis: "
+                 f"{what} (times three histories)", b, t, previous=p, effort="max")
+        assert [a[0] for a in _rh_axes(data)] == [axis], _rh_axes(data)
+
+    def custom(b, t, axis, period=1, phase=None, thresholds=(), codec="raw", block_elems=None):
+        data = rh_custom(b, t, previous_for(b, t), axis, period, phase, thresholds, codec, block_elems)
+        assert {a[:2] for a in _rh_axes(data)} == {(axis, period)}
+        return data
+    _sign_axis_vectors(y, "y_ctxrh", custom, 190, "changes")
+    # many changes in few contexts: counts halved many times, the coder carries
+    r = rng(192)
+    sb, su = _halving_case(r, 0.5, threes=0.1)
+    st = su.view(BF16)
+    y("y_ctxrh_halving", "about 30000 changes, 97 % of signs alike, in three contexts (one axis context times "
+      "three histories): the counts are halved many times and the range coder carries", sb, st,
+      data=rh_custom(sb, st, previous_for(sb, st), 0))
+    b, t = ctxas_case(193, BF16, (30, 40), by="rows")
+    y("y_ctxrh_previous_is_base", "the previous step is the base itself: h = 0 everywhere, only contexts 3j used",
+      b, t, previous=b.copy())
+    # one-block tensors: the block inline in its TENS record (1.6 framing), and the same block in a BLCK record
+    b, t = ctxas_case(194, BF16, (30, 40), by="rows")
+    p = previous_for(b, t, 194)
+    inline = write_history({"x": b}, {"x": t}, {"x": p}, force_encoding="ctx-delta-rh")
+    q = split(inline)
+    assert q.recs[1].type == L.TENS and q.recs[1].encoding == RH and not any(r.type == L.BLCK for r in q.recs)
+    y("y_ctxrh_inline", "a ctx-delta-rh block inline in its TENS record (1.6 framing), the tensor with HISTORY",
+      b, t, previous=p, data=inline)
+    y("y_ctxrh_blck_record", "the block of y_ctxrh_inline in a BLCK record after its TENS record (a header "
+      "without INLINE_BLOCKS)", b, t, previous=p, data=assemble(split(inline, block_records=True)))
+    # several blocks: the writer's choice per block in a tensor with HISTORY (§18), beside a tensor without
+    base, target, prev, data = _multi_block_case()
+    kinds = [(th.name, blk, enc) for th, _, blk, enc, _, _ in _block_parts(data)]
+    assert [k[2] for k in kinds if k[0] == "layers.0.w"] == [RH] * 4 + [8, 8, 0, RH], kinds
+    assert {k[2] for k in kinds if k[0] == "emb"} == {8}, kinds
+    ths = [records.parse_tensor(r.payload, "", None, False, True) for r in split(data, block_records=True).recs
+           if r.type == L.TENS]
+    assert [th.needs_history for th in ths] == [False, True]
+    seen, n = assert_history_matters(data, base, target, prev)
+    assert n == 5 and EVERY_WRONG_READING - {"float values"} <= seen, seen
+    V.append(Vector("y_ctxrh_multi_block", "a tensor of 8 blocks with HISTORY, the writer's choice per block: "
+                    "ctx-delta-rh where the history predicts the signs (blocks 0-3 and 7), ctx-delta-rc where it "
+                    "does not (4, 5), unchanged (6); before it a tensor without HISTORY (not in the previous "
+                    "step) of ctx-delta-rc blocks", ["7", "8.11", "12.3"], base, data, expect_tensors=target,
+                    previous=prev))
+    assert EVERY_WRONG_READING <= seen_all, EVERY_WRONG_READING - seen_all
+    return V
+
+
+def _history_fixture(seed=200):
+    """The must-reject vectors' ctx-delta-rh data: BF16 [40, 50], signs alike along rows, a previous step
+    that predicts them (no specials: every step in range both ways)."""
+    b, t = ctxas_case(seed, BF16, (40, 50), by="rows", specials=False)
+    return b, t, previous_for(b, t, seed)
+
+
+def ctxrh_reject_vectors():
+    """ctx-delta-rh's params and changes stream (§8.11: §8.9's checks, R-CTXRH-PARAMS, R-CTXRH-CHANGES),
+    as ctxrc_reject_vectors makes them, on blocks coded with the history contexts."""
+    V = []
+    from arcfmt.encodings import ctx_delta as ctx
+    b, t, prev = _history_fixture()
+    base = {"x": b}
+    rows = rh_custom(b, t, prev, 1, 50, thresholds=[112, 116, 119])
+    one = rh_custom(b, t, prev, 0)
+    m = b.size
+    one_row = rh_custom(b, t, prev, 1, m)
+    adt = _adt(b)
+
+    def n(name, desc, fn, error="corrupt", src=None):
+        V.append(Vector(name, desc, ["7", "8.11"], base, _restream(fn, src or rows), error=error,
+                        previous={"x": prev}))
+
+    c = int((b.view(np.uint16) != t.view(np.uint16)).sum())
+    _sign_axis_rejects(n, "n_ctxrh", ("nbytes", "(W + 1) c + 9"), ctx.rc_limit(adt, c), m, one, one_row,
+                       _all_ones_rc_bytes(adt, b, t, prev), "changes")
+    n("n_ctxrh_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
+      lambda streams, params: params.__setitem__(3 * params[0], c - 1))
+
+    def first_step(v):
+        def edit_d(d, ords):
+            d[0] = v(d[0])
+        return edit_d
+
+    def step_to(v):
+        def edit_d(d, ords):
+            d[0] = v - ords[0]
+        return edit_d
+
+    def recode(edit_d):
+        return _rc_recode(b, t, edit_d, prev)
+    n("n_ctxrh_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
+      "length contexts)", recode(first_step(lambda x: 1 << 16)))
+    n("n_ctxrh_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
+      recode(first_step(lambda x: 65535 if x > 0 else -65535)))
+    n("n_ctxrh_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
+      recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+    n("n_ctxrh_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
+      recode(step_to(1 << 15)))
+    n("n_ctxrh_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
+      "smallest", recode(step_to(-(1 << 15) - 1)))
+    n("n_ctxrh_verification", "a well-formed ctx-delta-rh block that rebuilds a different tensor (one step's "
+      "magnitude one larger)", recode(first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+    # the stream as ctx-delta-rc codes it (contexts j, not 3j + h), its params those of the block: a decoder
+    # that ignores the history reads it right; read as §8.11 says, its changes leave bytes over (corrupt)
+    from arcfmt import twins
+
+    def as_rc(streams, params):
+        p = ctx.Params.unpack_rc(params)
+        bu, tu = b.view(adt.uint).reshape(-1), t.view(adt.uint).reshape(-1)
+        pos = np.flatnonzero(bu != tu)
+        cls = np.searchsorted(np.array(p.thresholds), ctx.exponent_field(adt, bu[pos]), side="right")
+        pos = pos[np.argsort(cls, kind="stable")]
+        d = ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])
+        coded = twins._rc_encode(np.array(d.tolist(), dtype=object), ctx.exponent_field(adt, bu[pos]), pos, m,
+                                 *p.signs[:3], 1 << adt.exp_bits)
+        assert coded != streams[2][1]
+        streams[2][1] = coded
+        params[-1] = len(coded)
+    data = _restream(as_rc, rows)
+    pr = split(data, block_records=True)
+    probe = _block_parts(data)[0]
+    q = ctx.Params.unpack_rc(probe[4])
+    out = np.empty(m, adt.uint)
+    ctx.decode(adt, q, probe[5], m, b.view(adt.uint).reshape(-1), out)   # as ctx-delta-rc: the target
+    assert (out == t.view(adt.uint).reshape(-1)).all() and pr.recs[2].encoding == RH
+    q.rh = True
+    from arcfmt.errors import CorruptError
+    try:   # as §8.11: (with this data) the changes read leave bytes over
+        ctx.decode(adt, q, probe[5], m, b.view(adt.uint).reshape(-1), out, None, history_of(b, prev))
+        raise AssertionError("n_ctxrh_coded_as_rc decodes")
+    except CorruptError as exc:
+        assert "bytes left" in str(exc), exc
+    V.append(Vector("n_ctxrh_coded_as_rc", "a ctx-delta-rh block whose changes stream is coded as ctx-delta-rc's "
+                    "(sign contexts j, not 3j + h): a decoder that ignores the history rebuilds the target; read "
+                    "as §8.11 says, the changes end with bytes left over", ["8.11"], base, data, error="corrupt",
+                    previous={"x": prev}))
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, RH)
+    V.append(Vector("n_ctxrh_on_f64", "ctx-delta-rh is not defined for F64 (§8 check 1, before check 4: the "
+                    "tensor has no HISTORY either)", ["8", "8.11"], {"x": f64}, assemble(pf), error="unsupported"))
+    return V
+
+
+def _retens(payload, history, **kw):
+    """A TENS payload (its name whole, as :func:`split` gives it) rebuilt with fields changed — ``flags``,
+    ``dtype``, ``base_hash``, ``previous_hash`` (1.9: written with flag HISTORY), ... —, its inline block kept;
+    ``history``: the file's META has HISTORY."""
+    th = records.parse_tensor(payload, "", None, True, history)
+    end, at = tens_fields_end(payload)
+    f = dict(name=th.name.encode(), dtype=th.dtype.code, dims=th.shape, block_elems=th.block_elems,
+             flags=payload[at], base_hash=th.base_hash, target_hash=th.target_hash, previous_hash=th.previous_hash)
+    f.update(kw)
+    return L.build_tensor_payload(f["name"], f["dtype"], f["dims"], f["block_elems"], f["flags"], f["base_hash"],
+                                  f["target_hash"], None, f["previous_hash"]) + payload[end:]
+
+
+def _meta_flags(p, set_=0, clear=0):
+    """META's flags (§6) with bits set and cleared (``p`` from :func:`split`: PREFIXED_NAMES is
+    :func:`assemble`'s to set)."""
+    f = (int.from_bytes(p.recs[0].payload[:4], "little") | set_) & ~clear
+    p.recs[0].payload = u32(f) + p.recs[0].payload[4:]
+
+
+def _tens_history(p):
+    """The TENS records of ``p`` and whether each carries HISTORY (its META has it)."""
+    history = records.parse_meta(p.recs[0].payload).history
+    return [(i, records.parse_tensor(r.payload, "", None, True, history).needs_history)
+            for i, r in enumerate(p.recs) if r.type == L.TENS]
+
+
+def _hash(a) -> int:
+    """xxh3-64 of a tensor's bytes (§7 "Tensor bytes")."""
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(a).tobytes())
+
+
+def _one_off(a):
+    """``a`` with the bit pattern of its first element one more (another hash, the same dtype and shape)."""
+    u = a.copy().view(f"<u{a.dtype.itemsize}").reshape(-1)
+    u[0] += 1
+    return u.view(a.dtype).reshape(a.shape)
+
+
+def history_vectors():
+    """HISTORY (§6, §7) and the previous step (§1 "Base files", §12.3 step 1): which files need one,
+    what a decoder checks of it and when; and ctx-delta-rh where the tensor has no HISTORY (§8 check 4)."""
+    V = []
+    b, t, prev = _history_fixture()
+    base, previous = {"x": b}, {"x": prev}
+    good = rh_custom(b, t, prev, 1, 50, thresholds=[112, 116, 119])   # x: HISTORY, one ctx-delta-rh BLCK
+
+    def y(name, desc, covers, base_, data, target_, previous_):
+        V.append(Vector(name, desc, covers, base_, data, expect_tensors=target_, previous=previous_))
+
+    def n(name, desc, covers, data, error, base_=None, previous_=previous, **kw):
+        V.append(Vector(name, desc, covers, base if base_ is None else base_, data, error=error,
+                        previous=previous_, **kw))
+
+    # -- files that need no previous step
+    sb = {nm: rl_step(210 + i, (20, 30))[0] for i, nm in enumerate(("a", "b"))}
+    st = {nm: rl_step(210 + i, (20, 30))[1] for i, nm in enumerate(("a", "b"))}
+    sp = {nm: _one_off(v) for nm, v in sb.items()}
+    unused = write_history(sb, st, sp)   # 600 elements each: under the writer's 4096, no HISTORY
+    q = split(unused)
+    assert records.parse_meta(q.recs[0].payload).history and not any(h for _, h in _tens_history(q))
+    y("y_history_unused", "META has HISTORY, no TENS record has it, and no previous step is given: none is "
+      "needed (§6: without a tensor's HISTORY, no previous value)", ["6", "7"], sb, unused, st, None)
+    plain = write_delta(sb, st)
+    assert not records.parse_meta(split(plain).recs[0].payload).history
+    junk = {"a": np.zeros(3, np.int8), "zz": np.arange(4, dtype=np.float32)}
+    y("y_history_previous_not_needed", "a file without HISTORY given a previous step (whose tensor a is another "
+      "dtype and shape): its tensors are looked up only for tensors with HISTORY", ["1", "7"], sb, plain, st, junk)
+    # a previous file with more in it than the HISTORY tensor's value
+    i_b, i_t = np.arange(-6, 6, dtype=np.int32), np.arange(-6, 6, dtype=np.int32) * 3
+    c_b, c_t = rl_step(213, (10, 12))
+    x_b, x_t = ctx_case(213, BF16, 4096)
+    x_b, x_t = x_b.reshape(64, 64), x_t.reshape(64, 64)
+    x_p = previous_for(x_b, x_t, 213, agree=0.95)
+    eb, tg = {"x": x_b, "i": i_b, "c": c_b}, {"x": x_t, "i": i_t, "c": c_t}
+    data = write_history(eb, tg, {"x": x_p, "i": i_b[::-1].copy(), "c": c_b.reshape(12, 10)})
+    hs = dict((split(data).recs[i].name, h) for i, h in _tens_history(split(data)))
+    assert hs == {"x": True, "i": False, "c": False} and len(_rh_blocks(data)) == 1, hs
+    y("y_history_previous_extra", "tensor x has HISTORY (a ctx-delta-rh block); the previous step also holds i "
+      "(I32: no HISTORY), c (BF16 of another shape: no HISTORY) and an unrelated tensor zz, which are not looked "
+      "at", ["1", "7", "8.11"], eb, data, tg,
+      {"c": c_b.reshape(12, 10), "i": i_b[::-1].copy(), "x": x_p, "zz": np.ones((2, 2), np.float16)})
+    # a tensor with HISTORY whose blocks do not use it: the writer's -rc where the history predicts nothing
+    nb, nt = ctx_case(214, BF16, 8192)
+    nb, nt = nb.reshape(64, 128), nt.reshape(64, 128)
+    np_ = previous_for(nb, nt, 214, agree=0.5, still=0.3)
+    norh = write_history({"x": nb}, {"x": nt}, {"x": np_}, block_elems=4096)
+    assert [h for _, h in _tens_history(split(norh))] == [True] and not _rh_blocks(norh)
+    y("y_history_no_rh_blocks", "a tensor with HISTORY (two blocks) none of whose blocks is ctx-delta-rh: the "
+      "previous step is still checked, and must match", ["7", "12.3"], {"x": nb}, norh, {"x": nt}, {"x": np_})
+    # HISTORY on an I32 tensor (§7 does not restrict it to ctx-delta's dtypes): xor blocks, a previous value
+    ib, it, ip = np.arange(40, dtype=np.int32).reshape(5, 8), np.arange(40, dtype=np.int32).reshape(5, 8) ^ 5, \
+        np.full((5, 8), -7, np.int32)
+    q = split(write_history({"i": ib}, {"i": it}, {"i": ip}), block_records=True)
+    q.recs[1].payload = _retens(q.recs[1].payload, True, flags=L.NEEDS_BASE | L.TENS_HISTORY,
+                                previous_hash=_hash(ip))
+    y("y_history_on_i32", "HISTORY on an I32 tensor (xor block): §7 allows it on any tensor with a base; its "
+      "previous value is checked, and no block uses it", ["7", "12.3"], {"i": ib}, assemble(q), {"i": it}, {"i": ip})
+
+    # -- the previous step a tensor with HISTORY needs (§12.3 step 1, R-PREVIOUS)
+    n("n_previous_missing_file", "tensor x has HISTORY and no previous step is given at all", ["7", "12.3"],
+      good, "wrong_base", previous_=None)
+    n("n_previous_missing_tensor", "the previous step has no tensor x (only one named y, x's value)",
+      ["7", "12.3"], good, "wrong_base", previous_={"y": prev})
+    f16 = prev.view(np.float16)
+    assert _hash(f16) == _hash(prev)
+    n("n_previous_dtype", "the previous tensor x is F16 (the same bytes: previous_hash matches)", ["7", "12.3"],
+      good, "wrong_base", previous_={"x": f16})
+    n("n_previous_shape", "the previous tensor x is [50, 40], the tensor [40, 50] (the same bytes: "
+      "previous_hash matches)", ["7", "12.3"], good, "wrong_base", previous_={"x": prev.reshape(50, 40)})
+    n("n_previous_hash", "the previous tensor x differs in one element: its bytes do not hash to previous_hash",
+      ["7", "12.3"], good, "wrong_base", previous_={"x": _one_off(prev)})
+    n("n_previous_hash_no_rh_blocks", "a tensor with HISTORY none of whose blocks uses it, its previous value "
+      "one element off", ["7", "12.3"], norh, "wrong_base", base_={"x": nb}, previous_={"x": _one_off(np_)})
+    n("n_previous_hash_then_first_byte", "the previous value one element off, and the tensor's ctx-delta-rh block "
+      "corrupt (its changes stream's first byte 1): the previous step is checked before any block",
+      ["7", "12.3", "8.11"], _restream(_coded_bytes(lambda d: bytes([1]) + bytes(d[1:])), good), "wrong_base",
+      previous_={"x": _one_off(prev)})
+    # two tensors with HISTORY: a's block corrupt, b's previous value wrong. Random access checks every
+    # tensor's base and previous step before any block (§12.1 step 6); front to back, a's block comes first
+    a2, ta2 = ctx_case(215, BF16, 4096)
+    b2, tb2 = ctx_case(216, BF16, 4096)
+    a2, ta2, b2, tb2 = a2.reshape(64, 64), ta2.reshape(64, 64), b2.reshape(64, 64), tb2.reshape(64, 64)
+    pa2, pb2 = previous_for(a2, ta2, 215, agree=0.95), previous_for(b2, tb2, 216, agree=0.95)
+    two = assemble(split(write_history({"a": a2, "b": b2}, {"a": ta2, "b": tb2}, {"a": pa2, "b": pb2}),
+                         block_records=True))
+    assert [x[3] for x in _block_parts(two)] == [RH, RH]
+    n("n_ctxrh_first_byte_then_previous_hash", "tensor a's ctx-delta-rh block starts with byte 1, and tensor b's "
+      "previous value is one element off: random access checks b's previous step before any block is decoded "
+      "(§12.1 step 6), streaming decodes a's block first (§12.2 step 3)", ["8.11", "12.1", "12.2", "12.3"],
+      _restream(_coded_bytes(lambda d: bytes([1]) + bytes(d[1:])), two), "wrong_base", base_={"a": a2, "b": b2},
+      previous_={"a": pa2, "b": _one_off(pb2)}, errors={"stream": "corrupt"})
+
+    # -- a previous step given as a file that is not a valid base file (§1): wrong_base, when it is opened
+    raw = prev.tobytes()
+    entry = {"dtype": "BF16", "shape": [40, 50], "data_offsets": [0, len(raw)]}
+    n("n_previous_file_short", "a previous file of 5 bytes: shorter than its 8-byte header length", ["1", "7"],
+      good, "wrong_base", previous_=b"\x02\x00\x00\x00\x00")
+    n("n_previous_file_header_not_json", "a previous file whose header is not JSON", ["1", "7"], good,
+      "wrong_base", previous_=safetensors_bytes(b'{"x":', raw))
+    n("n_previous_file_offsets_outside", "a previous file whose tensor's data_offsets end 2 bytes past its data "
+      "section", ["1", "7"], good, "wrong_base",
+      previous_=safetensors_bytes({"x": dict(entry, data_offsets=[2, len(raw) + 2])}, raw))
+    extra = raw + b"\x01\x02"   # 4002 bytes for a BF16 [40, 50]; previous_hash their hash
+    q = split(good)
+    q.recs[1].payload = _retens(q.recs[1].payload, True, previous_hash=xxhash.xxh3_64_intdigest(extra))
+    n("n_previous_file_size_mismatch", "a previous file whose tensor's data_offsets hold 4002 bytes where BF16 x "
+      "[40, 50] is 4000 (the file's previous_hash is the hash of all 4002)", ["1", "7"], assemble(q),
+      "wrong_base", previous_=safetensors_bytes({"x": dict(entry, data_offsets=[0, len(extra)])}, extra))
+    n("n_previous_file_short_unused_history", "META has HISTORY but no tensor has it (y_history_unused), and the "
+      "previous file given is 5 bytes: it is checked when it is opened, needed or not", ["1", "6"], unused,
+      "wrong_base", base_=sb, previous_=b"\x02\x00\x00\x00\x00")
+    n("n_previous_file_header_not_json_unused", "a file without HISTORY, and a previous file given whose header is "
+      "not JSON: it is checked when it is opened, needed or not", ["1"], plain, "wrong_base", base_=sb,
+      previous_=safetensors_bytes(b'{"x":', raw))
+    n("n_previous_file_short_then_bad_magic", "a previous file of 5 bytes, and an arcfmt file whose magic is "
+      "damaged: the previous file is checked when it is opened, before the arcfmt file is read (§1)", ["1", "4"],
+      b"PK\x03\x04" + good[4:], "wrong_base", previous_=b"\x02\x00\x00\x00\x00")
+
+    # -- TENS flag HISTORY (§7)
+
+    def flag(q, i, bits):
+        _, at = tens_fields_end(q.recs[i].payload)
+        pl = bytearray(q.recs[i].payload)
+        pl[at] |= bits
+        q.recs[i].payload = bytes(pl)
+    q = split(plain, block_records=True)
+    flag(q, 1, L.TENS_HISTORY)
+    n("n_tens_history_reserved", "TENS flag bit 2 (HISTORY) set in a file whose META lacks HISTORY: reserved there, "
+      "and it brings no field", ["6", "7"], assemble(q), "reserved_bits", base_=sb, previous_=sp)
+    q = split(norh)
+    _meta_flags(q, clear=L.META_HISTORY)
+    n("n_tens_history_field_without_meta_history", "META's HISTORY cleared in a file whose tensor carries "
+      "HISTORY and previous_hash (its blocks ctx-delta-rc): bit 2 is reserved and brings no field, so 8 bytes "
+      "are left over (corrupt), found before the reserved bit", ["6", "7"], assemble(q), "corrupt",
+      base_={"x": nb}, previous_={"x": np_})
+    kb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    kp = kb[::-1].copy()
+    q = split(write_history({}, {"k": kb}, {"k": kp}), block_records=True)   # a keyframe, no base
+    assert records.parse_meta(q.recs[0].payload).history
+
+    def no_base(q, **kw):
+        q.recs[1].payload = _retens(q.recs[1].payload, True, flags=L.TENS_HISTORY | kw.pop("more", 0),
+                                    previous_hash=_hash(kp), **kw)
+        return assemble(q)
+    n("n_tens_history_without_needs_base", "a keyframe tensor (no NEEDS_BASE) with HISTORY and a previous_hash "
+      "(the previous value given matches it)", ["7"], no_base(q), "corrupt", base_={}, previous_={"k": kp})
+    q = split(write_history({}, {"k": kb}, {"k": kp}), block_records=True)
+    n("n_tens_history_without_needs_base_then_unknown_dtype", "HISTORY without NEEDS_BASE, and dtype code 200: "
+      "the flags are checked before the dtype code", ["7"], no_base(q, dtype=200), "corrupt", base_={},
+      previous_={"k": kp})
+    q = split(write_history({}, {"k": kb}, {"k": kp}), block_records=True)
+    n("n_tens_reserved_then_history_without_needs_base", "TENS flag bit 3 (reserved) and HISTORY without "
+      "NEEDS_BASE: reserved bits first", ["7"], no_base(q, more=0x08), "reserved_bits", base_={},
+      previous_={"k": kp})
+    q = split(good)
+    _meta_flags(q, set_=1 << 31)
+    n("n_reserved_meta_flags_with_history", "META flags HISTORY and bit 31 (reserved)", ["6"], assemble(q),
+      "reserved_bits")
+    # META has HISTORY and no previous step is given; tensor emb (no HISTORY) has a reserved flag, and
+    # layers.0.w after it has HISTORY: the missing previous step is found at layers.0.w, not at META
+    mbase, _, _, mdata = _multi_block_case()
+    q = split(mdata)
+    emb = next(i for i, r in enumerate(q.recs) if r.type == L.TENS and r.name == "emb")
+    assert [h for _, h in _tens_history(q)] == [False, True]
+    flag(q, emb, 0x08)
+    n("n_reserved_tens_flags_then_previous_missing", "META has HISTORY and no previous step is given; the first "
+      "tensor (no HISTORY) has TENS flag bit 3 set, the second has HISTORY: the previous step is looked for at "
+      "the tensor that needs it, after the first tensor's checks", ["7", "12.3"], assemble(q), "reserved_bits",
+      base_=mbase, previous_=None)
+
+    # -- an inline ctx-delta-rh block: its checks (§8 checks 1-6) come with its TENS record's, before the
+    # base and the previous step (§7, §12.1 step 6, §12.2 step 3)
+    ib, itg = ctxas_case(194, BF16, (30, 40), by="rows")
+    ip = previous_for(ib, itg, 194)
+    inline = write_history({"x": ib}, {"x": itg}, {"x": ip}, force_encoding="ctx-delta-rh")
+    q = split(inline)
+    assert q.recs[1].encoding == RH
+
+    def inline_again(src):
+        """``src`` (its one block in a BLCK record) with that block inline again (1.6 framing)."""
+        q = split(src)
+        assert [r.type for r in q.recs[1:3]] == [L.TENS, L.BLCK]
+        blk = q.recs.pop(2)
+        _, at = read_varint(blk.payload, 0)
+        _, at = read_varint(blk.payload, at)
+        flag(q, 1, L.INLINE_BLOCK)
+        q.recs[1].payload += blk.payload[at:]
+        q.recs[1].encoding = blk.payload[at]
+        q.header = q.header[:12] + u32(int.from_bytes(q.header[12:16], "little") | L.INLINE_BLOCKS)
+        return assemble(q)
+    assert inline_again(assemble(split(inline, block_records=True))) == inline
+    n("n_inline_ctxrh_axis_then_previous_hash", "an inline ctx-delta-rh block with axis = 3, and the previous "
+      "value one element off: the inline block's params are checked with its TENS record, before the previous "
+      "step", ["7", "8.11", "12.3"], inline_again(_restream(_last_param(0, 3), assemble(split(inline,
+                                                                                         block_records=True)))),
+      "corrupt", base_={"x": ib}, previous_={"x": _one_off(ip)})
+    q = split(inline)
+    q.recs[1].payload = _retens(q.recs[1].payload, True, flags=L.NEEDS_BASE | L.INLINE_BLOCK, previous_hash=None)
+    n("n_inline_ctxrh_without_history_then_wrong_base", "an inline ctx-delta-rh block in a tensor without "
+      "HISTORY (META has it), and a base that does not match: §8 check 4 is among the inline block's checks, "
+      "before the base", ["7", "8", "12.3"], assemble(q), "corrupt", base_={"x": _one_off(ib)},
+      previous_={"x": ip})
+
+    # -- ctx-delta-rh in a tensor without HISTORY (§8 check 4, R-CTXRH-TENSOR)
+    def without_history(meta_too=False, src=good):
+        q = split(src)
+        q.recs[1].payload = _retens(q.recs[1].payload, True, flags=L.NEEDS_BASE, previous_hash=None)
+        if meta_too:
+            _meta_flags(q, clear=L.META_HISTORY)
+        return assemble(q)
+    n("n_ctxrh_without_history", "META has HISTORY, tensor x has none, and its block is ctx-delta-rh",
+      ["7", "8"], without_history(), "corrupt")
+    n("n_ctxrh_without_meta_history", "a file without HISTORY (META nor TENS) whose block is ctx-delta-rh",
+      ["6", "8"], without_history(True), "corrupt")
+    n("n_ctxrh_without_history_then_codec", "META has HISTORY, tensor x has none, and its ctx-delta-rh block's "
+      "streams are of codec 9: check 4 comes before the codec ids (check 5)", ["7", "8"],
+      without_history(src=_restream(_then_codec(lambda streams, params: None), good)), "corrupt")
     return V
 
 
@@ -3303,6 +3972,37 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_ctxrc_bytes_left", ["R-CTXRC-CHANGES.LENGTH"]), ("n_ctxrc_length_*", ["R-CTXRC-CHANGES.LONG"]),
     ("n_ctxrc_step_out_of_range*", ["R-CTXRC-CHANGES.STEP"]), ("n_ctxrc_qbits_*", ["R-CTX-PARAMS.QBITS"]),
     ("n_ctxrc_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrc_on_f64", ["R-ENCODING.DTYPE"]),
+    # -- ctx-delta-rh, HISTORY and the previous step (1.9: §1, §6, §7, §8.11, §12.3)
+    ("y_ctxrh_*", ["R-CTXRH", "R-CTXRC", "R-CTX", "R-PREVIOUS"]), ("y_ctxrh_inline", ["R-INLINE.DECODE"]),
+    ("y_ctxrh_multi_block", ["R-BLOCK-ORDINALS"]),
+    ("y_history_*", ["R-META-FLAGS"]), ("y_history_no_rh_blocks", ["R-TENS-FLAGS", "R-PREVIOUS", "R-CTXRC"]),
+    ("y_history_previous_extra", ["R-TENS-FLAGS", "R-PREVIOUS", "R-BASE-FILE"]),
+    ("y_history_previous_not_needed", ["R-BASE-FILE"]), ("y_history_on_i32", ["R-TENS-FLAGS", "R-PREVIOUS", "R-XOR"]),
+    ("n_ctxrh_axis_*", ["R-CTXRH-PARAMS"]), ("n_ctxrh_one_*", ["R-CTXRH-PARAMS"]),
+    ("n_ctxrh_period_*", ["R-CTXRH-PARAMS"]), ("n_ctxrh_phase_*", ["R-CTXRH-PARAMS"]),
+    ("n_ctxrh_nbytes_*", ["R-CTXRH-PARAMS"]), ("n_ctxrh_qbits_*", ["R-CTXRH-PARAMS", "R-CTX-PARAMS.QBITS"]),
+    ("n_ctxrh_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxrh_first_byte*", ["R-CTXRH-CHANGES"]),
+    ("n_ctxrh_code_max", ["R-CTXRH-CHANGES"]), ("n_ctxrh_past_end", ["R-CTXRH-CHANGES"]),
+    ("n_ctxrh_bytes_left", ["R-CTXRH-CHANGES"]), ("n_ctxrh_length_*", ["R-CTXRH-CHANGES"]),
+    ("n_ctxrh_step_out_of_range*", ["R-CTXRH-CHANGES"]), ("n_ctxrh_coded_as_rc", ["R-CTXRH", "R-CTXRH-CHANGES"]),
+    ("n_ctxrh_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrh_on_f64", ["R-ENCODING.DTYPE"]),
+    ("n_ctxrh_without_*", ["R-CTXRH-TENSOR"]),
+    ("n_ctxrh_first_byte_then_previous_hash", ["R-PREVIOUS.HASH", "R-CHECK-ORDER"]),
+    ("n_previous_missing_*", ["R-PREVIOUS.PRESENT"]), ("n_previous_dtype", ["R-PREVIOUS.DTYPE"]),
+    ("n_previous_shape", ["R-PREVIOUS.SHAPE"]), ("n_previous_hash*", ["R-PREVIOUS.HASH"]),
+    ("n_previous_hash_then_*", ["R-CHECK-ORDER"]),
+    ("n_previous_file_short*", ["R-BASE-FILE.FRAME"]), ("n_previous_file_header_not_json*", ["R-BASE-FILE.JSON"]),
+    ("n_previous_file_offsets_outside", ["R-BASE-FILE.OFFSETS"]),
+    ("n_previous_file_size_mismatch", ["R-BASE-FILE.SIZE"]), ("n_previous_file_*_then_*", ["R-CHECK-ORDER"]),
+    ("n_tens_history_reserved", ["R-TENS-FLAGS"]),
+    ("n_tens_history_field_without_meta_history", ["R-PAYLOAD-EXACT.EXTRA", "R-CHECK-ORDER"]),
+    ("n_tens_history_without_needs_base*", ["R-TENS-HISTORY"]),
+    ("n_tens_history_without_needs_base_then_*", ["R-CHECK-ORDER"]),
+    ("n_tens_reserved_then_history_without_needs_base", ["R-TENS-FLAGS", "R-CHECK-ORDER"]),
+    ("n_reserved_meta_flags_with_history", ["R-META-FLAGS"]),
+    ("n_reserved_tens_flags_then_previous_missing", ["R-TENS-FLAGS", "R-CHECK-ORDER"]),
+    ("n_inline_ctxrh_axis_then_previous_hash", ["R-INLINE.BLOCK", "R-CTXRH-PARAMS", "R-CHECK-ORDER"]),
+    ("n_inline_ctxrh_without_history_then_wrong_base", ["R-INLINE.BLOCK", "R-CTXRH-TENSOR"]),
     # -- ctx-delta-rp (§8.10)
     ("y_ctxrp_*", ["R-CTXRP", "R-CTXRC", "R-CTX"]), ("n_ctxrp_axis_*", ["R-CTXRP-PARAMS.AXIS"]),
     ("n_ctxrp_one_*", ["R-CTXRP-PARAMS.ONE"]), ("n_ctxrp_period_*", ["R-CTXRP-PARAMS.PERIOD"]),
@@ -3548,24 +4248,30 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.8",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.9",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + inline_reject_vectors()
               + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors() + ctxrc_reject_vectors()
-              + ctxrp_reject_vectors()):
+              + ctxrp_reject_vectors() + ctxrh_reject_vectors() + history_vectors()):
         base_file = f"{v.name}.base.safetensors"
+        prev_file = f"{v.name}.previous.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")
-        if isinstance(v.base, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")
-            with open(os.path.join(vec_dir, base_file), "wb") as f:
-                f.write(v.base)
-        else:
-            write_file(os.path.join(vec_dir, base_file), v.base)
+        for fname, tensors in ((base_file, v.base), (prev_file, v.previous)):
+            if tensors is None and fname == prev_file:   # no previous step given
+                continue
+            if isinstance(tensors, bytes):  # a base file given byte for byte (SPEC.md §1 "Base files")
+                with open(os.path.join(vec_dir, fname), "wb") as f:
+                    f.write(tensors)
+            else:
+                write_file(os.path.join(vec_dir, fname), tensors)
         with open(os.path.join(vec_dir, delta_file), "wb") as f:
             f.write(gzip.compress(v.delta, compresslevel=9, mtime=0) if v.gz else v.delta)
         entry = {"name": v.name, "expect": "accept" if v.error is None else "reject",
                  "description": v.description, "covers": ["SPEC.md §" + c for c in v.covers],
                  "rules": rules_for(v.name),
                  "base": f"vectors/{base_file}", "delta": f"vectors/{delta_file}", "modes": v.modes}
+        if v.previous is not None:   # (1.9) the previous step, given as a file like the base (SPEC.md §1, §7)
+            entry["previous"] = f"vectors/{prev_file}"
         if v.error is None:
             entry["tensors"] = {k: tensor_expect(a) for k, a in v.expect_tensors.items()}
         else:

@@ -185,7 +185,7 @@ def split(data: bytes, *, keep_index: bool = False, block_records: bool = False)
     pos = L.HEADER_SIZE
     inline_blocks = records.check_header(data[:L.HEADER_SIZE]).inline_blocks
     recs = []
-    prefixed, prev = False, b""
+    prefixed, history, prev = False, False, b""
     while True:
         head = records.parse_record_head(data[pos:pos + 16], pos)
         payload = data[pos + 16: pos + 16 + head.length]
@@ -198,11 +198,13 @@ def split(data: bytes, *, keep_index: bool = False, block_records: bool = False)
             return Parts(data[:L.HEADER_SIZE], recs,
                          records.parse_index(payload, pos, fh.compact_index, fh.inline_blocks), payload,
                          data[pos + 16 + head.length:], prefixed)
+        if head.type == L.META and pos == L.HEADER_SIZE:
+            history = records.parse_meta(payload).history   # (1.9) TENS flag HISTORY brings previous_hash
         if head.type == L.META and pos == L.HEADER_SIZE and records.parse_meta(payload).prefixed_names:
             prefixed = True
             rec.payload = u32(int.from_bytes(payload[:4], "little") & ~L.PREFIXED_NAMES) + payload[4:]
         if head.type == L.TENS:
-            th = records.parse_tensor(payload, "", prev if prefixed else None, inline_blocks)
+            th = records.parse_tensor(payload, "", prev if prefixed else None, inline_blocks, history)
             rec.name = th.name
             if th.inline_at is not None:
                 rec.encoding = payload[th.inline_at]
@@ -234,10 +236,11 @@ def set_first_encoding(p: Parts, encoding: int) -> None:
 
 def tens_fields_end(payload: bytes) -> tuple[int, int]:
     """(where a TENS payload's fields end — its inline block, if any, starts there —, where its flags
-    byte is), for a payload with its name whole (as :func:`split` gives them)."""
-    th = records.parse_tensor(payload, "", None, True)
+    byte is), for a payload with its name whole (as :func:`split` gives them). A flag bit 2 is read as
+    HISTORY (1.9), its previous_hash among the fields, as in a file whose META has HISTORY."""
+    th = records.parse_tensor(payload, "", None, True, True)
     end = th.inline_at if th.inline_at is not None else len(payload)
-    return end, end - 8 - (8 if th.needs_base else 0) - 1
+    return end, end - 8 - (8 if th.needs_base else 0) - (8 if th.needs_history else 0) - 1
 
 
 def _split_inline(r: Rec, tensor: int) -> tuple[Rec, Rec]:
