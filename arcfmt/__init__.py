@@ -33,7 +33,8 @@ Live engines and object storage
 Errors
   Every bad input or failed check raises a subclass of ``ArcError``, with the ``category`` of SPEC.md
   §15: ``FormatError`` (not a valid file: ``ChecksumError``, ``TruncatedError``, ...),
-  ``WrongBaseError`` (a delta for another base), ``VerificationError`` (a rebuilt tensor failed its
+  ``WrongBaseError`` (a delta for another base; ``MissingPreviousError``: one written with the previous
+  step, which was not given), ``VerificationError`` (a rebuilt tensor failed its
   hash), ``InputError`` (a caller's mistake; ``MissingTensorError`` is also a ``KeyError``) and
   ``FileAccessError`` (an OS error, naming the path).
 
@@ -59,6 +60,7 @@ from .errors import (
     FormatError,
     InputError,
     LimitError,
+    MissingPreviousError,
     MissingTensorError,
     ReservedBitsError,
     SafetensorsError,
@@ -79,13 +81,14 @@ _LAZY = dict(
     encode="api", decode="api", apply_in_place="api", encode_files="api", apply_files="api",
     DeltaReader="reader", StreamReader="reader", BufferSource="reader", FileSource="reader",
     DeltaWriter="writer", KeyframeWarning="writer", Publisher="store", Follower="store",
-    warm_up="encodings.ctx_delta", FirstCompileWarning="backend",
+    warm_up="encodings.ctx_delta", FirstCompileWarning="backend", History="history",
 )
 
 if TYPE_CHECKING:
     from .api import apply_files, apply_in_place, decode, encode, encode_files
     from .backend import FirstCompileWarning
     from .encodings.ctx_delta import warm_up
+    from .history import History
     from .reader import BufferSource, DeltaReader, FileSource, StreamReader
     from .store import Follower, Publisher
     from .writer import DeltaWriter, KeyframeWarning
@@ -137,5 +140,5 @@ __all__ = [
     "BadMagicError", "UnsupportedVersionError", "TruncatedError", "ChecksumError", "ReservedBitsError",
     "LimitError", "UnknownRecordError", "UnsupportedError", "CorruptError", "WrongBaseError",
     "VerificationError", "InputError", "SafetensorsError", "FileAccessError", "MissingTensorError",
-    "FORMAT_VERSION", "__version__",
+    "MissingPreviousError", "History", "FORMAT_VERSION", "__version__",
 ]

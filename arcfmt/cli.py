@@ -702,7 +702,8 @@ def cmd_publish(args) -> int:
                     sign_key=args.sign_key, stream_id=args.stream_id,
                     storage_options=_storage_options(args.storage_option), effort=args.effort,
                     workers=args.workers, remember=False, state_dir=args.state, writer=args.writer,
-                    on_commit=args.on_commit, keep_last=args.keep_last, compact_index=not args.full_index)
+                    on_commit=args.on_commit, keep_last=args.keep_last, compact_index=not args.full_index,
+                    history=not args.no_history)
     res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
                       file_name=args.file_name)
     out = res.as_dict()
@@ -1073,6 +1074,10 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--effort", choices=["fast", "default", "max"], default="default")
     pb.add_argument("--workers", type=_count_at_least(1), help="encoder threads (default: CPU count)")
     pb.add_argument("--full-index", action="store_true", help=FULL_INDEX_HELP)
+    pb.add_argument("--no-history", action="store_true",
+                    help="write no delta that needs the previous step (format 1.9: signs coded in contexts of "
+                         "each weight's last move, 1-15 %% smaller; followers keep that step's history): for "
+                         "followers older than arcfmt 1.9")
     storage(pb)
     common(pb)
     pb.set_defaults(func=cmd_publish)

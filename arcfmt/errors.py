@@ -79,6 +79,11 @@ class WrongBaseError(ArcError):
     category = "wrong_base"
 
 
+class MissingPreviousError(WrongBaseError):
+    """A tensor needs the previous step (format 1.9, SPEC.md §7 "History") and none was given for it: a
+    follower that lost it starts again from a keyframe (SPEC.md S9.4)."""
+
+
 class VerificationError(ArcError):
     """A reconstructed tensor or model does not hash as the file declares."""
 

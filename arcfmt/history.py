@@ -10,6 +10,7 @@ block is decoded: a wrong previous step is refused (``wrong_base``), never misre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,3 +49,64 @@ class History:
             raise InputError(f"previous value {pdt.name}{list(pshape)} and base {bdt.name}{list(bshape)} differ "
                              f"in dtype or shape")
         return cls(bdt, tuple(int(d) for d in bshape), tensor_hash(pu), tensor_hash(bu), codes(bdt, pu, bu))
+
+
+class Recorder:
+    """A pipeline sink around another (:mod:`arcfmt.pipeline`) that keeps the history of every tensor
+    it rebuilds from a base: what a follower needs for the next step's file (SPEC.md S9.4). Each
+    block's codes come from its base block and its rebuilt block as they pass; ``histories`` holds a
+    tensor's :class:`History` once the inner sink has committed it (verified)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.histories: dict[str, History] = {}
+
+    def __getattr__(self, name: str) -> Any:   # the inner sink's other hooks (needs_drain, ...)
+        return getattr(self.inner, name)
+
+    def open(self, th: Any) -> Any:
+        out = self.inner.open(th)
+        if th.base_hash is None or not kept_for(th.dtype):
+            return out
+        return _Recording(out, th, self.histories)
+
+
+def kept_for(dt: DType) -> bool:
+    """Whether a tensor of ``dt`` can carry HISTORY (the dtypes of ``ctx-delta-rh``, §8.11)."""
+    from .encodings import registry
+    return registry.by_name("ctx-delta-rh").defined_for(dt)
+
+
+class _Recording:
+    """One tensor's output, its history noted block by block."""
+
+    def __init__(self, out: Any, th: Any, into: dict[str, History]) -> None:
+        self.out, self.th, self.into = out, th, into
+        self.codes = np.zeros(th.size, np.uint8)
+        self.bases: dict[int, np.ndarray | None] = {}
+
+    def __getattr__(self, name: str) -> Any:   # the inner output's per-block hook (``decoded``), if any
+        return getattr(self.out, name)
+
+    def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None, drain: Any) -> np.ndarray:
+        arr: np.ndarray = self.out.buffer(b, encoding, base_block, drain)
+        self.bases[b] = base_block
+        return arr
+
+    def done(self, b: int, arr: np.ndarray) -> None:
+        base = self.bases.pop(b, None)
+        if base is not None and arr is not base:   # (the base itself: an unchanged block, codes 0)
+            s, e = self.th.block_range(b)
+            self.codes[s:e] = backend.selected().history(self.th.dtype, base, arr)
+        self.out.done(b, arr)
+
+    def commit(self) -> Any:
+        result = self.out.commit()
+        self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash,
+                                          self.th.target_hash, self.codes)
+        return result
+
+
+def unchanged(th: Any) -> History:
+    """The history of a tensor the step left as it was (every code 0)."""
+    return History(th.dtype, tuple(th.shape), th.base_hash, th.target_hash, np.zeros(th.size, np.uint8))

@@ -31,7 +31,15 @@ from . import backend, encodings, records
 from . import layout as L
 from .arrays import PAGE, as_uint, is_mapped, release
 from .dtypes import DType
-from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
+from .errors import (
+    ArcError,
+    CorruptError,
+    InputError,
+    LimitError,
+    MissingPreviousError,
+    VerificationError,
+    WrongBaseError,
+)
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .layout import BytesLike
 from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job, run_jobs
@@ -107,8 +115,8 @@ def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous
         return None
     assert base_u is not None, "HISTORY comes with NEEDS_BASE (records.parse_tensor)"
     if previous is None:
-        raise WrongBaseError(f"tensor {th.name!r} needs the previous step (its value before the base), "
-                             f"which was not given")
+        raise MissingPreviousError(f"tensor {th.name!r} needs the previous step (its value before the base), "
+                                   f"which was not given")
     from .history import History, codes
     if isinstance(previous, History):
         dt, shape, got = previous.dtype, previous.shape, previous.previous_hash
@@ -126,7 +134,12 @@ def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous
     if isinstance(previous, History):
         if previous.base_hash != th.base_hash:
             raise WrongBaseError(f"the history kept for tensor {th.name!r} leads to another base")
-        return previous.codes
+        c = previous.codes
+        # the kernels index contexts by these codes: a History made by hand is checked before use
+        if not (isinstance(c, np.ndarray) and c.dtype == np.uint8 and c.ndim == 1 and c.size == th.size
+                and (c.size == 0 or int(c.max()) <= 2)):
+            raise InputError(f"the history of tensor {th.name!r} is not {th.size} codes of 0, 1 or 2 (uint8)")
+        return c
     return codes(th.dtype, u, base_u)
 
 

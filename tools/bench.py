@@ -82,10 +82,16 @@ def floor_seconds(base: dict, target: dict) -> float:
     return time.perf_counter() - t0
 
 
-def bench_arcfmt(files, repeat, effort, breakdown, block_elems=DEFAULT_BLOCK_ELEMS):
+def bench_arcfmt(files, repeat, effort, breakdown, block_elems=DEFAULT_BLOCK_ELEMS, before=None):
+    """``before``: with history (format 1.9), the step file before ``files[0]`` (or None): each pair is
+    encoded with the step before its base as the previous step, as a stream's publisher does, and
+    decoded with it (its history computed inside the timed decode), the first pair without one
+    where ``before`` is None."""
     rows = []
     roles = {}
     per_tensor = {}
+    history = before is not False
+    earlier = load(before) if history and before else None
     prev = load(files[0])
     for a, b in zip(files, files[1:]):
         cur = load(b)
@@ -97,13 +103,13 @@ def bench_arcfmt(files, repeat, effort, breakdown, block_elems=DEFAULT_BLOCK_ELE
             floor_t.append(floor_seconds(prev, cur))
             buf = io.BytesIO()
             t0 = time.perf_counter()
-            w = DeltaWriter(buf, effort=effort, block_elems=block_elems)
+            w = DeltaWriter(buf, effort=effort, block_elems=block_elems, previous=earlier)
             w.write_tensors((k, prev.get(k), v) for k, v in cur.items())
             w.close()
             enc_t.append(time.perf_counter() - t0)
             delta = buf.getvalue()
             t0 = time.perf_counter()
-            out = arcfmt.decode(prev, delta)
+            out = arcfmt.decode(prev, delta, previous=earlier)
             dec_t.append(time.perf_counter() - t0)
         exact = out.keys() == cur.keys() and all(out[k].tobytes() == cur[k].tobytes() for k in cur)
         rows.append(dict(peer="arcfmt", base=a, target=b, bytes=len(delta), bf16_bytes=bf16, changed=changed,
@@ -130,6 +136,8 @@ def bench_arcfmt(files, repeat, effort, breakdown, block_elems=DEFAULT_BLOCK_ELE
                         headers -= stored
                 pt["roles"]["headers"] = pt["roles"].get("headers", 0) + t.size - in_streams
             roles.setdefault("headers+index", dict(bytes=0, codecs={}))["bytes"] += headers
+        if history:
+            earlier = prev
         prev = cur
     return rows, roles, per_tensor
 
@@ -191,6 +199,9 @@ def main(argv=None):
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document to FILE")
     ap.add_argument("--breakdown", action="store_true", help="where arcfmt's bytes go: per stream role and per tensor")
     ap.add_argument("--top", type=int, default=10, help="tensors listed by --breakdown (largest first)")
+    ap.add_argument("--history", action="store_true",
+                    help="also arcfmt with the previous step (format 1.9, as a stream's follower reads it): a row "
+                         "'arcfmt+prev' per effort, each pair encoded and decoded with the step before its base")
     ap.add_argument("--without", metavar="ENCODING", action="append", default=[],
                     help="arcfmt as if it had no such encoding (its writer never proposes it; repeatable): what "
                          "one encoding is worth, e.g. --without dense-delta")
@@ -207,18 +218,26 @@ def main(argv=None):
         ap.error("--effort takes fast, default and/or max")
     report = dict(block_elems=args.block_elems, without=args.without, trajectories=[])
     for traj in args.trajectories:
-        files = steps_in(traj)[args.first:]
+        every = steps_in(traj)
+        files = every[args.first:]
+        before = every[args.first - 1] if args.first > 0 else None
         if args.pairs:
             files = files[: args.pairs + 1]
         t = dict(trajectory=traj, pairs=len(files) - 1, methods={}, notes=[])
         per_pair = {}
         for i, effort in enumerate(efforts):
             name = "arcfmt" if effort == "default" or len(efforts) == 1 else f"arcfmt-{effort}"
-            erows, eroles, eper = bench_arcfmt(files, args.repeat, effort, args.breakdown, args.block_elems)
+            erows, eroles, eper = bench_arcfmt(files, args.repeat, effort, args.breakdown, args.block_elems, False)
             t["methods"][name] = summarize(erows)
             per_pair[name] = erows
             if i == 0 or effort == "default":
                 rows, roles, per_tensor, main = erows, eroles, eper, name
+            if args.history:
+                hrows, hroles, hper = bench_arcfmt(files, args.repeat, effort, args.breakdown, args.block_elems, before)
+                t["methods"][name + "+prev"] = summarize(hrows)
+                per_pair[name + "+prev"] = hrows
+                if args.breakdown and (i == 0 or effort == "default"):
+                    t["breakdown_prev"] = dict(method=name + "+prev", roles=hroles, tensors=hper)
         for peer in [p for p in args.peers.split(",") if p]:
             prow, note = bench_peer(peer, files, args.repeat, args.peers_python)
             if note:
@@ -267,6 +286,8 @@ def main(argv=None):
             print(f"{main} / arc_v3: size {v['size']:.3f}x, encode speed {v['encode_speed']:.2f}x, decode speed "
                   f"{v['decode_speed']:.2f}x; arcfmt smaller on {t['arcfmt_smaller_than_arc_v3_pairs']}/{t['pairs']} "
                   f"pairs, decodes faster on {t['arcfmt_faster_decode_than_arc_v3_pairs']}/{t['pairs']}")
+        for name in [n for n in t["methods"] if n.endswith("+prev") and t["methods"].get(n[:-5])]:
+            print(f"{name} / {name[:-5]}: size {t['methods'][name]['bytes'] / t['methods'][name[:-5]]['bytes']:.3f}x")
         if args.breakdown:
             tot = t["methods"][t["breakdown"]["method"]]["bytes"]
             print("arcfmt bytes by stream role:")

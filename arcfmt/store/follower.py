@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import fnmatch
 import hashlib
+import json
 import mmap
 import os
 import select
@@ -37,10 +38,12 @@ from ..errors import (
     FormatError,
     InputError,
     LimitError,
+    MissingPreviousError,
     VerificationError,
     WrongBaseError,
     os_error,
 )
+from ..history import History, Recorder, kept_for, unchanged
 from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
@@ -68,6 +71,11 @@ from .ranges import DEFAULT_CHUNK, DEFAULT_MAX_GAP, DEFAULT_OVERHEAD, FetchStats
 from .signing import MAX_SIGNATURE_BYTES, check_object, sha256_hex, signature_name, unbound
 
 STATE_NAME = "arcfmt-stream.json"
+# The history of the folder's step (format 1.9, SPEC.md S9.1): the direction of each weight's last change,
+# which a delta written with the previous step needs; a safetensors layout under a name no checkpoint
+# loader globs (``*.safetensors``), written in the stage with the state and checked against it when read.
+HISTORY_NAME = "arcfmt-stream-history.bin"
+HISTORY_FORMAT = "arcfmt-stream-history"
 MAX_CHAIN = 1 << 20          # manifests one plan may read walking back from the head
 MAX_REPLANS = 64             # re-plans of one run after an object the plan named was missing
 STATE_FORMAT = "arcfmt-stream-follower"
@@ -185,6 +193,10 @@ class Follower:
                  request_timeout: float | None = None, retry_time: float | None = None,
                  step_timeout: float | None = None, missing_wait: float = 30.0, trust=None,
                  stream_id: str | None = None, live=None, snapshot=None, snapshot_every: int = 0):
+        # the history of the step held (name -> History; None: not read from the folder yet): what a delta
+        # written with the previous step needs (format 1.9); one byte per weight, in memory and on disk
+        self._histories: dict[str, History] | None = None
+        self._restarted = False   # started again from a keyframe once, for want of a history
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff,
                            request_timeout=request_timeout, retry_time=retry_time)
         # An object the head chain names but the store does not have yet (asynchronous replication) is
@@ -358,12 +370,13 @@ class Follower:
             return None
         return state
 
-    def plan(self, head: Head | None = None, state: dict | None = None) -> list:
-        """The cheapest path by bytes from the folder's step to ``head``: ``[(Manifest, kind), ...]``."""
+    def plan(self, head: Head | None = None, state: dict | None = None, *, fresh: bool = False) -> list:
+        """The cheapest path by bytes from the folder's step to ``head``: ``[(Manifest, kind), ...]``;
+        ``fresh``: as a follower with no step (from a keyframe)."""
         head = head or self.head()
         if head is None:
             return []
-        if state is None:
+        if state is None and not fresh:
             state = self.state()
         if state is not None and state.get("tensors") != self.patterns:
             state = None  # another tensor selection: start again from a keyframe
@@ -499,6 +512,7 @@ class Follower:
                                 f"--wait / wait=True waits for a trainer to start)")
 
     def _run(self, until):
+        self._restarted = False
         with self._locked():
             if self.into is not None:
                 recover(self.into)
@@ -529,14 +543,23 @@ class Follower:
         if head is None:
             self._require_stream()
             return
-        state = self.state()
-        path = self.plan(head, state)
+        state = None if self._restarted else self.state()
+        path = self.plan(head, state, fresh=self._restarted)
         cur = None if state is None or state.get("tensors") != self.patterns else state["step"]
         for m, kind in path:
             if until is not None and cur is not None and cur >= until:
                 return
             try:
                 upd = self._apply(m, kind, head, cur)
+            except MissingPreviousError:
+                # the step needs the history of the one held, which this follower does not have (lost
+                # with a restart, or never made): start from a keyframe, once (SPEC.md S9.4)
+                if kind != "delta" or self._restarted:
+                    raise
+                self._restarted = True
+                self._emit(event="restart", step=m.step, why="no history of the step held")
+                yield from self._run_plan(until)
+                return
             except WrongBaseError:
                 if self._live is None or kind != "delta" or self._live.state is None or self._live.rebased:
                     raise
@@ -545,6 +568,7 @@ class Follower:
                 yield from self._run_plan(until)
                 return
             cur = upd.step
+            self._restarted = False
             yield upd
 
     # ------------------------------------------------------------------------------ one step
@@ -572,7 +596,7 @@ class Follower:
                 assert self.into is not None
                 base = open_checkpoint(self.into).tensors()
             plans, verified_model = self._prepare(m, kind, base)
-            changed, count = self._write_folder(m, plans, state)
+            changed, count = self._write_folder(m, plans, state, kind)
             extra = {}
         self.fetcher.forget(keep=lambda key: _step_of_key(key) > m.step)
         ds = self.stats.minus(s0)
@@ -625,7 +649,8 @@ class Follower:
                     self._prefetch([(p, coalesce([(e.tens_offset, e.tens_offset + e.tens_size) for e in group],
                                                  max_gap=self.max_gap, overhead=self.overhead))])
                 # a keyframe object's tensors need no base: checked in each tensor's turn (§12.1 step 6)
-                p.bases.update(p.reader.selection(base, names, workers=self.workers, keyframe=kind == "keyframe")[1])
+                p.bases.update(p.reader.selection(base, names, workers=self.workers, keyframe=kind == "keyframe",
+                                                  previous=self._history_for(kind))[1])
                 if len(p.groups) > 1:   # read again with the group's blocks (_items)
                     p.reader.release_blocks(names)
                     p.source.drop(FL.FIRST_RECORD_OFFSET, p.obj.index_offset)
@@ -641,21 +666,67 @@ class Follower:
                                         f"model digest")
         return plans, verified_model
 
-    def _write_folder(self, m: Manifest, plans, state) -> tuple[list, int]:
+    def _history_for(self, kind: str) -> dict[str, History] | None:
+        """The history of the step held, for a delta's tensors with HISTORY (read from the folder once)."""
+        if kind != "delta":
+            return None
+        if self._histories is None:
+            self._histories = self._read_histories()
+        return self._histories
+
+    def _read_histories(self) -> dict[str, History]:
+        """The folder's history file, if it is this follower's own and of the folder's step; else none
+        (a delta that needs one then starts the follower again from a keyframe)."""
+        if self.into is None:
+            return {}
+        path = os.path.join(self.into, HISTORY_NAME)
+        state = self._folder_state() if self._live is None else self._live.state
+        try:
+            if state is None or not stat.S_ISREG(os.lstat(path).st_mode):
+                return {}
+            ck = open_checkpoint(path)
+            meta = ck.files[0].metadata or {}
+            if meta.get("format") != HISTORY_FORMAT or meta.get("step") != str(state["step"]) \
+                    or meta.get("manifest") != state["manifest"]:
+                return {}
+            hashes = parse_json(meta.get("tensors", "").encode(), path, 1 << 30)
+            out = {}
+            for name, arr in ck.tensors().items():
+                prev, base, dt_name, shape = hashes[name]
+                out[name] = History(dtypes.from_name(dt_name), tuple(shape), int(prev, 16), int(base, 16),
+                                    np.array(arr, np.uint8).reshape(-1))
+            return out
+        except (ArcError, OSError, KeyError, TypeError, ValueError):
+            return {}   # a cache: anything amiss, and the next delta that needs it restarts from a keyframe
+
+    def _keep_histories(self, kind: str, recorded: dict[str, History], headers) -> None:
+        """After a verified step: the history of every tensor a delta rebuilt from its base (those it
+        left alone: all 0), none after a keyframe."""
+        if kind != "delta":
+            self._histories = {}
+            return
+        for th in headers:
+            if th.name not in recorded and th.base_hash is not None and kept_for(th.dtype):
+                recorded[th.name] = unchanged(th)
+        self._histories = recorded
+
+    def _write_folder(self, m: Manifest, plans, state, kind: str) -> tuple[list, int]:
         """Rebuild the step beside the folder, verify it as it is written, read it back, swap it in."""
         assert self.into is not None
         layouts = _layouts(plans)
         self._check_space(m, sum(lay.size for lay in layouts))
         stage = Stage(self.into, folder=True)
-        sink = CheckpointSink(stage, layouts)
+        sink = Recorder(CheckpointSink(stage, layouts))
         try:
             for _ in pipeline.run(self._items(plans), sink, workers=self.workers):
                 pass
             changed = [e.name for p in plans for e in p.wanted if p.reader.changes(e.name)]
+            self._keep_histories(kind, sink.histories, [p.reader.header(e.name) for p in plans for e in p.wanted])
             self._finish(m, layouts, stage, state)
         except BaseException:
             sink.close()
             stage.abort()
+            self._histories = None   # read again from the folder, which is as it was
             raise
         return changed, sum(len(p.wanted) for p in plans)
 
@@ -806,6 +877,8 @@ class Follower:
                      model_digest=m.model_digest, tensors=self.patterns, files=files,
                      manifest_sha256=m.sha256, signed_by=self._signed_by if self._trust is not None else None)
         write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
+        if self._histories:   # the step's history, beside its state (a restarted follower reads it back)
+            _write_histories(stage.file(HISTORY_NAME), self._histories, m)
         assert self.into is not None
         if os.path.isdir(self.into):
             prev = self._folder_state() if old_state is None else old_state
@@ -814,7 +887,7 @@ class Follower:
                 if name not in written and os.path.lexists(os.path.join(self.into, name)):
                     raise InputError(f"step {m.step} names the shard file {name}, which {self.into} holds but no "
                                      f"step this follower applied wrote: it is not replaced; move it away")
-            own = {INDEX_NAME, STATE_NAME, *files, *written}
+            own = {INDEX_NAME, STATE_NAME, HISTORY_NAME, *files, *written}
             stage.carry(self.into, own, link=True)
         check_written(stage, layouts)
         stage.commit()
@@ -874,7 +947,7 @@ class _LiveModel:
         fresh_headers = [th for n, th in headers.items() if n not in flats]
         budget = sum(p.reader.output_budget([headers[e.name] for e in p.wanted if e.name not in flats])
                      for p in plans if p.wanted)
-        sink = pipeline.StagedSink(flats, pipeline.ArraySink(budget, fresh_headers))
+        sink = Recorder(pipeline.StagedSink(flats, pipeline.ArraySink(budget, fresh_headers)))
         changes, fresh = [], {}
         items = (it for it in self.fol._items(plans)
                  if it is pipeline.DRAIN or it.th.name not in flats or kind == "keyframe"
@@ -890,8 +963,9 @@ class _LiveModel:
             if kind == "delta" and not _changes(plans, n):
                 assert th.base_hash is not None
                 pipeline.verify_hash(th, th.base_hash)
-        # Everything verified: only now does any live array change.
+        # Everything verified: only now does any live array change (and the history of this step is kept).
         sink.apply(changes, self.fol.workers)
+        self.fol._keep_histories(kind, sink.histories, [headers[n] for n in flats])
         torch_like = any(type(a).__module__.startswith("torch") for a in self.arrays.values())
         for n, a in fresh.items():
             self.arrays[n] = _torch_of(a) if torch_like else a
@@ -948,6 +1022,17 @@ class _LiveModel:
 
 
 SNAPSHOT_BLOCK = 1 << 20   # elements per copied block of a snapshot (hashing and copying in parallel)
+
+
+def _write_histories(path: str, histories: dict[str, History], m: Manifest) -> None:
+    """The history file (:data:`HISTORY_NAME`) of step ``m``: each tensor's codes, and in the metadata
+    the step and manifest they belong to and each tensor's hashes, dtype and shape."""
+    from ..safetensors_io import write_file
+    hashes = {n: [f"{h.previous_hash:016x}", f"{h.base_hash:016x}", h.dtype.name, list(h.shape)]
+              for n, h in histories.items()}
+    write_file(path, {n: h.codes for n, h in histories.items()},
+               {"format": HISTORY_FORMAT, "step": str(m.step), "manifest": m.digest,
+                "tensors": json.dumps(hashes, separators=(",", ":"))})
 
 
 def _copy_block(b: int):

@@ -153,7 +153,7 @@ class Publisher:
                  retries: int = 5, writer: str | None = None, on_commit=None, on_commit_timeout: float = 60.0,
                  on_mismatch: str = "warn",
                  sign_key=None, stream_id: str | None = None, keep_last: int | None = None,
-                 keep_keyframes: int = 0, compact_index: bool = True):
+                 keep_keyframes: int = 0, compact_index: bool = True, history: bool = True):
         N.check_shard(shard, num_shards)
         self.writer = N.check_writer(writer)
         # sign_key: an Ed25519 private key (object or PEM/raw file): every step this publisher commits or
@@ -180,6 +180,14 @@ class Publisher:
         self.state_dir = state_dir
         self.tmp_dir = tmp_dir
         self._last: tuple[int, dict[str, np.ndarray]] | None = None   # (step, {name: array}) of the previous publish
+        # history (format 1.9, SPEC.md S8.2): each delta is written with the previous step — the base of
+        # the delta that made its base — where this publisher made that delta itself and its base step
+        # has no keyframe (a follower that joined there holds no history); off for fleets of followers
+        # older than 1.9 (and with compact_index=False, whose files are for older readers anyway)
+        self.history = bool(history)
+        # (base step, base, step) of the last delta published: the next one's previous step where its base
+        # is that step (in memory, and in state_dir across processes)
+        self._before: tuple[int, dict[str, np.ndarray], int] | None = None
         # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
         self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
         self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
@@ -219,6 +227,12 @@ class Publisher:
         if isinstance(kept, str) and self._file is None:
             with contextlib.suppress(InputError):
                 self._file = N.check_file_name(kept)
+        before = st.get("before")   # the base of the last step's delta, kept for the history (1.9)
+        if self._before is None and isinstance(before, dict) and isinstance(before.get("step"), int) \
+                and isinstance(before.get("tensors"), str) and os.path.basename(before["tensors"]) == before["tensors"]:
+            with contextlib.suppress(ArcError, OSError):
+                tensors = open_checkpoint(os.path.join(self.state_dir, before["tensors"])).tensors()
+                self._before = (before["step"], tensors, st["step"])
         return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
 
     def _save_state(self, step, tensors, source_path):
@@ -238,12 +252,21 @@ class Publisher:
         else:
             write_file(tmp, dict(tensors))
         os.replace(tmp, path)
+        state = {"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
+                 "tensors": name, "file": self._file}
+        keep = {name}
+        if self._before is not None and self._before[2] == step:   # the delta's base: the next one's previous
+            bname = f"{stem}-step{self._before[0]}.safetensors"
+            if not os.path.isfile(os.path.join(self.state_dir, bname)):
+                write_file(os.path.join(self.state_dir, bname + ".tmp"), dict(self._before[1]))
+                os.replace(os.path.join(self.state_dir, bname + ".tmp"), os.path.join(self.state_dir, bname))
+            state["before"] = {"step": self._before[0], "tensors": bname}
+            keep.add(bname)
         with open(jpath + ".tmp", "w") as f:
-            json.dump({"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
-                       "tensors": name, "file": self._file}, f)
+            json.dump(state, f)
         os.replace(jpath + ".tmp", jpath)
         for n in os.listdir(self.state_dir):     # earlier steps' tensors
-            if n != name and (n == os.path.basename(cpath) or (n.startswith(stem + "-step")
+            if n not in keep and (n == os.path.basename(cpath) or (n.startswith(stem + "-step")
                                                                 and n.endswith(".safetensors"))):
                 try:
                     os.unlink(os.path.join(self.state_dir, n))
@@ -290,9 +313,14 @@ class Publisher:
             make_kf = bool(keyframe) or base_map is None
 
         model_bytes = sum(int(as_numpy(a).nbytes) for a in target.values())
+        # the previous step: only behind a base this publisher remembers having made as a delta itself
+        previous = None
+        if base is None and base_map is not None and self._before is not None and self._before[2] == base_step \
+                and self.history:
+            previous = self._before[1]
         try:
             return self._publish(step, target, source_path, base_map, base_step, make_kf, file_name, note,
-                                 model_bytes, t_start)
+                                 model_bytes, t_start, previous)
         except ConflictError as exc:
             self._set_lost(step, str(exc))   # the next step goes out as a keyframe (S8.2, recovery)
             if "keyframe" in str(exc):
@@ -301,11 +329,11 @@ class Publisher:
                                 f"on") from None
 
     def _publish(self, step, target, source_path, base_map, base_step, make_kf, file_name, note, model_bytes,
-                 t_start) -> PublishResult:
+                 t_start, previous=None) -> PublishResult:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
-            self._remember(step, target, source_path, done.file)
+            self._remember(step, target, source_path, done.file, None)
             return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
                                  model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start, note)
         t0 = time.perf_counter()
@@ -314,7 +342,7 @@ class Publisher:
         try:
             if base_map is not None:
                 check_mismatches(base_map, target, self.on_mismatch, stacklevel=3)
-                made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles)
+                made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles, previous)
             if make_kf:
                 made["keyframe"] = self._encode(step, target, None, None, tmpfiles)
             t1 = time.perf_counter()
@@ -338,7 +366,8 @@ class Publisher:
                           refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
         result = self.commit(step, mine=desc)
-        self._remember(step, target, source_path, file_name)
+        self._remember(step, target, source_path, file_name,
+                       (base_step, base_map) if base_map is not None and not make_kf else None)
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -440,9 +469,13 @@ class Publisher:
             json.dump({"step": step, "why": why}, f)
         os.replace(p + ".tmp", p)
 
-    def _remember(self, step, target, source_path, file: str) -> None:
+    def _remember(self, step, target, source_path, file: str, delta_from=None) -> None:
+        """``delta_from``: ``(base step, base)`` of the delta just published where the step has no
+        keyframe of this shard: the next delta's previous step (the publisher's history)."""
         self._set_lost(step, None)
         self._file = file
+        self._before = (*delta_from, step) if delta_from is not None and self.history \
+            and (self.remember or self.state_dir) else None
         if self.remember:
             self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
         self._save_state(step, target, source_path)
@@ -465,14 +498,15 @@ class Publisher:
                                 f"{f', writer {d.writer}' if d.writer else ''})")
         return d
 
-    def _encode(self, step, target, base, base_step, tmpfiles):
+    def _encode(self, step, target, base, base_step, tmpfiles, previous=None):
         fd, path = tempfile.mkstemp(prefix="arcfmt-publish-", suffix=".arc", dir=self.tmp_dir)
         tmpfiles.append(path)
         with os.fdopen(fd, "wb") as f:
             hw = _HashingWriter(f)
             w = DeltaWriter(hw, base_step=base_step, target_step=step, block_elems=self.block_elems,
                             compact_index=self.compact_index,
-                            effort=self.effort if base is not None else self.keyframe_effort, workers=self.workers)
+                            effort=self.effort if base is not None else self.keyframe_effort, workers=self.workers,
+                            previous=previous)
             w.write_tensors((n, None if base is None else base.get(n), a) for n, a in target.items())
             w.close()
         size = hw.n
