@@ -152,3 +152,126 @@ def test_the_command_line_encodes_and_applies_with_previous(tmp_path):
     run("apply", tmp_path / "b.safetensors", tmp_path / "d.arc", "--previous", tmp_path / "p.safetensors",
         "-o", tmp_path / "o.safetensors", rc=0)
     assert (tmp_path / "o.safetensors").read_bytes() == (tmp_path / "t.safetensors").read_bytes()
+
+
+# ------------------------------------------------------------------------------------ streams
+
+def _momentum(steps: int, seed: int = 0, shape=(64, 512)) -> list[dict]:
+    """Checkpoints of one BF16 tensor (and a small F32 one) whose weights keep moving the way they last
+    moved: each step, a fifth of them move one unit, 95 % of those in their last direction."""
+    rng = np.random.default_rng(seed)
+    dt = BY_NAME["BF16"]
+    o = ctx.ordered(ctx_dt("BF16"), bits_of(random_values(rng, dt, shape)).reshape(-1))
+    way = np.where(rng.random(o.size) < 0.5, 1, -1)
+    bias = rng.standard_normal(16).astype(np.float32)
+    out = []
+    for _ in range(steps):
+        out.append({"w": ctx.unordered(ctx_dt("BF16"), o).astype(np.uint16).view(dt.np).reshape(shape),
+                    "b": bias.copy()})
+        way = np.where(rng.random(o.size) < 0.05, -way, way)
+        o = o + np.where(rng.random(o.size) < 0.2, way, 0)
+        bias = bias + np.float32(0.001)
+    return out
+
+
+def _encodings(url, step):
+    from arcfmt.store.backends import Store
+    from arcfmt.store.objects import parse_manifest
+    st = Store(url)
+    m = parse_manifest(st.read(f"steps/{step:020d}/manifest.json", 1 << 20), f"steps/{step:020d}/manifest.json")
+    ref = m.shards[0].delta
+    r = arcfmt.DeltaReader(st.read(ref.name, ref.size))
+    return {b.encoding for n in r.names for b in r.entries[n].blocks}
+
+
+def test_a_stream_writes_history_and_every_follower_keeps_it(tmp_path):
+    """Deltas after the first are written with the previous step, except the one after a keyframe
+    step; a folder follower and a live one rebuild every step bit for bit, keep the history beside
+    the folder's state, and a follower started again later reads it back."""
+    from arcfmt.store import Follower, Publisher
+    from arcfmt.store.follower import HISTORY_NAME
+    from support.store import assert_folder
+    url = str(tmp_path / "stream")
+    traj = _momentum(8)
+    pub = Publisher(url, keyframe_every=4)
+    folder, live = Follower(url, tmp_path / "f"), {}
+    live_fol = Follower(url, live=live)
+    rh = ctx.CtxDeltaRh.id
+    for step, t in enumerate(traj):
+        pub.publish(step, t)
+        assert [u.kind for u in folder.sync()] == ["keyframe" if step == 0 else "delta"]
+        live_fol.sync()
+        assert_folder(tmp_path / "f", t)
+        assert_bit_exact(live, t)
+        if step:
+            assert (rh in _encodings(url, step)) == (step not in (1, 5)), step   # 4 is a keyframe step
+        assert (tmp_path / "f" / HISTORY_NAME).is_file() == (step > 0)
+    more = _momentum(10)[8:]
+    pub.publish(8, more[0])
+    events = []
+    again = Follower(url, tmp_path / "f", progress=events.append)   # a new process: history from the folder
+    assert [u.kind for u in again.sync()] == ["delta"] and not [e for e in events if e["event"] == "restart"]
+    assert rh in _encodings(url, 8)
+    assert_folder(tmp_path / "f", more[0])
+
+
+@pytest.mark.parametrize("damage", ["missing", "other step", "bad code", "short", "symlink"])
+def test_a_follower_without_its_history_starts_again_from_a_keyframe(tmp_path, damage):
+    """A history file lost, of another step, with a code above 2, truncated or a link: never used;
+    the delta that needs it is refused and the follower takes the latest keyframe, then the deltas."""
+    from arcfmt.store import Follower, Publisher
+    from arcfmt.store.follower import HISTORY_NAME
+    from support.store import assert_folder
+    url = str(tmp_path / "stream")
+    traj = _momentum(8)
+    pub = Publisher(url, keyframe_every=4)
+    fol = Follower(url, tmp_path / "f")
+    for step, t in enumerate(traj[:7]):
+        pub.publish(step, t)
+        fol.sync()
+    h = tmp_path / "f" / HISTORY_NAME
+    if damage == "missing":
+        h.unlink()
+    elif damage == "other step":
+        saved = h.read_bytes()
+        pub.publish(7, traj[7])
+        fol.sync()
+        h.write_bytes(saved)
+    elif damage == "bad code":
+        data = bytearray(h.read_bytes())
+        data[-1] = 3
+        h.write_bytes(bytes(data))
+    elif damage == "short":
+        h.write_bytes(h.read_bytes()[:-1])
+    else:
+        (tmp_path / "elsewhere").write_bytes(h.read_bytes())
+        h.unlink()
+        h.symlink_to(tmp_path / "elsewhere")
+    last = 7 if damage != "other step" else 8
+    t = _momentum(10)[last] if last == 8 else traj[7]
+    pub.publish(last, t)
+    events = []
+    again = Follower(url, tmp_path / "f", progress=events.append)
+    ups = again.sync()
+    kf = last // 4 * 4   # the latest keyframe step
+    assert [(u.step, u.kind) for u in ups] == [(kf, "keyframe")] + [(s, "delta") for s in range(kf + 1, last + 1)]
+    assert [e["event"] for e in events if e["event"] == "restart"] == ["restart"]
+    assert_folder(tmp_path / "f", t)
+
+
+def test_a_publisher_keeps_the_previous_step_across_processes_or_writes_none(tmp_path):
+    """With state_dir, a new Publisher per step (as ``arcfmt publish``) still writes history; with
+    history=False (followers older than 1.9) no delta needs a previous step."""
+    from arcfmt.store import Follower, Publisher
+    from support.store import assert_folder
+    traj = _momentum(5)
+    for history in (True, False):
+        url = str(tmp_path / f"stream-{history}")
+        fol = Follower(url, tmp_path / f"f-{history}")
+        for step, t in enumerate(traj):
+            Publisher(url, keyframe_every=0, state_dir=str(tmp_path / f"state-{history}"), remember=False,
+                      history=history).publish(step, t)
+            fol.sync()
+            assert_folder(tmp_path / f"f-{history}", t)
+            if step >= 2:
+                assert (ctx.CtxDeltaRh.id in _encodings(url, step)) == history

@@ -693,8 +693,10 @@ class Follower:
             out = {}
             for name, arr in ck.tensors().items():
                 prev, base, dt_name, shape = hashes[name]
-                out[name] = History(dtypes.from_name(dt_name), tuple(shape), int(prev, 16), int(base, 16),
-                                    np.array(arr, np.uint8).reshape(-1))
+                codes = np.array(arr, np.uint8).reshape(-1)
+                if codes.size and int(codes.max()) > 2:
+                    return {}   # not a history this follower wrote
+                out[name] = History(dtypes.from_name(dt_name), tuple(shape), int(prev, 16), int(base, 16), codes)
             return out
         except (ArcError, OSError, KeyError, TypeError, ValueError):
             return {}   # a cache: anything amiss, and the next delta that needs it restarts from a keyframe
