@@ -93,11 +93,24 @@ class _Recording:
         self.bases[b] = base_block
         return arr
 
-    def done(self, b: int, arr: np.ndarray) -> None:
-        base = self.bases.pop(b, None)
+    def decoded(self, b: int, arr: np.ndarray, changed: np.ndarray | None) -> None:
+        """On the thread that decoded block ``b``: its codes, from the positions it changed where the
+        encoding hands them over (``changed``), else from a pass over the block; then the inner
+        output's own hook, if it has one."""
+        base = self.bases.get(b)
         if base is not None and arr is not base:   # (the base itself: an unchanged block, codes 0)
             s, e = self.th.block_range(b)
-            self.codes[s:e] = backend.selected().history(self.th.dtype, base, arr)
+            if changed is None:
+                self.codes[s:e] = backend.selected().history(self.th.dtype, base, arr)
+            elif changed.size:
+                up = backend.selected().history(self.th.dtype, base[changed], arr[changed])
+                self.codes[s:e][changed] = up
+        inner = getattr(self.out, "decoded", None)
+        if inner is not None:
+            inner(b, arr, changed)
+
+    def done(self, b: int, arr: np.ndarray) -> None:
+        self.bases.pop(b, None)
         self.out.done(b, arr)
 
     def commit(self) -> Any:

@@ -246,8 +246,9 @@ def layout_specs(items) -> list:
     return out
 
 
-def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    """Write ``name → array`` as one safetensors file (used for fixtures and the demo)."""
+def file_parts(tensors: dict, metadata: dict | None = None) -> list:
+    """The bytes of a safetensors file of ``name → array``, in order: its framed header, then each
+    tensor's data (buffers, not copied)."""
     from .arrays import as_uint
 
     items = []
@@ -257,8 +258,12 @@ def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
         items.append((name, dt, shape))
         flat[name] = u
     specs = layout_specs(items)
-    header = build_header(specs, metadata)
+    return [frame_header(build_header(specs, metadata))] + [np.ascontiguousarray(flat[s.name]).data.cast("B")
+                                                             for s in specs]
+
+
+def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
+    """Write ``name → array`` as one safetensors file (used for fixtures and the demo)."""
     with open(path, "wb") as f:
-        f.write(frame_header(header))
-        for s in specs:
-            f.write(np.ascontiguousarray(flat[s.name]).data.cast("B"))
+        for part in file_parts(tensors, metadata):
+            f.write(part)

@@ -470,7 +470,7 @@ def test_trailer_compact_index_bit_must_be_the_headers(small_file, reader):
     expect(CorruptError, reader, patch_trailer(full, 20, (1).to_bytes(4, "little")), base)
 
 
-@pytest.mark.parametrize("bit", [1, 5, 31])   # bit 0 is PREFIXED_NAMES (1.3)
+@pytest.mark.parametrize("bit", [2, 5, 31])   # bit 0 is PREFIXED_NAMES (1.3), bit 1 HISTORY (1.9)
 @pytest.mark.parametrize("reader", READERS)
 def test_reserved_bits_meta_flags(small_file, reader, bit):
     base, _, d = small_file
@@ -997,7 +997,7 @@ def test_block_crafting_helper_is_sound(small_file, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_unsupported_encodings(small_file, reader):
-    for enc in (10, 11, 255):
+    for enc in (11, 12, 255):   # (10 is ctx-delta-rh, 1.9)
         f, base = _w_block_file(small_file, blck_payload(0, 0, enc, [], []))
         expect(UnsupportedError, reader, f, base)
     # float-delta (3) is not defined for BF16.

@@ -328,7 +328,7 @@ def _stalled_big_then_small(monkeypatch, smalls: int, stall_s: float):
     order: list[str] = []
     all_small = threading.Event()
 
-    def fake_decode(th, b, loaded, base_block, out, *, changes=False):
+    def fake_decode(th, b, loaded, base_block, out, *, changes=False, history=None):
         if th.name == "big":
             all_small.wait(stall_s)
             order.append("big")

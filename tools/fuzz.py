@@ -88,7 +88,8 @@ from support.records import (  # noqa: E402  (the one record toolkit)
 )
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
-ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp"]
+ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp",
+             "ctx-delta-rh"]
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
 
@@ -114,8 +115,23 @@ def random_model(rng):
     return base, target
 
 
+def _previous_of(rng, base: dict) -> dict:
+    """A step before ``base``: some of its bytes changed (format 1.9's previous step, SPEC.md §7)."""
+    prev = {}
+    for k, b in base.items():
+        u = np.ascontiguousarray(b).view(np.uint8).reshape(-1).copy()
+        if u.size:
+            idx = rng.integers(0, u.size, int(rng.integers(0, u.size + 1) * rng.random() ** 2))
+            u[idx] ^= rng.integers(1, 256, idx.size, dtype=np.uint8) if b.dtype != np.bool_ else 1
+        prev[k] = u.view(b.dtype).reshape(b.shape)
+    return prev
+
+
 def random_file(rng):
+    """``(base, target, data, previous)``: a valid file, its inputs, and the previous step it was
+    written with (None: none; the file then needs none)."""
     base, target = random_model(rng)
+    previous = None
     enc = ENCODINGS[int(rng.integers(len(ENCODINGS)))]
     kw = dict(block_elems=int(rng.choice([7, 64, 1 << 20])), force_codec=CODECS[int(rng.integers(len(CODECS)))],
               note="fuzz" if rng.random() < 0.2 else None)
@@ -124,20 +140,25 @@ def random_file(rng):
             data = write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
             data = write_delta(base, target, force_encoding="xor", **kw)
-        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp"):  # float tensors as ctx-delta*
-            # (several classes at effort max), others as chosen
+        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp", "ctx-delta-rh"):
+            # float tensors as ctx-delta* (several classes at effort max), others as chosen; -rh (and,
+            # a third of the time, the default writer) with a previous step
             ctx_ok = {k for k, v in target.items() if v.dtype in (BF16, np.float16, np.float32)
                       and base[k].dtype == v.dtype and base[k].shape == v.shape}
+            if enc == "ctx-delta-rh" or (enc == "ctx-delta-rc" and rng.random() < 0.3):
+                previous = _previous_of(rng, {k: base[k] for k in ctx_ok})
+                kw["previous"] = previous
+                enc = enc if enc == "ctx-delta-rh" else None
             data = write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
                                   force_encoding=enc, effort="max", **kw) if ctx_ok else \
-                write_delta(base, target, **kw)
+                write_delta(base, target, **{k: v for k, v in kw.items() if k != "previous"})
             if ctx_ok:
                 base, target = {k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok}
         else:
             data = write_delta(base, target, **kw)
     except ArcError:
-        data = write_delta(base, target)
-    return base, target, data
+        data, previous = write_delta(base, target), None
+    return base, target, data, previous
 
 
 def mutate_struct(rng, data):
@@ -204,14 +225,15 @@ def mutate_bytes(rng, data):
     return bytes(d)
 
 
-def check_delta(base, target, data, intact):
-    """Run both readers; return a failure string or None."""
+def check_delta(base, target, data, intact, previous=None):
+    """Run both readers (with the ``previous`` step, where the file was written with one); return a
+    failure string or None."""
     for mode in ("random", "stream"):
         try:
             if mode == "random":
-                out = DeltaReader(data, workers=1, max_output_bytes=BUDGET).decode_all(base)
+                out = DeltaReader(data, workers=1, max_output_bytes=BUDGET).decode_all(base, previous=previous)
             else:
-                out = dict(StreamReader(io.BytesIO(data), base, max_output_bytes=BUDGET))
+                out = dict(StreamReader(io.BytesIO(data), base, max_output_bytes=BUDGET, previous=previous))
         except ArcError as exc:
             if not str(exc):
                 return f"{mode}: {type(exc).__name__} without a message"
@@ -223,6 +245,26 @@ def check_delta(base, target, data, intact):
         if set(out) != set(target) or any(out[k].tobytes() != np.asarray(target[k]).tobytes()
                                           or out[k].shape != np.asarray(target[k]).shape for k in target):
             return f"{mode}: decoded to tensors that differ from the target"
+    return None
+
+
+def _check_without_previous(base, data, previous) -> str | None:
+    """A file written with a previous step, read without it or with another: refused as wrong_base
+    (MissingPreviousError without one), or — where no tensor carries HISTORY — rebuilt as before."""
+    from arcfmt.errors import MissingPreviousError, WrongBaseError
+    needs = any(DeltaReader(data).header(n).needs_history for n in DeltaReader(data).names)
+    other = {k: np.ascontiguousarray(v).view(np.uint8).reshape(-1)[::-1].copy().view(v.dtype).reshape(v.shape)
+             for k, v in previous.items()}   # bytes reversed: another value (or, rarely, the same)
+    for given, want in ((None, MissingPreviousError), (other, WrongBaseError)):
+        try:
+            DeltaReader(data, workers=1, max_output_bytes=BUDGET).decode_all(base, previous=given)
+        except want:
+            continue
+        except Exception:  # noqa: BLE001 - exactly what we hunt
+            return f"previous {'missing' if given is None else 'other'}: wrong error:\n{traceback.format_exc()}"
+        if needs and (given is None or any(np.asarray(other[k]).tobytes() != np.asarray(previous[k]).tobytes()
+                                           for k in previous)):
+            return f"previous {'missing' if given is None else 'other'}: a file that needs it was decoded"
     return None
 
 
@@ -456,15 +498,15 @@ def _expect_class(exc, cls, mode: str) -> str | None:
     return None
 
 
-def _both_readers(base, data):
+def _both_readers(base, data, previous=None):
     """[(mode, exception or None, output)] for the random-access and the streaming reader."""
     out = []
     for mode in ("random", "stream"):
         try:
             if mode == "random":
-                res = DeltaReader(data, workers=1, max_output_bytes=BUDGET).decode_all(base)
+                res = DeltaReader(data, workers=1, max_output_bytes=BUDGET).decode_all(base, previous=previous)
             else:
-                res = dict(StreamReader(io.BytesIO(data), base, max_output_bytes=BUDGET))
+                res = dict(StreamReader(io.BytesIO(data), base, max_output_bytes=BUDGET, previous=previous))
             out.append((mode, None, res))
         except Exception as exc:  # noqa: BLE001 - sorted out by the callers
             out.append((mode, exc, None))
@@ -521,19 +563,19 @@ def check_names(rng, tmpdir, cached):
         raw = BAD_NAME_BYTES[int(rng.integers(len(BAD_NAME_BYTES)))]
     if rng.random() < 0.15:
         raw = BAD_NAME_BYTES[int(rng.integers(len(BAD_NAME_BYTES)))]
-    cbase, ctarget, good = cached
+    cbase, ctarget, good, cprev = cached
     res = rename_surgery(rng, good, raw)
     if res is None:
         return None, None
     data, mode = res
-    fail = check_delta(cbase, ctarget, data, intact=False)
+    fail = check_delta(cbase, ctarget, data, intact=False, previous=cprev)
     if fail:
         return f"names ({mode}, {raw[:40]!r}): {fail}", data
     if not name_bytes_ok(raw) or mode == "dup":
         want = L.MAX_NAME_BYTES < len(raw) and LimitError or CorruptError
         if mode == "dup":
             want = CorruptError
-        for rmode, exc, _ in _both_readers(cbase, data):
+        for rmode, exc, _ in _both_readers(cbase, data, cprev):
             # a streaming reader meets the renamed tensor before its namesake, whose base it may fail on;
             # and, names being prefixed (§7), with only the index's name changed it joins the next TENS
             # name onto the record's own name, not the index's: a name the base may lack (§12.2 step 3
@@ -605,7 +647,8 @@ def dims_surgery(rng, good: bytes):
     if not tens:
         return None
     r = tens[int(rng.integers(len(tens)))]
-    t = L.parse_tensor_payload(r.payload, "fuzz")
+    history = bool(int.from_bytes(p.recs[0].payload[:4], "little") & L.META_HISTORY)   # 1.9: previous_hash
+    t = L.parse_tensor_payload(r.payload, "fuzz", None, history)
     dims = random_dims(rng, list(t.dims)) if rng.random() < 0.9 else list(t.dims)
     be = t.block_elems if rng.random() < 0.75 else int(rng.choice(_BLOCK_ELEMS))
     pad = rng.random() < 0.05 and bool(dims)
@@ -615,22 +658,24 @@ def dims_surgery(rng, good: bytes):
     body += _leb128(be) + bytes([t.flags])
     if t.flags & 1:
         body += struct.pack("<Q", t.base_hash)
+    if t.previous_hash is not None:
+        body += struct.pack("<Q", t.previous_hash)
     r.payload = body + struct.pack("<Q", t.target_hash)
     return assemble(p), dims, be, pad
 
 
 def check_dims(rng, cached):
-    base, target, good = cached
+    base, target, good, previous = cached
     res = dims_surgery(rng, good)
     if res is None:
         return None, None
     data, dims, be, pad = res
-    fail = check_delta(base, target, data, intact=data == good)
+    fail = check_delta(base, target, data, intact=data == good, previous=previous)
     if fail:
         return f"dims {dims} block_elems {be}: {fail}", data
     want = dims_expect(dims, be, pad)
     if want is not None:
-        for mode, exc, _ in _both_readers(base, data):
+        for mode, exc, _ in _both_readers(base, data, previous):
             fail = _expect_class(exc, want, f"dims {dims} block_elems {be} ({mode})")
             if fail:
                 return fail, data
@@ -1518,7 +1563,7 @@ def run_case(seed, case, engine, rng, tmpdir, files, streams):
     if key not in files:
         files.clear()
         files[key] = random_file(np.random.default_rng([seed, key, 1]))
-    base, target, good = files[key]
+    base, target, good, previous = files[key]
     t0 = time.perf_counter()  # time the readers, not the making of the case
     if engine == "names":
         fail, data = check_names(rng, tmpdir, files[key])
@@ -1533,7 +1578,9 @@ def run_case(seed, case, engine, rng, tmpdir, files, streams):
     else:
         data, intact = mutate_bytes(rng, good), False
     t0 = time.perf_counter()
-    fail = check_delta(base, target, data, intact or data == good)
+    fail = check_delta(base, target, data, intact or data == good, previous)
+    if fail is None and intact and previous is not None:
+        fail = _check_without_previous(base, data, previous)
     return fail, data if fail else None, t0
 
 

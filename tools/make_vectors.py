@@ -2541,6 +2541,20 @@ def ctxrc_valid_vectors():
     return V
 
 
+def _first_step(v):
+    """An edit of the first change's step (for :func:`_rc_recode` and its kin): ``d[0] = v(d[0])``."""
+    def edit_d(d, ords):
+        d[0] = v(d[0])
+    return edit_d
+
+
+def _step_to(v):
+    """An edit that makes the first change's step land on ``v``."""
+    def edit_d(d, ords):
+        d[0] = v - ords[0]
+    return edit_d
+
+
 def _rc_recode(base, target, edit_d, previous=None):
     """An edit of ctx-delta-rc's changes stream (and ``nbytes``): the block's steps in class order,
     passed through ``edit_d(d, ords)`` (``d`` a list of ints, edited in place; ``ords`` the bases'
@@ -2611,28 +2625,19 @@ def ctxrc_reject_vectors():
     n("n_ctxrc_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
       lambda streams, params: params.__setitem__(3 * params[0], c - 1))
 
-    def first_step(v):
-        def edit_d(d, ords):
-            d[0] = v(d[0])
-        return edit_d
-
-    def step_to(v):   # the first change's step made to land on v
-        def edit_d(d, ords):
-            d[0] = v - ords[0]
-        return edit_d
     n("n_ctxrc_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in "
-      "its length contexts)", _rc_recode(b, t, first_step(lambda x: 1 << 16)))
+      "its length contexts)", _rc_recode(b, t, _first_step(lambda x: 1 << 16)))
     n("n_ctxrc_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
-      _rc_recode(b, t, first_step(lambda x: 65535 if x > 0 else -65535)))
+      _rc_recode(b, t, _first_step(lambda x: 65535 if x > 0 else -65535)))
     # the last change out of range: every change's bits read before the range check fails
     n("n_ctxrc_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
       _rc_recode(b, t, lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
     n("n_ctxrc_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
-      _rc_recode(b, t, step_to(1 << 15)))
+      _rc_recode(b, t, _step_to(1 << 15)))
     n("n_ctxrc_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
-      "smallest", _rc_recode(b, t, step_to(-(1 << 15) - 1)))
+      "smallest", _rc_recode(b, t, _step_to(-(1 << 15) - 1)))
     n("n_ctxrc_verification", "a well-formed ctx-delta-rc block that rebuilds a different tensor (one step's "
-      "magnitude one larger)", _rc_recode(b, t, first_step(lambda x: x + (1 if x > 0 else -1))),
+      "magnitude one larger)", _rc_recode(b, t, _first_step(lambda x: x + (1 if x > 0 else -1))),
       error="verification")
 
     f64 = np.arange(16, dtype=np.float64)
@@ -2776,21 +2781,12 @@ def ctxrp_reject_vectors():
     n("n_ctxrp_rice_big", "r_0 = 25: ctx-delta's checks come first (there is no qbits param)",
       lambda streams, params: params.__setitem__(2 * params[0], 25))
 
-    def first_step(v):
-        def edit_d(d, ords):
-            d[0] = v(d[0])
-        return edit_d
-
-    def step_to(v):
-        def edit_d(d, ords):
-            d[0] = v - ords[0]
-        return edit_d
     n("n_ctxrp_length_beyond_bits", "the first change's bit length goes on past 16 bits",
-      _rp_recode(b, t, edit_d=first_step(lambda x: 1 << 16)))
+      _rp_recode(b, t, edit_d=_first_step(lambda x: 1 << 16)))
     n("n_ctxrp_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
-      _rp_recode(b, t, edit_d=step_to(1 << 15)))
+      _rp_recode(b, t, edit_d=_step_to(1 << 15)))
     n("n_ctxrp_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1, one below the smallest",
-      _rp_recode(b, t, edit_d=step_to(-(1 << 15) - 1)))
+      _rp_recode(b, t, edit_d=_step_to(-(1 << 15) - 1)))
     n("n_ctxrp_step_out_of_range_last", "the last change's step made 65535 (its sign kept)",
       _rp_recode(b, t, edit_d=lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
 
@@ -3167,30 +3163,21 @@ def ctxrh_reject_vectors():
     n("n_ctxrh_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
       lambda streams, params: params.__setitem__(3 * params[0], c - 1))
 
-    def first_step(v):
-        def edit_d(d, ords):
-            d[0] = v(d[0])
-        return edit_d
-
-    def step_to(v):
-        def edit_d(d, ords):
-            d[0] = v - ords[0]
-        return edit_d
 
     def recode(edit_d):
         return _rc_recode(b, t, edit_d, prev)
     n("n_ctxrh_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
-      "length contexts)", recode(first_step(lambda x: 1 << 16)))
+      "length contexts)", recode(_first_step(lambda x: 1 << 16)))
     n("n_ctxrh_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
-      recode(first_step(lambda x: 65535 if x > 0 else -65535)))
+      recode(_first_step(lambda x: 65535 if x > 0 else -65535)))
     n("n_ctxrh_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
       recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
     n("n_ctxrh_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
-      recode(step_to(1 << 15)))
+      recode(_step_to(1 << 15)))
     n("n_ctxrh_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
-      "smallest", recode(step_to(-(1 << 15) - 1)))
+      "smallest", recode(_step_to(-(1 << 15) - 1)))
     n("n_ctxrh_verification", "a well-formed ctx-delta-rh block that rebuilds a different tensor (one step's "
-      "magnitude one larger)", recode(first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+      "magnitude one larger)", recode(_first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
     # the stream as ctx-delta-rc codes it (contexts j, not 3j + h), its params those of the block: a decoder
     # that ignores the history reads it right; read as §8.11 says, its changes leave bytes over (corrupt)
     from arcfmt import twins

@@ -880,7 +880,10 @@ class Follower:
                      manifest_sha256=m.sha256, signed_by=self._signed_by if self._trust is not None else None)
         write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
         if self._histories:   # the step's history, beside its state (a restarted follower reads it back)
-            _write_histories(stage.file(HISTORY_NAME), self._histories, m)
+            # its mode and owner: the history's it replaces, else the state's (as private as the state)
+            like = HISTORY_NAME if self.into is not None and os.path.isfile(os.path.join(self.into, HISTORY_NAME)) \
+                else STATE_NAME
+            write_new_file(stage.file(HISTORY_NAME), _history_bytes(self._histories, m), stage.owner_of(like))
         assert self.into is not None
         if os.path.isdir(self.into):
             prev = self._folder_state() if old_state is None else old_state
@@ -1026,15 +1029,15 @@ class _LiveModel:
 SNAPSHOT_BLOCK = 1 << 20   # elements per copied block of a snapshot (hashing and copying in parallel)
 
 
-def _write_histories(path: str, histories: dict[str, History], m: Manifest) -> None:
+def _history_bytes(histories: dict[str, History], m: Manifest) -> bytes:
     """The history file (:data:`HISTORY_NAME`) of step ``m``: each tensor's codes, and in the metadata
     the step and manifest they belong to and each tensor's hashes, dtype and shape."""
-    from ..safetensors_io import write_file
+    from ..safetensors_io import file_parts
     hashes = {n: [f"{h.previous_hash:016x}", f"{h.base_hash:016x}", h.dtype.name, list(h.shape)]
               for n, h in histories.items()}
-    write_file(path, {n: h.codes for n, h in histories.items()},
-               {"format": HISTORY_FORMAT, "step": str(m.step), "manifest": m.digest,
-                "tensors": json.dumps(hashes, separators=(",", ":"))})
+    return b"".join(file_parts({n: h.codes for n, h in histories.items()},
+                               {"format": HISTORY_FORMAT, "step": str(m.step), "manifest": m.digest,
+                                "tensors": json.dumps(hashes, separators=(",", ":"))}))
 
 
 def _copy_block(b: int):
