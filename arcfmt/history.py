@@ -3,9 +3,10 @@
 A file written with the previous step may code a tensor's signs in contexts of its history
 (``ctx-delta-rh``, §8.11); its ``TENS`` record then names the previous value by ``previous_hash``. A
 decoder needs, for such a tensor, either the previous value itself or a :class:`History` kept from the
-step before (a follower has both the previous value and the base when it applies a step, and can keep
-the history instead of a second copy of the model). Either is checked against the record before any
-block is decoded: a wrong previous step is refused (``wrong_base``), never misread.
+step before (a follower has both the previous value and the base when it applies a step, and keeps
+the history, two bits a weight, instead of a second copy of the model). Either is checked against the
+record before any block is decoded (:func:`checked`): a wrong previous step is refused
+(``wrong_base``), never misread; a block's codes are made where it is decoded (:meth:`Source.codes`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 from . import backend
 from .arrays import as_uint
 from .dtypes import DType
+from .errors import InputError, MissingPreviousError, WrongBaseError
 from .integrity import tensor_hash
 
 
@@ -26,39 +28,150 @@ def codes(dt: DType, previous_u: np.ndarray, base_u: np.ndarray) -> np.ndarray:
     return backend.selected().history(dt, previous_u, base_u)
 
 
+def pack(c: np.ndarray) -> np.ndarray:
+    """Codes (uint8, each 0-2) four to a byte, element ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``."""
+    n = c.size
+    padded = np.zeros(-(-n // 4) * 4, np.uint8)
+    padded[:n] = c
+    q = padded.reshape(-1, 4)
+    out: np.ndarray = q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+    return out
+
+
+def unpack(packed: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Elements ``start`` to ``end`` of packed codes (:func:`pack`), one uint8 each."""
+    p = packed[start // 4: -(-end // 4)]
+    out = np.empty((p.size, 4), np.uint8)
+    for k in range(4):
+        np.bitwise_and(p >> (2 * k), 3, out=out[:, k])
+    first = start % 4
+    return out.reshape(-1)[first: first + end - start]
+
+
+def _all_below_three(packed: np.ndarray) -> bool:
+    """No 2-bit field of ``packed`` is 3 (the codes are 0, 1 or 2)."""
+    return not bool(np.any(packed & (packed >> 1) & 0x55))
+
+
 @dataclass(frozen=True)
 class History:
-    """What a decoder keeps of a tensor's previous step instead of its value: the codes of §7 between
-    the value of hash ``previous_hash`` and the one of hash ``base_hash`` (the base of the next file),
-    for a tensor of ``dtype`` and ``shape``. A ``TENS`` record with HISTORY accepts it only where both
-    hashes and the dtype and shape are the record's."""
+    """What a decoder keeps of a tensor's previous step instead of its value: the codes of §7 (two bits
+    each, :func:`pack`) between the value of hash ``previous_hash`` and the one of hash ``base_hash``
+    (the base of the next file), for a tensor of ``dtype`` and ``shape``. A ``TENS`` record with HISTORY
+    accepts it only where both hashes and the dtype and shape are the record's."""
 
     dtype: DType
     shape: tuple[int, ...]
     previous_hash: int
     base_hash: int
-    codes: np.ndarray   # flat uint8, one per element
+    packed: np.ndarray   # uint8, ceil(n / 4) bytes
 
     @classmethod
     def between(cls, previous: object, base: object) -> History:
         """The history from ``previous`` to ``base`` (arrays of one dtype and shape; InputError else)."""
-        from .errors import InputError
         pdt, pshape, pu = as_uint(previous)
         bdt, bshape, bu = as_uint(base)
         if pdt is not bdt or tuple(pshape) != tuple(bshape):
             raise InputError(f"previous value {pdt.name}{list(pshape)} and base {bdt.name}{list(bshape)} differ "
                              f"in dtype or shape")
-        return cls(bdt, tuple(int(d) for d in bshape), tensor_hash(pu), tensor_hash(bu), codes(bdt, pu, bu))
+        return cls(bdt, tuple(int(d) for d in bshape), tensor_hash(pu), tensor_hash(bu), pack(codes(bdt, pu, bu)))
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def codes(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        """The codes of elements ``start`` to ``end`` (all by default), one uint8 each."""
+        return unpack(self.packed, start, self.size if end is None else end)
+
+
+class Source:
+    """Where a tensor's block codes come from once its previous step is checked: kept codes, or the
+    previous value and the base (computed block by block, on the thread that decodes the block, so a
+    whole model's codes are never held at once)."""
+
+    def __init__(self, dt: DType, history: History | None = None, previous_u: np.ndarray | None = None,
+                 base_u: np.ndarray | None = None) -> None:
+        self.dt, self.history, self.previous_u, self.base_u = dt, history, previous_u, base_u
+
+    def codes(self, start: int, end: int) -> np.ndarray:
+        if self.history is not None:
+            return self.history.codes(start, end)
+        assert self.previous_u is not None and self.base_u is not None
+        return codes(self.dt, self.previous_u[start:end], self.base_u[start:end])
+
+
+def checked(th: Any, base_u: np.ndarray | None, previous: object) -> Source | None:
+    """§12.3 step 1 for a tensor with HISTORY (1.9), after its base: the :class:`Source` of its codes,
+    from the previous step it names — a :class:`History` kept for this base, or the previous value
+    itself — or None for a tensor without HISTORY (``previous`` is then not looked at). A History made
+    by hand is copied and checked before use: the kernels index contexts by its codes."""
+    if not th.needs_history:
+        return None
+    assert base_u is not None, "HISTORY comes with NEEDS_BASE (records.parse_tensor)"
+    if previous is None:
+        raise MissingPreviousError(f"tensor {th.name!r} needs the previous step (its value before the base), "
+                                   f"which was not given")
+    if isinstance(previous, History):
+        kept = _own_copy(previous, th.name)
+        dt, shape, got = kept.dtype, kept.shape, kept.previous_hash
+    else:
+        dt, shape, u = as_uint(previous)
+        got = None
+    if dt is not th.dtype or tuple(shape) != th.shape:
+        raise WrongBaseError(f"previous tensor {th.name!r} is {dt.name}{list(shape)}, the file expects "
+                             f"{th.dtype.name}{list(th.shape)}")
+    if got is None:
+        got = tensor_hash(u)
+    if got != th.previous_hash:
+        raise WrongBaseError(f"previous tensor {th.name!r} is not the previous step this delta was made with "
+                             f"(hash {got:016x}, expected {th.previous_hash:016x})")
+    if isinstance(previous, History):
+        if kept.base_hash != th.base_hash:
+            raise WrongBaseError(f"the history kept for tensor {th.name!r} leads to another base")
+        return Source(th.dtype, history=kept)
+    return Source(th.dtype, previous_u=u, base_u=base_u)
+
+
+def _own_copy(h: History, name: str) -> History:
+    """``h`` with its fields checked and its codes copied into a private, read-only array."""
+    from .dtypes import DType as _DType
+    ok_ints = all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64
+                  for x in (h.previous_hash, h.base_hash))
+    ok_shape = isinstance(h.shape, tuple) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in h.shape)
+    if not (isinstance(h.dtype, _DType) and ok_ints and ok_shape):
+        raise InputError(f"the history of tensor {name!r} is not a History of a dtype, a shape and two 64-bit "
+                         f"hashes")
+    try:
+        packed = np.array(h.packed, dtype=np.uint8, copy=True, subok=False).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"the history of tensor {name!r}: its codes are not bytes ({exc})") from None
+    if packed.size != -(-_count(h.shape) // 4) or not _all_below_three(packed):
+        raise InputError(f"the history of tensor {name!r} is not {_count(h.shape)} codes of 0, 1 or 2, "
+                         f"packed four to a byte")
+    packed.flags.writeable = False
+    return History(h.dtype, h.shape, h.previous_hash, h.base_hash, packed)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class Recorder:
     """A pipeline sink around another (:mod:`arcfmt.pipeline`) that keeps the history of every tensor
-    it rebuilds from a base: what a follower needs for the next step's file (SPEC.md S9.4). Each
+    it rebuilds from a base: what a follower needs for the next step's file (SPEC.md S9.1). Each
     block's codes come from its base block and its rebuilt block as they pass; ``histories`` holds a
     tensor's :class:`History` once the inner sink has committed it (verified)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, record: bool = True) -> None:
+        self.inner, self.record = inner, record
         self.histories: dict[str, History] = {}
 
     def __getattr__(self, name: str) -> Any:   # the inner sink's other hooks (needs_drain, ...)
@@ -66,15 +179,9 @@ class Recorder:
 
     def open(self, th: Any) -> Any:
         out = self.inner.open(th)
-        if th.base_hash is None or not kept_for(th.dtype):
+        if th.base_hash is None or not self.record:
             return out
         return _Recording(out, th, self.histories)
-
-
-def kept_for(dt: DType) -> bool:
-    """Whether a tensor of ``dt`` can carry HISTORY (the dtypes of ``ctx-delta-rh``, §8.11)."""
-    from .encodings import registry
-    return registry.by_name("ctx-delta-rh").defined_for(dt)
 
 
 class _Recording:
@@ -85,7 +192,7 @@ class _Recording:
         self.codes = np.zeros(th.size, np.uint8)
         self.bases: dict[int, np.ndarray | None] = {}
 
-    def __getattr__(self, name: str) -> Any:   # the inner output's per-block hook (``decoded``), if any
+    def __getattr__(self, name: str) -> Any:   # the inner output's other hooks, if any
         return getattr(self.out, name)
 
     def buffer(self, b: int, encoding: int | None, base_block: np.ndarray | None, drain: Any) -> np.ndarray:
@@ -101,10 +208,9 @@ class _Recording:
         if base is not None and arr is not base:   # (the base itself: an unchanged block, codes 0)
             s, e = self.th.block_range(b)
             if changed is None:
-                self.codes[s:e] = backend.selected().history(self.th.dtype, base, arr)
+                self.codes[s:e] = codes(self.th.dtype, base, arr)
             elif changed.size:
-                up = backend.selected().history(self.th.dtype, base[changed], arr[changed])
-                self.codes[s:e][changed] = up
+                self.codes[s:e][changed] = codes(self.th.dtype, base[changed], arr[changed])
         inner = getattr(self.out, "decoded", None)
         if inner is not None:
             inner(b, arr, changed)
@@ -116,10 +222,11 @@ class _Recording:
     def commit(self) -> Any:
         result = self.out.commit()
         self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash,
-                                          self.th.target_hash, self.codes)
+                                          self.th.target_hash, pack(self.codes))
+        self.codes = np.empty(0, np.uint8)
         return result
 
 
 def unchanged(th: Any) -> History:
     """The history of a tensor the step left as it was (every code 0)."""
-    return History(th.dtype, tuple(th.shape), th.base_hash, th.target_hash, np.zeros(th.size, np.uint8))
+    return History(th.dtype, tuple(th.shape), th.base_hash, th.target_hash, np.zeros(-(-th.size // 4), np.uint8))

@@ -1357,7 +1357,7 @@ def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab, hist):
             est[2] += cost[s, _sign_p0(cols, x, p0tab)]
             _sign_update(cols, x, s)
         if h:
-            e = np.int64(hist[cpos[j]])
+            e = min(np.int64(hist[cpos[j]]), 2)   # (codes are 0-2: checked, and clamped here besides)
             est[n_axes] += cost[s, _sign_p0(one_h, e, p0tab)]
             _sign_update(one_h, e, s)
             if n_axes > 1:
@@ -1526,7 +1526,7 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
             a = -d if s else d
             sx = _sign_context(cpos[j], axis, period, phase)
             if h:
-                sx = 3 * sx + np.int64(hist[cpos[j]])
+                sx = 3 * sx + min(np.int64(hist[cpos[j]]), 2)
             bits[nb] = ((first_sign + sx) << 1) | s
             nb += 1
             x = np.int64((bv[t] >> shift) & emask) * RC_LENGTHS
@@ -1656,8 +1656,8 @@ def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbi
     for t in range(pos.size):
         b = bv[t]
         sx = _sign_context(pos[t], axis, period, phase)
-        if h:
-            sx = 3 * sx + np.int64(hist[pos[t]])
+        if h:   # (codes are 0-2: checked before decoding, and clamped here besides: no index past the contexts)
+            sx = 3 * sx + min(np.int64(hist[pos[t]]), 2)
         s, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(scounts, sx, p0tab))
         if s < 0:
             return S_PAST

@@ -31,15 +31,7 @@ from . import backend, encodings, records
 from . import layout as L
 from .arrays import PAGE, as_uint, is_mapped, release
 from .dtypes import DType
-from .errors import (
-    ArcError,
-    CorruptError,
-    InputError,
-    LimitError,
-    MissingPreviousError,
-    VerificationError,
-    WrongBaseError,
-)
+from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .layout import BytesLike
 from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job, run_jobs
@@ -107,40 +99,11 @@ def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
     return u
 
 
-def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous: object) -> np.ndarray | None:
-    """§12.3 step 1 for a tensor with HISTORY (1.9), after its base: the history codes (§7) of the
-    previous step it names — from a :class:`~arcfmt.history.History` kept for this base, or from the
-    previous value itself — or None for a tensor without HISTORY (``previous`` is then not looked at)."""
-    if not th.needs_history:
-        return None
-    assert base_u is not None, "HISTORY comes with NEEDS_BASE (records.parse_tensor)"
-    if previous is None:
-        raise MissingPreviousError(f"tensor {th.name!r} needs the previous step (its value before the base), "
-                                   f"which was not given")
-    from .history import History, codes
-    if isinstance(previous, History):
-        dt, shape, got = previous.dtype, previous.shape, previous.previous_hash
-    else:
-        dt, shape, u = as_uint(previous)
-        got = None
-    if dt is not th.dtype or tuple(shape) != th.shape:
-        raise WrongBaseError(f"previous tensor {th.name!r} is {dt.name}{list(shape)}, the file expects "
-                             f"{th.dtype.name}{list(th.shape)}")
-    if got is None:
-        got = tensor_hash(u)
-    if got != th.previous_hash:
-        raise WrongBaseError(f"previous tensor {th.name!r} is not the previous step this delta was made with "
-                             f"(hash {got:016x}, expected {th.previous_hash:016x})")
-    if isinstance(previous, History):
-        if previous.base_hash != th.base_hash:
-            raise WrongBaseError(f"the history kept for tensor {th.name!r} leads to another base")
-        c = previous.codes
-        # the kernels index contexts by these codes: a History made by hand is checked before use
-        if not (isinstance(c, np.ndarray) and c.dtype == np.uint8 and c.ndim == 1 and c.size == th.size
-                and (c.size == 0 or int(c.max()) <= 2)):
-            raise InputError(f"the history of tensor {th.name!r} is not {th.size} codes of 0, 1 or 2 (uint8)")
-        return c
-    return codes(th.dtype, u, base_u)
+def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous: object) -> Any:
+    """§12.3 step 1 for a tensor with HISTORY (1.9), after its base: where its block codes come from
+    (:class:`arcfmt.history.Source`), or None for a tensor without HISTORY."""
+    from .history import checked
+    return checked(th, base_u, previous)
 
 
 def verify_hash(th: records.TensorHeader, digest: int) -> None:
@@ -202,7 +165,7 @@ class Item:
     loaders: Iterable[Callable[[], Loaded]]
     encodings: Sequence[int] | None = None
     order: int = 0   # the tensor's place in the file: which of several failures :func:`run` reports
-    history: np.ndarray | None = None   # its history codes (HISTORY, §7), from :func:`check_previous`
+    history: Any = None   # where its blocks' history codes come from (HISTORY, §7): :func:`check_previous`
 
 
 class _Drain(enum.Enum):
@@ -230,8 +193,11 @@ class _Tensor:
 def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], base_block: np.ndarray | None,
                 arr: np.ndarray, hashed: list[int] | None,
                 post: Callable[[int, np.ndarray, np.ndarray | None], None] | None,
-                history: np.ndarray | None = None) -> None:
-    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None, history=history)
+                history: Any = None) -> None:
+    codes = None
+    if history is not None:   # this block's codes, made here (on the decoding thread), before it is decoded
+        codes = history.codes(*th.block_range(b))
+    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None, history=codes)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
     if post is not None:    # the sink's own per-block work, on the same thread (e.g. StagedSink's diff)
@@ -392,7 +358,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
-                hist = None if item.history is None else item.history[s:e]
+                hist = item.history
                 enc = None if item.encodings is None else item.encodings[b]
                 while pending and cap is not None and in_flight[0] + (e - s) * th.dtype.itemsize > cap:
                     complete_one()

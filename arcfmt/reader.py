@@ -22,6 +22,7 @@ from .errors import (
     CorruptError,
     InputError,
     LimitError,
+    MissingPreviousError,
     MissingTensorError,
     TruncatedError,
     os_error,
@@ -136,7 +137,7 @@ class DeltaReader:
         self._headers: dict[str, records.TensorHeader] = {}
         self._inline: dict[str, memoryview] = {}   # TENS payloads ending in an inline block, until it is checked
         self._checked: dict[str, LoadedBlock] = {}   # inline blocks checked (by selection), until loaded
-        self._histories: dict[str, np.ndarray] = {}   # history codes of tensors with HISTORY, once checked
+        self._histories: dict[str, Any] = {}   # where the codes of a tensor with HISTORY come from, once checked
 
     # -- identity
     @property
@@ -265,10 +266,19 @@ class DeltaReader:
         self._check_inline_block(name)
         return self._check_inputs(self.header(name), base, previous)
 
-    def _check_inputs(self, th: records.TensorHeader, base, previous) -> np.ndarray | None:
-        """§12.3 step 1: the base, then the previous step (kept for :meth:`item`)."""
+    def _check_inputs(self, th: records.TensorHeader, base, previous, missing=None) -> np.ndarray | None:
+        """§12.3 step 1: the base, then the previous step (kept for :meth:`item`). ``missing``: where a
+        previous step that was not given is noted (by name), not raised — :meth:`selection` raises it
+        once every base has passed, so that a lost history never hides a wrong base (the same
+        category either way, §15)."""
         base_u = pipeline.check_base(th, base)
-        history = pipeline.check_previous(th, base_u, previous)
+        try:
+            history = pipeline.check_previous(th, base_u, previous)
+        except MissingPreviousError as exc:
+            if missing is None:
+                raise
+            missing[th.name] = exc
+            return base_u
         if history is not None:
             self._histories[th.name] = history
         return base_u
@@ -313,11 +323,15 @@ class DeltaReader:
                 break
         # a keyframe object's tensors need no base (a stream's rule, S9.4 step 2), checked where a base is
         prev = {} if previous is None else previous
+        if not isinstance(prev, Mapping):
+            raise InputError("previous must be a mapping of tensor name to array or History")
+        missing: dict[str, Exception] = {}
         if keyframe:
             jobs = [Job(_needs_no_base, (th, None)) for th in headers]
         else:
             jobs = [Job(self._check_inputs, (th, base.get(th.name) if th.needs_base else None,
-                                             prev.get(th.name) if th.needs_history else None)) for th in headers]
+                                             prev.get(th.name) if th.needs_history else None, missing))
+                    for th in headers]
         batch = Batch(workers)
         inline_failed: tuple[int, Exception] | None = None
         try:
@@ -338,12 +352,20 @@ class DeltaReader:
         finally:
             batch.close()
         bases: dict[str, np.ndarray | None] = {}
+        # A previous step not given (wrong_base) is raised where the next failure of another category
+        # would be, or at the end: a wrong base after it is reported first (the same category), so a
+        # follower never mistakes a folder changed by hand for a lost history.
+        first_missing: Exception | None = None
         for i, (th, job) in enumerate(zip(headers, jobs)):
             if inline_failed is not None and inline_failed[0] == i:
-                raise inline_failed[1]
+                raise first_missing or inline_failed[1]
             if job.error is not None:
                 raise job.error
+            if first_missing is None:
+                first_missing = missing.get(th.name)
             bases[th.name] = cast("np.ndarray | None", job.result)
+        if first_missing is not None:
+            raise first_missing
         if failed is not None:
             raise failed
         whole = set(wanted) == set(self.names)

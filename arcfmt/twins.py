@@ -433,7 +433,7 @@ def _rc_models(m: int, axis: int, period: int, phase: int, n_fields: int, histor
 
 def _history_at(hist: np.ndarray | None, cpos: np.ndarray) -> np.ndarray:
     """The history codes of the changes at ``cpos`` (zeros without a history)."""
-    return np.zeros(cpos.size, np.int64) if hist is None else hist[cpos].astype(np.int64)
+    return np.zeros(cpos.size, np.int64) if hist is None else np.minimum(hist[cpos].astype(np.int64), 2)
 
 
 def _chunks(*arrays: np.ndarray):

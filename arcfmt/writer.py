@@ -273,6 +273,9 @@ class DeltaWriter:
         if previous is not None and not isinstance(previous, Mapping):
             raise InputError("previous must be a mapping of tensor name to array")
         self._previous = previous if self._readers is None else None
+        if self._readers is not None and self._force_encoding == encodings.by_name("ctx-delta-rh").id:
+            raise InputError("ctx-delta-rh is format 1.9: the modes for older readers (a full index, no inline "
+                             "blocks) write none")
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
         self._blocks = 0                  # blocks of the tensors accepted so far (§14 MAX_BLOCKS)
         self._added: list[bytes] = []     # names reserved by the write_tensors call under way

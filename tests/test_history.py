@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 
 import numpy as np
 import pytest
@@ -205,7 +206,7 @@ def test_a_stream_writes_history_and_every_follower_keeps_it(tmp_path):
         assert_bit_exact(live, t)
         if step:
             assert (rh in _encodings(url, step)) == (step not in (1, 5)), step   # 4 is a keyframe step
-        assert (tmp_path / "f" / HISTORY_NAME).is_file() == (step > 0)
+        assert (tmp_path / "f" / HISTORY_NAME).is_file()   # (after a keyframe: one that says so)
     more = _momentum(10)[8:]
     pub.publish(8, more[0])
     events = []
@@ -215,7 +216,7 @@ def test_a_stream_writes_history_and_every_follower_keeps_it(tmp_path):
     assert_folder(tmp_path / "f", more[0])
 
 
-@pytest.mark.parametrize("damage", ["missing", "other step", "bad code", "short", "symlink"])
+@pytest.mark.parametrize("damage", ["missing", "other step", "bad code", "flipped code", "short", "symlink"])
 def test_a_follower_without_its_history_starts_again_from_a_keyframe(tmp_path, damage):
     """A history file lost, of another step, with a code above 2, truncated or a link: never used;
     the delta that needs it is refused and the follower takes the latest keyframe, then the deltas."""
@@ -237,9 +238,9 @@ def test_a_follower_without_its_history_starts_again_from_a_keyframe(tmp_path, d
         pub.publish(7, traj[7])
         fol.sync()
         h.write_bytes(saved)
-    elif damage == "bad code":
+    elif damage in ("bad code", "flipped code"):   # a code of 3; a 1 made 2 (the codes' hash tells)
         data = bytearray(h.read_bytes())
-        data[-1] = 3
+        data[-1] = 3 if damage == "bad code" else data[-1] ^ 3
         h.write_bytes(bytes(data))
     elif damage == "short":
         h.write_bytes(h.read_bytes()[:-1])
@@ -275,3 +276,127 @@ def test_a_publisher_keeps_the_previous_step_across_processes_or_writes_none(tmp
             assert_folder(tmp_path / f"f-{history}", t)
             if step >= 2:
                 assert (ctx.CtxDeltaRh.id in _encodings(url, step)) == history
+
+
+# ------------------------------------------------------------------------------------ found by review
+
+def test_a_history_made_by_hand_is_copied_and_checked():
+    """Codes of 3, of the wrong length, in an array subclass that lies about its contents, or fields of
+    the wrong type: InputError, never an index past the kernels' contexts."""
+    prev, base, target = _steps("BF16", 21)
+    data, _ = _write(base, target, previous=prev, force_encoding="ctx-delta-rh")
+    good = History.between(prev["w"], base["w"])
+
+    class Lying(np.ndarray):
+        def max(self, *a, **k):
+            return np.uint8(0)
+    bad = good.packed.copy()
+    bad[0] = 0xFF
+    for packed in (bad, bad.view(Lying), good.packed[:-1], np.ma.masked_array(bad)):
+        with pytest.raises(InputError, match="codes"):
+            arcfmt.decode(base, data, previous={"w": dataclasses.replace(good, packed=packed)})
+    for field, value in (("dtype", "BF16"), ("shape", 5), ("previous_hash", "0")):
+        with pytest.raises(InputError):
+            arcfmt.decode(base, data, previous={"w": dataclasses.replace(good, **{field: value})})
+    with pytest.raises(InputError, match="mapping"):
+        arcfmt.decode(base, data, previous=[prev["w"]])
+    assert_bit_exact(arcfmt.decode(base, data, previous={"w": good}), target)
+
+
+def _stream(tmp_path, steps, **kw):
+    from arcfmt.store import Publisher
+    url = str(tmp_path / "stream")
+    pub = Publisher(url, **kw)
+    return url, pub, _momentum(steps)
+
+
+def test_a_delta_that_needs_a_history_after_a_keyframe_is_the_streams_fault(tmp_path, monkeypatch):
+    """A publisher that breaks S8.2 (history right after a keyframe step): the follower that joins at
+    the keyframe reports wrong_base once, and never loops through keyframes."""
+    from arcfmt.store import Follower, Publisher
+    real = Publisher._remember
+
+    def keep_always(self, step, target, source_path, file, delta_from=None, given=False):
+        real(self, step, target, source_path, file, delta_from, given)
+        if self._last is not None and delta_from is None and step > 0:   # (a keyframe step: keep it anyway)
+            self._before = (step - 1, self._prev_for_test, step)
+        self._prev_for_test = self._last[1]
+    monkeypatch.setattr(Publisher, "_remember", keep_always)
+    url, pub, traj = _stream(tmp_path, 4, keyframe_every=2)
+    pub._prev_for_test = None
+    for step, t in enumerate(traj):
+        pub.publish(step, t)
+    assert ctx.CtxDeltaRh.id in _encodings(url, 3)
+    events = []
+    fol = Follower(url, tmp_path / "f", progress=events.append)
+    with pytest.raises(WrongBaseError, match="keyframe step"):
+        fol.sync()
+    assert fol.step == 2 and not [e for e in events if e["event"] == "restart"]
+
+
+def test_the_publishers_history_is_its_own(tmp_path):
+    """A base given by the caller (base=) and changed afterwards, and a state folder whose "before"
+    entry points elsewhere: the next delta is still one that applies."""
+    from arcfmt.store import Follower, Publisher
+    from support.store import assert_folder
+    url, pub, traj = _stream(tmp_path, 4, keyframe_every=0)
+    fol = Follower(url, tmp_path / "f")
+    pub.publish(0, traj[0])
+    buf = {k: v.copy() for k, v in traj[0].items()}
+    pub.publish(1, traj[1], base=buf, base_step=0)
+    buf["w"][...] = traj[3]["w"]   # the trainer reuses its buffer
+    for step in (2, 3):
+        pub.publish(step, traj[step])
+        fol.sync()
+        assert_folder(tmp_path / "f", traj[step])
+    state = tmp_path / "state"
+    url2 = str(tmp_path / "stream2")
+    for step in range(3):
+        Publisher(url2, keyframe_every=0, state_dir=str(state), remember=False).publish(step, traj[step])
+    (jpath,) = state.glob("*.json")
+    st = json.loads(jpath.read_text())
+    assert "before" in st
+    st["before"]["tensors"] = ".."
+    jpath.write_text(json.dumps(st))
+    Publisher(url2, keyframe_every=0, state_dir=str(state), remember=False).publish(3, traj[3])
+    assert ctx.CtxDeltaRh.id not in _encodings(url2, 3)   # written without a previous step
+    Follower(url2, tmp_path / "f2").sync()
+    assert_folder(tmp_path / "f2", traj[3])
+
+
+def test_followers_keep_no_history_for_a_stream_that_needs_none(tmp_path):
+    from arcfmt.store import Follower
+    url, pub, traj = _stream(tmp_path, 5, keyframe_every=0, history=False)
+    fol = Follower(url, tmp_path / "f")
+    for step, t in enumerate(traj):
+        pub.publish(step, t)
+        fol.sync()
+    assert fol._histories == {}   # after two deltas without HISTORY, nothing is kept
+
+
+def test_a_second_follower_of_the_folder_and_a_folder_changed_by_hand(tmp_path):
+    """Another follower object moves the folder on: the first one's kept history is not used for a
+    step it no longer holds. A tensor changed by hand is wrong_base even with the history gone (a lost
+    history never hides a wrong base behind a restart)."""
+    from arcfmt.safetensors_io import write_file
+    from arcfmt.store import Follower
+    from arcfmt.store.follower import HISTORY_NAME
+    from support.store import assert_folder, folder_tensors
+    url, pub, traj = _stream(tmp_path, 7, keyframe_every=0)
+    a, b = Follower(url, tmp_path / "f"), Follower(url, tmp_path / "f")
+    for step in range(5):
+        pub.publish(step, traj[step])
+        (a if step < 3 else b).sync()
+    pub.publish(5, traj[5])
+    a.sync()
+    assert_folder(tmp_path / "f", traj[5])
+    files = [p for p in (tmp_path / "f").glob("*.safetensors")]
+    tensors = {k: np.array(v) for k, v in folder_tensors(tmp_path / "f").items()}
+    tensors["b"] = tensors["b"] + np.float32(1)
+    write_file(str(files[0]), tensors)
+    (tmp_path / "f" / HISTORY_NAME).unlink()
+    pub.publish(6, traj[6])
+    events = []
+    with pytest.raises(WrongBaseError, match="base tensor 'b'"):
+        Follower(url, tmp_path / "f", progress=events.append).sync()
+    assert not [e for e in events if e["event"] == "restart"]

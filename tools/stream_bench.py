@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=256, help="--regions without TRAJECTORY: the model's width")
     ap.add_argument("--keyframe-every", type=int, default=5)
     ap.add_argument("--effort", default="default", choices=["fast", "default", "max"])
+    ap.add_argument("--no-history", action="store_true",
+                    help="publish no delta that needs the previous step (format 1.9; as `arcfmt publish --no-history`)")
     ap.add_argument("--tensors", action="append", help="the filtered follower's patterns (default: the MLPs)")
     ap.add_argument("--interval", type=float, default=0.02, help="followers' head poll interval (s)")
     ap.add_argument("--bandwidth", type=float, default=125.0,
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
 def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> int:
     n = args.shards
     pubs = [Publisher(url, shard=i, num_shards=n, keyframe_every=args.keyframe_every, storage_options=so,
-                      effort=args.effort, tmp_dir=work) for i in range(n)]
+                      effort=args.effort, tmp_dir=work, history=not args.no_history) for i in range(n)]
     followers = {
         "full": Follower(url, os.path.join(work, "f-full"), storage_options=so),
         "filtered": Follower(url, os.path.join(work, "f-mlp"), tensors=patterns, storage_options=so),

@@ -43,7 +43,7 @@ from ..errors import (
     WrongBaseError,
     os_error,
 )
-from ..history import History, Recorder, kept_for, unchanged
+from ..history import History, Recorder, unchanged
 from ..integrity import model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
@@ -196,7 +196,14 @@ class Follower:
         # the history of the step held (name -> History; None: not read from the folder yet): what a delta
         # written with the previous step needs (format 1.9); one byte per weight, in memory and on disk
         self._histories: dict[str, History] | None = None
-        self._restarted = False   # started again from a keyframe once, for want of a history
+        # the step and manifest those histories lead to, the kind of step that made them ("keyframe":
+        # none), and whether that step's manifest has keyframes (a publisher writes no history after
+        # one, S8.2); checked against the state before each use (another follower may have moved it)
+        self._histories_at: tuple[int, str, str, bool] | None = None
+        self._restarted = False   # started again from a keyframe in this run, for want of a history
+        # whether the stream writes deltas that need the previous step (None: not known yet): a follower
+        # keeps no history for a stream that does not (a delta without HISTORY after a delta says so)
+        self._uses_history: bool | None = None
         self.store = Store(url, storage_options, fs=fs, retries=retries, backoff=backoff,
                            request_timeout=request_timeout, retry_time=retry_time)
         # An object the head chain names but the store does not have yet (asynchronous replication) is
@@ -551,11 +558,17 @@ class Follower:
                 return
             try:
                 upd = self._apply(m, kind, head, cur)
-            except MissingPreviousError:
+            except MissingPreviousError as exc:
                 # the step needs the history of the one held, which this follower does not have (lost
-                # with a restart, or never made): start from a keyframe, once (SPEC.md S9.4)
+                # with its folder's history file, or never kept): start from a keyframe, once a run
+                # (SPEC.md S9.4). Right after a keyframe no delta may need one (S8.2): the stream's fault.
+                self._uses_history = True
                 if kind != "delta" or self._restarted:
                     raise
+                if self._histories_at is not None and self._histories_at[2] == "keyframe":
+                    raise WrongBaseError(f"step {m.step} needs the history of step {self._histories_at[0]}, a "
+                                         f"keyframe step, after which no delta may need one (SPEC.md S8.2): "
+                                         f"{exc}") from None
                 self._restarted = True
                 self._emit(event="restart", step=m.step, why="no history of the step held")
                 yield from self._run_plan(until)
@@ -568,7 +581,6 @@ class Follower:
                 yield from self._run_plan(until)
                 return
             cur = upd.step
-            self._restarted = False
             yield upd
 
     # ------------------------------------------------------------------------------ one step
@@ -667,68 +679,90 @@ class Follower:
         return plans, verified_model
 
     def _history_for(self, kind: str) -> dict[str, History] | None:
-        """The history of the step held, for a delta's tensors with HISTORY (read from the folder once)."""
+        """The history of the step held, for a delta's tensors with HISTORY: the one kept in memory if
+        it is of the state's step and manifest, else the folder's (read again)."""
         if kind != "delta":
             return None
-        if self._histories is None:
-            self._histories = self._read_histories()
+        state = self.state()
+        at = None if state is None else (state["step"], state["manifest"])
+        if self._histories is None or self._histories_at is None or self._histories_at[:2] != at:
+            self._histories, self._histories_at = self._read_histories(state)
         return self._histories
 
-    def _read_histories(self) -> dict[str, History]:
-        """The folder's history file, if it is this follower's own and of the folder's step; else none
-        (a delta that needs one then starts the follower again from a keyframe)."""
-        if self.into is None:
-            return {}
+    def _read_histories(self, state: dict | None) -> tuple[dict[str, History], tuple[int, str, str, bool] | None]:
+        """The folder's history file and what it leads to, if it is a regular file of the state's step
+        and manifest whose every tensor's codes hash as recorded; else none (a delta that needs one
+        then starts the follower again from a keyframe)."""
+        if self.into is None or state is None:
+            return {}, None
         path = os.path.join(self.into, HISTORY_NAME)
-        state = self._folder_state() if self._live is None else self._live.state
         try:
-            if state is None or not stat.S_ISREG(os.lstat(path).st_mode):
-                return {}
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return {}, None
             ck = open_checkpoint(path)
             meta = ck.files[0].metadata or {}
             if meta.get("format") != HISTORY_FORMAT or meta.get("step") != str(state["step"]) \
-                    or meta.get("manifest") != state["manifest"]:
-                return {}
-            hashes = parse_json(meta.get("tensors", "").encode(), path, 1 << 30)
+                    or meta.get("manifest") != state["manifest"] or meta.get("kind") not in ("delta", "keyframe") \
+                    or meta.get("keyframes") not in ("0", "1"):
+                return {}, None
+            fields = parse_json(meta.get("tensors", "").encode(), path, 1 << 30)
             out = {}
-            for name, arr in ck.tensors().items():
-                prev, base, dt_name, shape = hashes[name]
-                codes = np.array(arr, np.uint8).reshape(-1)
-                if codes.size and int(codes.max()) > 2:
-                    return {}   # not a history this follower wrote
-                out[name] = History(dtypes.from_name(dt_name), tuple(shape), int(prev, 16), int(base, 16), codes)
-            return out
-        except (ArcError, OSError, KeyError, TypeError, ValueError):
-            return {}   # a cache: anything amiss, and the next delta that needs it restarts from a keyframe
+            tensors = ck.tensors()
+            if set(tensors) != set(fields):
+                return {}, None
+            for name, arr in tensors.items():
+                prev, base, dt_name, shape, digest = fields[name]
+                shape = tuple(shape)
+                n = int(np.prod(shape, dtype=object)) if shape else 1
+                if arr.dtype != np.uint8 or arr.ndim != 1 or arr.size != -(-n // 4) \
+                        or xxhash.xxh3_64_hexdigest(np.ascontiguousarray(arr).data) != digest:
+                    return {}, None   # damaged, or not a history this follower wrote
+                out[name] = History(dtypes.from_name(dt_name), shape, int(prev, 16), int(base, 16), np.array(arr))
+            return out, (state["step"], state["manifest"], meta["kind"], meta["keyframes"] == "1")
+        except (ArcError, OSError, KeyError, TypeError, ValueError, OverflowError):
+            return {}, None   # a cache: anything amiss, and the next delta that needs it restarts from a keyframe
 
-    def _keep_histories(self, kind: str, recorded: dict[str, History], headers) -> None:
+    def _records(self, plans, kind: str) -> bool:
+        """Whether to keep the history of this step: unless the stream is known to write no delta that
+        needs one (a delta without HISTORY whose base step has no keyframe, where a publisher that
+        writes history would have)."""
+        if kind == "delta":
+            if any(p.reader is not None and p.reader.meta.history for p in plans):
+                self._uses_history = True
+            elif self._histories_at is not None and not self._histories_at[3]:
+                self._uses_history = False
+        return kind == "delta" and self._uses_history is not False
+
+    def _keep_histories(self, m: Manifest, kind: str, recorded: dict[str, History], headers) -> None:
         """After a verified step: the history of every tensor a delta rebuilt from its base (those it
-        left alone: all 0), none after a keyframe."""
-        if kind != "delta":
-            self._histories = {}
-            return
-        for th in headers:
-            if th.name not in recorded and th.base_hash is not None and kept_for(th.dtype):
-                recorded[th.name] = unchanged(th)
-        self._histories = recorded
+        left alone: all 0), none after a keyframe (or for a stream that needs none)."""
+        if kind == "delta" and self._uses_history is not False:
+            for th in headers:
+                if th.name not in recorded and th.base_hash is not None:
+                    recorded[th.name] = unchanged(th)
+        else:
+            recorded = {}
+        self._histories, self._histories_at = recorded, (m.step, m.digest, kind, m.keyframe)
 
     def _write_folder(self, m: Manifest, plans, state, kind: str) -> tuple[list, int]:
         """Rebuild the step beside the folder, verify it as it is written, read it back, swap it in."""
         assert self.into is not None
         layouts = _layouts(plans)
-        self._check_space(m, sum(lay.size for lay in layouts))
+        record = self._records(plans, kind)
+        history_bytes = sum(-(-p.reader.header(e.name).size // 4) for p in plans for e in p.wanted) if record else 0
+        self._check_space(m, sum(lay.size for lay in layouts) + history_bytes)
         stage = Stage(self.into, folder=True)
-        sink = Recorder(CheckpointSink(stage, layouts))
+        sink = Recorder(CheckpointSink(stage, layouts), record)
         try:
             for _ in pipeline.run(self._items(plans), sink, workers=self.workers):
                 pass
             changed = [e.name for p in plans for e in p.wanted if p.reader.changes(e.name)]
-            self._keep_histories(kind, sink.histories, [p.reader.header(e.name) for p in plans for e in p.wanted])
+            self._keep_histories(m, kind, sink.histories, [p.reader.header(e.name) for p in plans for e in p.wanted])
             self._finish(m, layouts, stage, state)
         except BaseException:
             sink.close()
             stage.abort()
-            self._histories = None   # read again from the folder, which is as it was
+            self._histories, self._histories_at = None, None   # read again from the folder, which is as it was
             raise
         return changed, sum(len(p.wanted) for p in plans)
 
@@ -879,11 +913,14 @@ class Follower:
                      model_digest=m.model_digest, tensors=self.patterns, files=files,
                      manifest_sha256=m.sha256, signed_by=self._signed_by if self._trust is not None else None)
         write_new_file(stage.file(STATE_NAME), canonical(state), stage.owner_of(STATE_NAME))
-        if self._histories:   # the step's history, beside its state (a restarted follower reads it back)
-            # its mode and owner: the history's it replaces, else the state's (as private as the state)
+        if self._histories is not None and self._histories_at is not None \
+                and self._histories_at[:2] == (m.step, m.digest):
+            # the step's history, beside its state (a restarted follower reads it back); its mode and
+            # owner: the history's it replaces, else the state's (as private as the state)
             like = HISTORY_NAME if self.into is not None and os.path.isfile(os.path.join(self.into, HISTORY_NAME)) \
                 else STATE_NAME
-            write_new_file(stage.file(HISTORY_NAME), _history_bytes(self._histories, m), stage.owner_of(like))
+            write_new_file(stage.file(HISTORY_NAME), _history_bytes(self._histories, m, self._histories_at[2]),
+                           stage.owner_of(like))
         assert self.into is not None
         if os.path.isdir(self.into):
             prev = self._folder_state() if old_state is None else old_state
@@ -952,7 +989,8 @@ class _LiveModel:
         fresh_headers = [th for n, th in headers.items() if n not in flats]
         budget = sum(p.reader.output_budget([headers[e.name] for e in p.wanted if e.name not in flats])
                      for p in plans if p.wanted)
-        sink = Recorder(pipeline.StagedSink(flats, pipeline.ArraySink(budget, fresh_headers)))
+        sink = Recorder(pipeline.StagedSink(flats, pipeline.ArraySink(budget, fresh_headers)),
+                        self.fol._records(plans, kind))
         changes, fresh = [], {}
         items = (it for it in self.fol._items(plans)
                  if it is pipeline.DRAIN or it.th.name not in flats or kind == "keyframe"
@@ -970,7 +1008,6 @@ class _LiveModel:
                 pipeline.verify_hash(th, th.base_hash)
         # Everything verified: only now does any live array change (and the history of this step is kept).
         sink.apply(changes, self.fol.workers)
-        self.fol._keep_histories(kind, sink.histories, [headers[n] for n in flats])
         torch_like = any(type(a).__module__.startswith("torch") for a in self.arrays.values())
         for n, a in fresh.items():
             self.arrays[n] = _torch_of(a) if torch_like else a
@@ -981,6 +1018,7 @@ class _LiveModel:
                           files=sorted(f for f, _ in self.files), manifest_sha256=m.sha256,
                           signed_by=self.fol._signed_by if self.fol._trust is not None else None)
         self.manifest = m
+        self.fol._keep_histories(m, kind, sink.histories, [headers[n] for n in flats])
         changed = [c.name for c in changes] + sorted(fresh)
         values = sum(int(c.index.size) for c in changes)
         extra = dict(live=self.arrays, changes=changes, fresh=sorted(fresh), values_changed=values,
@@ -1029,15 +1067,17 @@ class _LiveModel:
 SNAPSHOT_BLOCK = 1 << 20   # elements per copied block of a snapshot (hashing and copying in parallel)
 
 
-def _history_bytes(histories: dict[str, History], m: Manifest) -> bytes:
-    """The history file (:data:`HISTORY_NAME`) of step ``m``: each tensor's codes, and in the metadata
-    the step and manifest they belong to and each tensor's hashes, dtype and shape."""
+def _history_bytes(histories: dict[str, History], m: Manifest, kind: str) -> bytes:
+    """The history file (:data:`HISTORY_NAME`) of step ``m``: each tensor's packed codes, and in the
+    metadata the step, manifest and kind of step they belong to, and each tensor's hashes, dtype, shape
+    and the xxh3 of its codes (checked when read back)."""
     from ..safetensors_io import file_parts
-    hashes = {n: [f"{h.previous_hash:016x}", f"{h.base_hash:016x}", h.dtype.name, list(h.shape)]
-              for n, h in histories.items()}
-    return b"".join(file_parts({n: h.codes for n, h in histories.items()},
-                               {"format": HISTORY_FORMAT, "step": str(m.step), "manifest": m.digest,
-                                "tensors": json.dumps(hashes, separators=(",", ":"))}))
+    fields = {n: [f"{h.previous_hash:016x}", f"{h.base_hash:016x}", h.dtype.name, list(h.shape),
+                  xxhash.xxh3_64_hexdigest(np.ascontiguousarray(h.packed).data)] for n, h in histories.items()}
+    return b"".join(file_parts({n: h.packed for n, h in histories.items()},
+                               {"format": HISTORY_FORMAT, "step": str(m.step), "manifest": m.digest, "kind": kind,
+                                "keyframes": "1" if m.keyframe else "0",
+                                "tensors": json.dumps(fields, separators=(",", ":"))}))
 
 
 def _copy_block(b: int):

@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -228,12 +229,27 @@ class Publisher:
             with contextlib.suppress(InputError):
                 self._file = N.check_file_name(kept)
         before = st.get("before")   # the base of the last step's delta, kept for the history (1.9)
-        if self._before is None and isinstance(before, dict) and isinstance(before.get("step"), int) \
-                and isinstance(before.get("tensors"), str) and os.path.basename(before["tensors"]) == before["tensors"]:
-            with contextlib.suppress(ArcError, OSError):
-                tensors = open_checkpoint(os.path.join(self.state_dir, before["tensors"])).tensors()
-                self._before = (before["step"], tensors, st["step"])
+        if self._before is None and isinstance(before, dict):
+            self._before = self._load_before(before, st["step"])
         return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
+
+    def _load_before(self, before: dict, step: int):
+        """The state's ``before`` entry: ``(its step, its tensors, step)`` if it names a regular file of
+        this state folder (``<stem>-step<N>.safetensors``, not a link) whose tensors have the digest
+        recorded with it; else None (the next delta is then written without a previous step)."""
+        assert self.state_dir is not None
+        stem = os.path.basename(self._state_paths(self.state_dir)[1])[: -len(".safetensors")]
+        b_step, name, digest = before.get("step"), before.get("tensors"), before.get("digest")
+        if not (isinstance(b_step, int) and not isinstance(b_step, bool) and isinstance(name, str)
+                and name == f"{stem}-step{b_step}.safetensors" and isinstance(digest, str)):
+            return None
+        path = os.path.join(self.state_dir, name)
+        with contextlib.suppress(ArcError, OSError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                tensors = open_checkpoint(path).tensors()
+                if _digest_of(tensors) == digest:
+                    return (b_step, tensors, step)
+        return None
 
     def _save_state(self, step, tensors, source_path):
         if not self.state_dir:
@@ -260,7 +276,7 @@ class Publisher:
             if not os.path.isfile(os.path.join(self.state_dir, bname)):
                 write_file(os.path.join(self.state_dir, bname + ".tmp"), dict(self._before[1]))
                 os.replace(os.path.join(self.state_dir, bname + ".tmp"), os.path.join(self.state_dir, bname))
-            state["before"] = {"step": self._before[0], "tensors": bname}
+            state["before"] = {"step": self._before[0], "tensors": bname, "digest": _digest_of(self._before[1])}
             keep.add(bname)
         with open(jpath + ".tmp", "w") as f:
             json.dump(state, f)
@@ -320,7 +336,7 @@ class Publisher:
             previous = self._before[1]
         try:
             return self._publish(step, target, source_path, base_map, base_step, make_kf, file_name, note,
-                                 model_bytes, t_start, previous)
+                                 model_bytes, t_start, previous, base is not None)
         except ConflictError as exc:
             self._set_lost(step, str(exc))   # the next step goes out as a keyframe (S8.2, recovery)
             if "keyframe" in str(exc):
@@ -329,7 +345,7 @@ class Publisher:
                                 f"on") from None
 
     def _publish(self, step, target, source_path, base_map, base_step, make_kf, file_name, note, model_bytes,
-                 t_start, previous=None) -> PublishResult:
+                 t_start, previous=None, given=False) -> PublishResult:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
@@ -367,7 +383,7 @@ class Publisher:
         self._claim(desc)
         result = self.commit(step, mine=desc)
         self._remember(step, target, source_path, file_name,
-                       (base_step, base_map) if base_map is not None and not make_kf else None)
+                       (base_step, base_map) if base_map is not None and not make_kf else None, given)
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -469,13 +485,16 @@ class Publisher:
             json.dump({"step": step, "why": why}, f)
         os.replace(p + ".tmp", p)
 
-    def _remember(self, step, target, source_path, file: str, delta_from=None) -> None:
+    def _remember(self, step, target, source_path, file: str, delta_from=None, given: bool = False) -> None:
         """``delta_from``: ``(base step, base)`` of the delta just published where the step has no
-        keyframe of this shard: the next delta's previous step (the publisher's history)."""
+        keyframe of this shard: the next delta's previous step (the publisher's history); copied when
+        the caller ``given`` it (``base=``: its arrays or file may change before the next step)."""
         self._set_lost(step, None)
         self._file = file
-        self._before = (*delta_from, step) if delta_from is not None and self.history \
-            and (self.remember or self.state_dir) else None
+        keep = delta_from is not None and self.history and bool(self.remember or self.state_dir)
+        if keep and given:
+            delta_from = (delta_from[0], {n: np.array(as_numpy(a), copy=True) for n, a in delta_from[1].items()})
+        self._before = (*delta_from, step) if keep else None
         if self.remember:
             self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
         self._save_state(step, target, source_path)
@@ -488,11 +507,7 @@ class Publisher:
         if raw is None:
             return None
         d = parse_descriptor(raw, name)
-        entries = []
-        for n, a in target.items():
-            dt, shape, u = as_uint(a)
-            entries.append((n.encode("utf-8"), dt.code, tuple(shape), tensor_hash(u)))
-        if d.target_digest != model_digest(entries).hex() or d.writer != self.writer:
+        if d.target_digest != _digest_of(target) or d.writer != self.writer:
             raise ConflictError(f"shard {self.shard} of {self.num_shards} for step {step} was already published "
                                 f"by another publisher with different content ({name}"
                                 f"{f', writer {d.writer}' if d.writer else ''})")
@@ -682,6 +697,16 @@ class Publisher:
                 return m.step
             time.sleep(random.random() * 0.05 * (attempt + 1))
         raise ConflictError(f"could not move {N.HEAD} to step {m.step}: {HEAD_ATTEMPTS} compare-and-swap attempts lost")
+
+
+def _digest_of(tensors: dict) -> str:
+    """The model digest (SPEC.md §13.2) of ``name → array``, hex: what a state's ``before`` entry is
+    checked by when it is read back."""
+    entries = []
+    for n, a in tensors.items():
+        dt, shape, u = as_uint(a)
+        entries.append((n.encode("utf-8"), dt.code, tuple(shape), tensor_hash(u)))
+    return model_digest(entries).hex()
 
 
 def _check_mine(m: Manifest, mine: Descriptor | None) -> None:
