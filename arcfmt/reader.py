@@ -504,6 +504,8 @@ class StreamReader:
 
         self._f = fileobj
         self._previous = {} if previous is None else previous
+        if not isinstance(self._previous, Mapping):
+            raise InputError("previous must be a mapping of tensor name to array or History")
         self._explicit_budget = max_output_bytes
         self._base = {} if base is None else base
         self._torch = wants_torch(self._base, framework)   # checked now: a bad value fails before any read
