@@ -181,15 +181,23 @@ class Recorder:
         out = self.inner.open(th)
         if th.base_hash is None or not self.record:
             return out
-        return _Recording(out, th, self.histories)
+        return _Recording(out, th, self.histories, coded(th.dtype))
+
+
+def coded(dt: DType) -> bool:
+    """Whether a tensor of ``dt`` can have blocks that read its history (those of ``ctx-delta-rh``,
+    §8.11). Another may carry HISTORY (§7), whose previous step is then checked by its hashes only: its
+    kept history has every code 0."""
+    from .encodings import registry
+    return registry.by_name("ctx-delta-rh").defined_for(dt)
 
 
 class _Recording:
     """One tensor's output, its history noted block by block."""
 
-    def __init__(self, out: Any, th: Any, into: dict[str, History]) -> None:
-        self.out, self.th, self.into = out, th, into
-        self.codes = np.zeros(th.size, np.uint8)
+    def __init__(self, out: Any, th: Any, into: dict[str, History], compute: bool) -> None:
+        self.out, self.th, self.into, self.compute = out, th, into, compute
+        self.codes = np.zeros(th.size if compute else 0, np.uint8)
         self.bases: dict[int, np.ndarray | None] = {}
 
     def __getattr__(self, name: str) -> Any:   # the inner output's other hooks, if any
@@ -205,7 +213,7 @@ class _Recording:
         encoding hands them over (``changed``), else from a pass over the block; then the inner
         output's own hook, if it has one."""
         base = self.bases.get(b)
-        if base is not None and arr is not base:   # (the base itself: an unchanged block, codes 0)
+        if self.compute and base is not None and arr is not base:   # (the base itself: unchanged, codes 0)
             s, e = self.th.block_range(b)
             if changed is None:
                 self.codes[s:e] = codes(self.th.dtype, base, arr)
@@ -221,8 +229,8 @@ class _Recording:
 
     def commit(self) -> Any:
         result = self.out.commit()
-        self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash,
-                                          self.th.target_hash, pack(self.codes))
+        self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash, self.th.target_hash,
+                                          pack(self.codes) if self.compute else unchanged(self.th).packed)
         self.codes = np.empty(0, np.uint8)
         return result
 

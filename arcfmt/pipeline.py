@@ -136,18 +136,22 @@ def check_digests(headers: Sequence[records.TensorHeader], index: records.Index)
 
 
 def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: np.ndarray | None,
-                 out: np.ndarray, *, changes: bool = False, history: np.ndarray | None = None) -> np.ndarray | None:
+                 out: np.ndarray, *, changes: bool = False, history: Any = None) -> np.ndarray | None:
     """Decode one loaded block (``(BlockInfo, payload)``) into ``out``; errors name the block. With
     ``changes``: the positions it changed, where the encoding hands them over (else None).
-    ``history``: the block's history codes, for a tensor with HISTORY (§7)."""
+    ``history``: where a tensor with HISTORY gets its codes (§7, :func:`check_previous`), asked for this
+    block's only where its encoding reads them."""
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
         return None  # in place: the bytes are already there
     where = f"tensor {th.name!r} block {b}"
     streams = records.decode_block_streams(payload, info, where)
+    codes = None
+    if history is not None and encodings.get(info.encoding).needs_history:
+        codes = history.codes(*th.block_range(b))   # made here, on the decoding thread, before the block
     try:
         return encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out,
-                                      changes=changes, history=history)
+                                      changes=changes, history=codes)
     except ArcError as exc:
         raise type(exc)(f"{where}: {exc}") from None
 
@@ -194,10 +198,7 @@ def _decode_job(th: records.TensorHeader, b: int, load: Callable[[], Loaded], ba
                 arr: np.ndarray, hashed: list[int] | None,
                 post: Callable[[int, np.ndarray, np.ndarray | None], None] | None,
                 history: Any = None) -> None:
-    codes = None
-    if history is not None:   # this block's codes, made here (on the decoding thread), before it is decoded
-        codes = history.codes(*th.block_range(b))
-    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None, history=codes)
+    changed = decode_block(th, b, load(), base_block, arr, changes=post is not None, history=history)
     if hashed is not None:  # a tensor of one block is hashed on the thread that decoded it
         hashed.append(tensor_hash(arr))
     if post is not None:    # the sink's own per-block work, on the same thread (e.g. StagedSink's diff)

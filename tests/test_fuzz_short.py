@@ -55,10 +55,10 @@ def test_a_slow_case_counts_only_when_it_is_slow_again(monkeypatch, tmp_path):
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), engine=st.sampled_from(["struct", "bytes"]), mseed=st.integers(0, 2**32 - 1))
 def test_build_then_corrupt(seed, engine, mseed):
-    base, target, good = fuzz.random_file(np.random.default_rng(seed))
+    base, target, good, previous = fuzz.random_file(np.random.default_rng(seed))
     rng = np.random.default_rng(mseed)
     data = fuzz.mutate_struct(rng, good) if engine == "struct" else fuzz.mutate_bytes(rng, good)
-    assert fuzz.check_delta(base, target, data, intact=data == good) is None
+    assert fuzz.check_delta(base, target, data, intact=data == good, previous=previous) is None
 
 
 def test_pick_engine_covers_every_engine():
