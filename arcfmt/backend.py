@@ -53,6 +53,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .dtypes import DType
+    from .encodings.base import HistoryCodes
     from .encodings.ctx_delta import Params
     from .layout import BytesLike
 
@@ -83,6 +84,9 @@ class Backend(Protocol):
 
     def history(self, dt: DType, previous: np.ndarray, base: np.ndarray) -> np.ndarray: ...
 
+    def history_at(self, dt: DType, packed: np.ndarray, offset: int, positions: np.ndarray, previous: np.ndarray,
+                   base: np.ndarray) -> None: ...
+
     def exponent_counts(self, dt: DType, base: np.ndarray, stride: int,
                         positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -91,13 +95,13 @@ class Backend(Protocol):
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
                    sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
-                   rc_planes: bool = False, rp: int = 0, rp_limit: int = 0, history: np.ndarray | None = None,
+                   rc_planes: bool = False, rp: int = 0, rp_limit: int = 0, history: HistoryCodes | None = None,
                    ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
                               list[int] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,
                    out: np.ndarray, positions: np.ndarray | None = None,
-                   history: np.ndarray | None = None) -> int: ...
+                   history: HistoryCodes | None = None) -> int: ...
 
 
 class _Selection:

@@ -22,9 +22,9 @@ from .errors import InputError, MissingPreviousError, WrongBaseError
 from .integrity import tensor_hash
 
 
-def codes(dt: DType, previous_u: np.ndarray, base_u: np.ndarray) -> np.ndarray:
-    """``h`` of §7 for every element (flat uint8): 0 where ``previous == base`` (bit patterns), 1 where
-    the base is above the previous value in ``ord`` (§8.6), 2 where below."""
+def packed_codes(dt: DType, previous_u: np.ndarray, base_u: np.ndarray) -> np.ndarray:
+    """``h`` of §7 for every element, packed (:func:`pack`): 0 where ``previous == base`` (bit
+    patterns), 1 where the base is above the previous value in ``ord`` (§8.6), 2 where below."""
     return backend.selected().history(dt, previous_u, base_u)
 
 
@@ -74,7 +74,7 @@ class History:
         if pdt is not bdt or tuple(pshape) != tuple(bshape):
             raise InputError(f"previous value {pdt.name}{list(pshape)} and base {bdt.name}{list(bshape)} differ "
                              f"in dtype or shape")
-        return cls(bdt, tuple(int(d) for d in bshape), tensor_hash(pu), tensor_hash(bu), pack(codes(bdt, pu, bu)))
+        return cls(bdt, tuple(int(d) for d in bshape), tensor_hash(pu), tensor_hash(bu), packed_codes(bdt, pu, bu))
 
     @property
     def size(self) -> int:
@@ -87,6 +87,10 @@ class History:
         """The codes of elements ``start`` to ``end`` (all by default), one uint8 each."""
         return unpack(self.packed, start, self.size if end is None else end)
 
+    def block(self, start: int, end: int) -> tuple[np.ndarray, int]:
+        """Elements ``start`` to ``end`` as the kernels take them: ``(packed bytes, offset of start)``."""
+        return self.packed[start // 4: -(-end // 4)], start % 4
+
 
 class Source:
     """Where a tensor's block codes come from once its previous step is checked: kept codes, or the
@@ -97,11 +101,12 @@ class Source:
                  base_u: np.ndarray | None = None) -> None:
         self.dt, self.history, self.previous_u, self.base_u = dt, history, previous_u, base_u
 
-    def codes(self, start: int, end: int) -> np.ndarray:
+    def codes(self, start: int, end: int) -> tuple[np.ndarray, int]:
+        """Elements ``start`` to ``end``, as the kernels take them (:meth:`History.block`)."""
         if self.history is not None:
-            return self.history.codes(start, end)
+            return self.history.block(start, end)
         assert self.previous_u is not None and self.base_u is not None
-        return codes(self.dt, self.previous_u[start:end], self.base_u[start:end])
+        return packed_codes(self.dt, self.previous_u[start:end], self.base_u[start:end]), 0
 
 
 def checked(th: Any, base_u: np.ndarray | None, previous: object) -> Source | None:
@@ -197,8 +202,11 @@ class _Recording:
 
     def __init__(self, out: Any, th: Any, into: dict[str, History], compute: bool) -> None:
         self.out, self.th, self.into, self.compute = out, th, into, compute
-        self.codes = np.zeros(th.size if compute else 0, np.uint8)
+        self.packed = np.zeros(-(-th.size // 4), np.uint8)
         self.bases: dict[int, np.ndarray | None] = {}
+        # blocks that share a byte of the codes with another (block_elems not a multiple of 4) are noted
+        # on the calling thread, in order, not on the decoding threads
+        self.later: dict[int, np.ndarray] = {}
 
     def __getattr__(self, name: str) -> Any:   # the inner output's other hooks, if any
         return getattr(self.out, name)
@@ -214,24 +222,27 @@ class _Recording:
         output's own hook, if it has one."""
         base = self.bases.get(b)
         if self.compute and base is not None and arr is not base:   # (the base itself: unchanged, codes 0)
-            s, e = self.th.block_range(b)
-            if changed is None:
-                self.codes[s:e] = codes(self.th.dtype, base, arr)
-            elif changed.size:
-                self.codes[s:e][changed] = codes(self.th.dtype, base[changed], arr[changed])
+            be = backend.selected()
+            positions = be.changes(base, arr) if changed is None else changed
+            if self.th.block_elems % 4 == 0:
+                be.history_at(self.th.dtype, self.packed, self.th.block_range(b)[0], positions, base, arr)
+            else:
+                self.later[b] = positions
         inner = getattr(self.out, "decoded", None)
         if inner is not None:
             inner(b, arr, changed)
 
     def done(self, b: int, arr: np.ndarray) -> None:
-        self.bases.pop(b, None)
+        base = self.bases.pop(b, None)
+        positions = self.later.pop(b, None)
+        if positions is not None and base is not None:
+            backend.selected().history_at(self.th.dtype, self.packed, self.th.block_range(b)[0], positions, base, arr)
         self.out.done(b, arr)
 
     def commit(self) -> Any:
         result = self.out.commit()
         self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash, self.th.target_hash,
-                                          pack(self.codes) if self.compute else unchanged(self.th).packed)
-        self.codes = np.empty(0, np.uint8)
+                                          self.packed)
         return result
 
 

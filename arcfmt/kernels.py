@@ -253,12 +253,21 @@ def changes(base, target):
 
 
 def history(dt, previous, base):
-    """The history codes of SPEC.md §7 (uint8 per element) from ``previous`` to ``base`` (flat unsigned
-    views of one length), in one pass without the GIL."""
+    """The history codes of SPEC.md §7 from ``previous`` to ``base`` (flat unsigned views of one
+    length), packed four to a byte (element ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``), in one
+    pass without the GIL."""
     previous, base = _input(previous), _input(base)
-    out = np.empty(base.size, np.uint8)
+    out = np.zeros((base.size + 3) // 4, np.uint8)
     _call(_history, (_kind(previous), _kind(base)), previous, base, 1 << (8 * dt.itemsize - 1), out)
     return out
+
+
+def history_at(dt, packed, offset, positions, previous, base) -> None:
+    """Into packed codes (all 0 there before), the codes of the elements at ``positions`` of the flat
+    views ``previous`` and ``base`` (a block), element ``p`` of them at ``offset + p`` of ``packed``."""
+    positions, previous, base = _ro(positions), _input(previous), _input(base)
+    _call(_history_at, (_kind(positions), _kind(previous), _kind(base)), packed, offset, positions, previous, base,
+          1 << (8 * dt.itemsize - 1))
 
 
 def scatter(flat, index, values) -> None:
@@ -306,12 +315,12 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     §8.11's contexts too, and a choice ``i`` of ``len(sign_axes)`` or more is axis ``i - len(sign_axes)``
     coded with them (``ctx-delta-rh``)."""
     base, target, positions = _input(base), _input(target), _ro(positions)
-    hist = _NO_HISTORY if history is None else _input(history)
+    hist, hoff = (_NO_HISTORY, 0) if history is None else (_input(history[0]), history[1])
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
         base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
-        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit, hist)
+        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit, hist, hoff)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
             signs, rp_rice.tolist() if rp_rice.size else None)
@@ -347,7 +356,7 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
         axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp,
-        _NO_HISTORY if history is None else _input(history))
+        *((_NO_HISTORY, 0) if history is None else (_input(history[0]), history[1])))
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
@@ -404,12 +413,31 @@ def _ordered(u, half):
 
 
 @_jit
+def _code(p, b, half):
+    """h of §7: 0 unchanged, 1 up, 2 down in order-preserving integers, without a branch on the direction."""
+    return np.uint8(p != b) * (np.uint8(1) + np.uint8(_ordered(b, half) < _ordered(p, half)))
+
+
+@_jit
 def _history(previous, base, half, out):
     for i in range(base.size):
-        p = previous[i]
-        b = base[i]
-        # 0 unchanged, 1 up, 2 down in order-preserving integers (§7), without a branch on the direction
-        out[i] = np.uint8(p != b) * (np.uint8(1) + np.uint8(_ordered(b, half) < _ordered(p, half)))
+        out[i >> 2] |= _code(previous[i], base[i], half) << np.uint8((i & 3) << 1)
+
+
+@_jit
+def _history_at(packed, offset, positions, previous, base, half):
+    for t in range(positions.size):
+        p = positions[t]
+        q = offset + p
+        packed[q >> 2] |= _code(previous[p], base[p], half) << np.uint8((q & 3) << 1)
+
+
+@_jit
+def _hcode(hist, hoff, p):
+    """The history code of a block's element ``p`` from packed codes whose element 0 is ``hoff`` into
+    them; clamped to 2 (codes are 0-2, checked before decoding: never an index past the contexts)."""
+    q = p + hoff
+    return min(np.int64((hist[q >> 2] >> ((q & 3) << 1)) & 3), 2)
 
 
 @_jit
@@ -535,7 +563,7 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp, hist):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp, hist, hoff):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
@@ -543,8 +571,8 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     sign stream is range-coded in the contexts of ``saxis``, ``speriod`` and ``sphase``; with ``rc``
     too, a ``ctx-delta-rc`` block (§8.9), whose stream 2 codes each change's sign and magnitude
     (``nbits``: the dtype's bits); with ``rp`` too, a ``ctx-delta-rp`` block (§8.10), whose one stream
-    (``sbuf``) codes the gaps first. ``hist`` (with ``rc``, not ``rp``): the block's history (§7), a
-    ``ctx-delta-rh`` block (§8.11); else empty.
+    (``sbuf``) codes the gaps first. ``hist`` (with ``rc``, not ``rp``): the block's history (§7, packed,
+    element 0 at ``hoff``), a ``ctx-delta-rh`` block (§8.11); else empty.
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -598,7 +626,7 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
         if not rp:
             code = _rc_code(sbuf)
         status = _rc_decode(sbuf, pos, bv, nv, m, saxis, speriod, sphase, shift, emask, half, nbits, p0tab,
-                            code, rng, r, hist)
+                            code, rng, r, hist, hoff)
         if status != OK:
             return status
         return _commit(out, pos, nv, pos_out)
@@ -1080,7 +1108,7 @@ def _best_rice(g, lo, hi, max_rice):
 
 @_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
-                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit, hist):
+                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit, hist, hoff):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
@@ -1187,7 +1215,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         if n_axes > 1 or sh.size:   # (0, 1, 0), (1, P, phase)[, (2, P, phase)]: sized in one pass
             n = min(c, SIGN_SAMPLE)
             est = _sign_costs(sbuf, cpos[:n], base.size, sign_axes[n_axes - 1, 1], sign_axes[n_axes - 1, 2], n_axes,
-                              sign_cost, p0tab, sh)
+                              sign_cost, p0tab, sh, hoff)
             if sh.size and force_signs:   # (a forced ctx-delta-rh: the history contexts)
                 choice = n_axes
             for i in range(choice, est.size):
@@ -1212,7 +1240,7 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
             limit = rp_limit if use_rp else rc_limit
             coded = _rc_encode(bv, tv, corder, cpos, base.size, sign_axes[axis_i, 0], sign_axes[axis_i, 1],
                                sign_axes[axis_i, 2], shift, emask, half, nbits, p0tab, limit, g, counts, rp_rice,
-                               use_rp, used)
+                               use_rp, used, hoff)
             if not use_rp:
                 rp_rice = rp_rice[:0]
             if coded.size > limit:
@@ -1330,7 +1358,7 @@ def _sign_update(counts, x, s):
 
 
 @_jit
-def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab, hist):
+def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab, hist, hoff):
     """Estimated bits of the signs (class order, bit ``j`` of ``sbuf``) in one context, per row and
     (``n_axes`` 3) per column of ``period``, in one pass (one division a sign gives row and column):
     ``cost[s, p0]`` is ``-log2`` of the model's probability of ``s``. With a history (``hist``, the
@@ -1357,7 +1385,7 @@ def _sign_costs(sbuf, cpos, m, period, phase, n_axes, cost, p0tab, hist):
             est[2] += cost[s, _sign_p0(cols, x, p0tab)]
             _sign_update(cols, x, s)
         if h:
-            e = min(np.int64(hist[cpos[j]]), 2)   # (codes are 0-2: checked, and clamped here besides)
+            e = _hcode(hist, hoff, cpos[j])
             est[n_axes] += cost[s, _sign_p0(one_h, e, p0tab)]
             _sign_update(one_h, e, s)
             if n_axes > 1:
@@ -1460,7 +1488,7 @@ RC_LENGTHS = 16   # length and bit contexts per exponent field value: U(x, j), V
 
 @_jit
 def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half, nbits, p0tab, limit, g, counts,
-               rice, rp, hist):
+               rice, rp, hist, hoff):
     """§8.9's changes stream: each change's sign (in its context of ``axis``, ``P``, ``phase``), bit
     length (unary, in length contexts of its base's exponent field) and the bits below its top one
     (the first in a bit context, the rest of probability one half), in class order (``corder`` into
@@ -1526,7 +1554,7 @@ def _rc_encode(bv, tv, corder, cpos, m, axis, period, phase, shift, emask, half,
             a = -d if s else d
             sx = _sign_context(cpos[j], axis, period, phase)
             if h:
-                sx = 3 * sx + min(np.int64(hist[cpos[j]]), 2)
+                sx = 3 * sx + _hcode(hist, hoff, cpos[j])
             bits[nb] = ((first_sign + sx) << 1) | s
             nb += 1
             x = np.int64((bv[t] >> shift) & emask) * RC_LENGTHS
@@ -1644,7 +1672,7 @@ def _rp_ranks(buf, counts, rice, m, ranks, p0tab):
 
 
 @_jit
-def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab, code, rng, r, hist):
+def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbits, p0tab, code, rng, r, hist, hoff):
     """§8.9's changes: for each change at ``pos`` (class order, its base value in ``bv``) its sign,
     bit length and magnitude, its new value into ``nv``, checked: OK or the first failed check. The
     range decoder goes on from ``code, rng, r`` (its start, or where §8.10's gaps left it). With a
@@ -1656,8 +1684,8 @@ def _rc_decode(buf, pos, bv, nv, m, axis, period, phase, shift, emask, half, nbi
     for t in range(pos.size):
         b = bv[t]
         sx = _sign_context(pos[t], axis, period, phase)
-        if h:   # (codes are 0-2: checked before decoding, and clamped here besides: no index past the contexts)
-            sx = 3 * sx + min(np.int64(hist[pos[t]]), 2)
+        if h:
+            sx = 3 * sx + _hcode(hist, hoff, pos[t])
         s, code, rng, r = _rc_bit(buf, code, rng, r, _sign_p0(scounts, sx, p0tab))
         if s < 0:
             return S_PAST

@@ -60,8 +60,8 @@ def changes(base, target):
     return np.flatnonzero(base != target)
 
 
-def history(dt, previous, base):
-    """The history codes of SPEC.md §7 (uint8 per element) from ``previous`` to ``base``."""
+def _codes(dt, previous, base):
+    """h of §7 per element (uint8): 0 unchanged, 1 up, 2 down in order-preserving integers."""
     out = np.empty(base.size, np.uint8)
     for s in range(0, base.size, 1 << 20):   # the order-preserving integers take 8 bytes an element
         p, b = previous[s:s + (1 << 20)], base[s:s + (1 << 20)]
@@ -69,6 +69,23 @@ def history(dt, previous, base):
         h[:] = np.where(ordered(dt, b) < ordered(dt, p), 2, 1)
         h[p == b] = 0
     return out
+
+
+def history(dt, previous, base):
+    """The history codes of SPEC.md §7 from ``previous`` to ``base``, packed four to a byte (element
+    ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``)."""
+    c = np.zeros((base.size + 3) // 4 * 4, np.uint8)
+    c[:base.size] = _codes(dt, previous, base)
+    q = c.reshape(-1, 4)
+    return q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+
+
+def history_at(dt, packed, offset, positions, previous, base) -> None:
+    """Into packed codes (all 0 there before), the codes of the elements at ``positions`` of
+    ``previous`` and ``base``, element ``p`` at ``offset + p`` of ``packed``."""
+    q = positions.astype(np.int64) + offset
+    codes = _codes(dt, previous[positions], base[positions]).astype(np.int64)
+    np.bitwise_or.at(packed, q >> 2, (codes << ((q & 3) << 1)).astype(np.uint8))
 
 
 def scatter(flat, index, values) -> None:
@@ -205,7 +222,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
 
 
 def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
-               positions: np.ndarray | None = None, history: np.ndarray | None = None) -> int:
+               positions: np.ndarray | None = None, history: tuple | None = None) -> int:
     """The block into ``out``, one step at a time: OK, or the status of the first failed check, having
     written nothing (every check runs before any element is). ``history``: the block's history codes
     (§7), for a ``ctx-delta-rh`` block (§8.11)."""
@@ -216,7 +233,7 @@ def ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray
 
 
 def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarray,
-                positions: np.ndarray | None, history: np.ndarray | None = None) -> int:
+                positions: np.ndarray | None, history: tuple | None = None) -> int:
     c = p.changed
     if p.dense:
         kept = _ranks(p, streams, [m - c])
@@ -378,13 +395,14 @@ class _RangeDecoder:
 
 
 def _sign_cost(sbits: list, cpos: list, m: int, axis: int, period: int, phase: int,
-               hist: np.ndarray | None = None) -> float:
+               hist: tuple | None = None) -> float:
     """Estimated bits of the signs in these contexts (with ``hist``: split by history, §8.11)."""
     p0, update = _count_model((1 if hist is None else 3) * _contexts(m, axis, period, phase))
     cost0, cost1 = SIGN_COST[0].tolist(), SIGN_COST[1].tolist()
+    hs = _history_at(hist, np.asarray(cpos, np.int64)).tolist()
     total = 0.0
-    for p, s in zip(cpos, sbits):
-        x = _context(p, axis, period, phase) if hist is None else 3 * _context(p, axis, period, phase) + int(hist[p])
+    for p, s, e in zip(cpos, sbits, hs):
+        x = _context(p, axis, period, phase) if hist is None else 3 * _context(p, axis, period, phase) + e
         total += cost1[p0(x)] if s else cost0[p0(x)]
         update(x, s)
     return total
@@ -431,9 +449,14 @@ def _rc_models(m: int, axis: int, period: int, phase: int, n_fields: int, histor
     return _count_model((3 if history else 1) * _contexts(m, axis, period, phase)), lengths, bits
 
 
-def _history_at(hist: np.ndarray | None, cpos: np.ndarray) -> np.ndarray:
-    """The history codes of the changes at ``cpos`` (zeros without a history)."""
-    return np.zeros(cpos.size, np.int64) if hist is None else np.minimum(hist[cpos].astype(np.int64), 2)
+def _history_at(hist: tuple | None, cpos: np.ndarray) -> np.ndarray:
+    """The history codes of the changes at ``cpos`` (zeros without a history): from packed codes
+    whose element 0 is ``hist[1]`` into ``hist[0]``, clamped to 2."""
+    if hist is None:
+        return np.zeros(cpos.size, np.int64)
+    packed, off = hist
+    q = np.asarray(cpos, np.int64) + off
+    return np.minimum((packed[q >> 2].astype(np.int64) >> ((q & 3) << 1)) & 3, 2)
 
 
 def _chunks(*arrays: np.ndarray):
@@ -444,7 +467,7 @@ def _chunks(*arrays: np.ndarray):
 
 
 def _rc_encode(d: np.ndarray, fields: np.ndarray, cpos: np.ndarray, m: int, axis: int, period: int, phase: int,
-               n_fields: int, gaps: tuple | None = None, hist: np.ndarray | None = None) -> bytes:
+               n_fields: int, gaps: tuple | None = None, hist: tuple | None = None) -> bytes:
     """§8.9's changes stream: for each change (class order) its sign, bit length and low bits. With
     ``gaps`` (``g, counts, rice``, class order): §8.10's stream, those gaps coded first. With ``hist``
     (the block's history codes, §7): §8.11's sign contexts."""
@@ -547,7 +570,7 @@ def _rp_ranks(dec: _RangeDecoder, counts: list, rice: list, m: int) -> np.ndarra
 
 
 def _rc_decode(dec: _RangeDecoder, cpos: np.ndarray, ords: np.ndarray, fields: np.ndarray, m: int, axis: int,
-               period: int, phase: int, nbits: int, n_fields: int, hist: np.ndarray | None = None) -> np.ndarray:
+               period: int, phase: int, nbits: int, n_fields: int, hist: tuple | None = None) -> np.ndarray:
     """The new values (order-preserving integers) of the changes at ``cpos`` (class order), as §8.9
     decodes them from their bases' ``ords`` and exponent ``fields``, ``dec`` going on from where it is.
     With ``hist`` (the block's history codes, §7): §8.11's sign contexts."""

@@ -144,7 +144,7 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
     ``where``: the tensor's last dimension (None for a vector) and the block's first flat element;
     ``readers``: the oldest format version that must read the file (None: this one); ``previous``:
     the block's previous value, for a tensor with HISTORY (§7)."""
-    history = None if previous is None else backend.selected().history(dt, previous, base)
+    history = None if previous is None else (backend.selected().history(dt, previous, base), 0)
     if force_encoding is not None:
         cands = [encodings.encode_forced(dt, base, target, force_encoding, where[0], where[1], history)]
     else:

@@ -2576,7 +2576,7 @@ def _rc_recode(base, target, edit_d, previous=None):
         edit_d(d, ctx.ordered(adt, bu[pos]).tolist())
         hist = None if previous is None else history_of(base, previous)
         coded = twins._rc_encode(np.array(d, dtype=object), ctx.exponent_field(adt, bu[pos]), pos, bu.size,
-                                 *p.signs[:3], 1 << adt.exp_bits, None, hist)
+                                 *p.signs[:3], 1 << adt.exp_bits, None, _kernel_codes(hist))
         streams[2][1] = coded
         params[-1] = len(coded)
     return edit
@@ -2875,6 +2875,13 @@ def previous_for(base, target, seed=0, agree=0.85, still=0.12, mirror=0.15):
     return prev
 
 
+def _kernel_codes(h):
+    """Codes of :func:`history_of` (one a byte) as the encoder and decoder take them: packed four to a
+    byte, with the offset of element 0 (None stays None)."""
+    from arcfmt.history import pack
+    return None if h is None else (pack(h), 0)
+
+
 def history_of(base, previous) -> np.ndarray:
     """§7's h of every element (flat uint8): 0 for equal bit patterns, 1 where ord(base) > ord(previous), 2
     where less — computed here from §8.6's ord, not by the encoder."""
@@ -2965,7 +2972,7 @@ def assert_history_matters(data, base, target, previous):
         p = ctx.Params.unpack_rc(params)
         p.rh = True
         out = np.empty(e - s, adt.uint)
-        ctx.decode(adt, p, streams, e - s, bu[s:e], out, None, h)
+        ctx.decode(adt, p, streams, e - s, bu[s:e], out, None, _kernel_codes(h))
         assert (out == tu[s:e]).all()
         n += 1
         axis, period, phase = p.signs[:3]
@@ -2983,7 +2990,7 @@ def assert_history_matters(data, base, target, previous):
                 continue
             seen.add(what)
             try:
-                ctx.decode(adt, q, streams, e - s, bu[s:e], out, None, hw)
+                ctx.decode(adt, q, streams, e - s, bu[s:e], out, None, _kernel_codes(hw))
             except CorruptError:
                 continue
             assert (out != tu[s:e]).any(), f"{th.name} block {b}: a decoder with h {what} rebuilds it too"
@@ -3017,7 +3024,7 @@ def rh_custom(base, target, previous, axis, period=1, phase=None, thresholds=(),
         pos = np.flatnonzero(b != t)
         axes = [(axis, period, (k * be) % period if phase is None else phase)]
         enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True,
-                         history=hist[k * be:(k + 1) * be], force_rh=True)
+                         history=_kernel_codes(hist[k * be:(k + 1) * be]), force_rh=True)
         assert enc.rc and enc.rh and not enc.rp
         blk = encodings.EncodedBlock(RH, enc.params, enc.streams, pos.size)
         rec.payload = records.build_block(0, k, blk, [codecs.encode_with(codecs.by_name(codec).id, bytes(x))
@@ -3204,7 +3211,7 @@ def ctxrh_reject_vectors():
     q.rh = True
     from arcfmt.errors import CorruptError
     try:   # as §8.11: (with this data) the changes read leave bytes over
-        ctx.decode(adt, q, probe[5], m, b.view(adt.uint).reshape(-1), out, None, history_of(b, prev))
+        ctx.decode(adt, q, probe[5], m, b.view(adt.uint).reshape(-1), out, None, _kernel_codes(history_of(b, prev)))
         raise AssertionError("n_ctxrh_coded_as_rc decodes")
     except CorruptError as exc:
         assert "bytes left" in str(exc), exc

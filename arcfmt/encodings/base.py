@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from ..layout import BytesLike
 
 
+# A block's history codes (SPEC.md §7, 1.9) as the kernels take them: codes packed four to a byte
+# (arcfmt.history.pack) and the offset of the block's element 0 into them
+HistoryCodes = tuple[np.ndarray, int]
+
+
 @dataclass
 class EncodedBlock:
     """One block, encoded: what the writer compresses and frames (SPEC.md §8 BLCK fields)."""
@@ -58,7 +63,7 @@ class Block:
 
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
                  effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-                 readers: tuple[int, int] | None = None, history: np.ndarray | None = None) -> None:
+                 readers: tuple[int, int] | None = None, history: HistoryCodes | None = None) -> None:
         # as the kernels read them, C-contiguous and aligned: a view of an odd layout (an unaligned tensor
         # of a memory-mapped file) is copied once here, not by each kernel an encoding calls
         self.base = None if base is None else np.require(base, requirements=("C", "A"))
@@ -69,8 +74,9 @@ class Block:
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
         # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
         self.period, self.offset = period, offset
-        # the block's history codes (SPEC.md §7: the direction of each element's last change), where the
-        # writer was given the previous step and the tensor carries HISTORY; else None
+        # the block's history codes (SPEC.md §7: the direction of each element's last change), packed with
+        # the offset of its element 0 (arcfmt.history), where the writer was given the previous step
+        # and the tensor carries HISTORY; else None
         self.history = history
         # candidates one encoding's pass made for another, by its id (ctx-delta's one pass over a block
         # makes both ctx-delta's and ctx-delta-rc's streams), taken by that encoding's propose

@@ -24,7 +24,7 @@ from .. import backend
 from .. import layout as L
 from ..dtypes import DType
 from ..errors import CorruptError, InputError
-from .base import Block, EncodedBlock, Encoding, StreamRole
+from .base import Block, EncodedBlock, Encoding, HistoryCodes, StreamRole
 from .registry import register
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
            thresholds: Sequence[int] | None = None, max_classes: int = DEFAULT_CLASSES, dense: bool = False,
            axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
            rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False, rp: int = 0,
-           history: np.ndarray | None = None, force_rh: bool = False) -> Encoded:
+           history: HistoryCodes | None = None, force_rh: bool = False) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
     ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
     ``rc_axes``: sign contexts to try for ``ctx-delta-rc`` (§8.9), tried first: the block is that
@@ -313,7 +313,8 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     signs in fewer bytes than the raw bits and the extra params, or always with ``force_signs``.
     ``rp`` (with ``rc_axes``): 1 makes a ctx-delta-rc block ``ctx-delta-rp`` (§8.10) where the model's
     estimate of its gaps is below their Rice bits, 2 always. ``history`` (with ``rc_axes``, without
-    ``rp``): the block's history codes (§7); a ctx-delta-rc block is ``ctx-delta-rh`` (§8.11) where
+    ``rp``): the block's history codes (§7) as ``(packed, offset)``, element 0 at ``offset`` into the
+    codes packed four to a byte (:func:`arcfmt.history.pack`); a ctx-delta-rc block is ``ctx-delta-rh`` (§8.11) where
     the history contexts size its signs smaller (``force_rh``: always, the axis still chosen)."""
     if dense:
         thresholds = []
@@ -386,12 +387,13 @@ def dense_stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
 # ----------------------------------------------------------------------------------------- decode
 
 def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray, out: np.ndarray,
-           positions: np.ndarray | None = None, history: np.ndarray | None = None) -> None:
+           positions: np.ndarray | None = None, history: HistoryCodes | None = None) -> None:
     """Rebuild the block into ``out`` (may be ``base``); every check runs before any element of ``base``
     is written (in place), and before any changed value reaches a separate ``out`` (which, being the
     decoder's private buffer, may already hold part of the base's copy when a check fails).
     ``positions`` (int64, ``p.changed`` long): also gets the positions the block changes.
-    ``history``: the block's history codes (§7), which a ctx-delta-rh block (``p.rh``) needs."""
+    ``history``: the block's history codes (§7) as ``(packed, offset)``, which a ctx-delta-rh block
+    (``p.rh``) needs."""
     backend.warn_first_compile(backend.DECODE)
     assert p.rh == (history is not None), "a ctx-delta-rh block, and only one, decodes with its history"
     status = backend.selected().ctx_decode(dt, p, streams, m, base, out, positions, history)
@@ -456,12 +458,13 @@ def warm_up() -> None:
         # ctx-delta-rh (§8.11): the history of a previous step, and a block coded with it
         previous = base.copy()
         previous[::89] ^= dt.uint.type(1)
-        history = be.history(dt, previous, base)
-        enc = encode(dt, base, target, pos, rc_axes=sign_axes(256, 0, m), force_rc=True, history=history,
+        packed = be.history(dt, previous, base)
+        enc = encode(dt, base, target, pos, rc_axes=sign_axes(256, 0, m), force_rc=True, history=(packed, 0),
                      force_rh=True)
         p = Params.unpack_rc(enc.params)
         p.rh = True
-        decode(dt, p, enc.streams, m, base, np.empty_like(base), None, history)
+        decode(dt, p, enc.streams, m, base, np.empty_like(base), None, (packed, 0))
+        be.history_at(dt, np.zeros_like(packed), 0, pos, previous, base)   # a follower's record of its changes
     for width in (1, 2, 4, 8):   # a live model's staged changes (pipeline.Changes), of any dtype
         flat = np.zeros(64, f"u{width}")
         for index in (np.int32, np.int64):
@@ -495,12 +498,12 @@ class CtxDelta(Encoding):
         return stream_lengths(dt, Params.unpack(params), m)
 
     def decode(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int, base: np.ndarray | None,
-               out: np.ndarray, history: np.ndarray | None = None) -> None:
+               out: np.ndarray, history: HistoryCodes | None = None) -> None:
         assert base is not None, "ctx-delta needs a base: the container never decodes one without"
         decode(dt, self.unpack(params), streams, m, base, out, None, history)
 
     def decode_changes(self, dt: DType, params: Sequence[int], streams: Sequence[BytesLike], m: int,
-                       base: np.ndarray | None, out: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
+                       base: np.ndarray | None, out: np.ndarray, history: HistoryCodes | None = None) -> np.ndarray:
         """:meth:`decode`, returning the positions it changed (unsorted; every one differs from the base,
         as a step's magnitude is at least 1): a live model's sparse update needs them, and the decoder
         has them already."""

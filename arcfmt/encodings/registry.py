@@ -18,7 +18,7 @@ import numpy as np
 from ..dtypes import DType
 from ..errors import InputError, UnsupportedError
 from ..tables import TableView
-from .base import Block, EncodedBlock, Encoding
+from .base import Block, EncodedBlock, Encoding, HistoryCodes
 
 if TYPE_CHECKING:
     from ..codecs import Trials
@@ -117,7 +117,7 @@ NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e:
 
 def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
                effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-               readers: tuple[int, int] | None = None, history: np.ndarray | None = None) -> list[EncodedBlock]:
+               readers: tuple[int, int] | None = None, history: HistoryCodes | None = None) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
     no streams ends the trials: nothing is smaller. ``readers``: the oldest format version that must
@@ -142,7 +142,7 @@ def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
 
 
 def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding_id: int,
-                  period: int | None = None, offset: int = 0, history: np.ndarray | None = None) -> EncodedBlock:
+                  period: int | None = None, offset: int = 0, history: HistoryCodes | None = None) -> EncodedBlock:
     """One given encoding (``force_encoding``: tests and conformance vectors); raises if it cannot
     code this block. A block without changes is written with the encoding that keeps the base."""
     enc = for_dtype(encoding_id, dt)
@@ -163,7 +163,7 @@ def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encodi
 
 def decode_block(dt: DType, encoding_id: int, params: Sequence[int], streams: Sequence[BytesLike], m: int,
                  base: np.ndarray | None,
-                 out: np.ndarray, *, changes: bool = False, history: np.ndarray | None = None) -> np.ndarray | None:
+                 out: np.ndarray, *, changes: bool = False, history: HistoryCodes | None = None) -> np.ndarray | None:
     """Write a block's target into ``out`` (which may be ``base`` itself, for in-place updates). With
     ``changes``, also return the positions it changed where the encoding knows them for free
     (``decode_changes``: exactly the positions whose value differs from the base, unsorted), else None.
