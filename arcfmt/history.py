@@ -78,6 +78,7 @@ class History:
 
     @property
     def size(self) -> int:
+        """The tensor's element count (the number of codes)."""
         n = 1
         for d in self.shape:
             n *= d
