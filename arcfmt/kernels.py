@@ -420,7 +420,12 @@ def _code(p, b, half):
 
 @_jit
 def _history(previous, base, half, out):
-    for i in range(base.size):
+    n4 = base.size >> 2
+    for k in range(n4):   # four codes a byte, written once
+        i = k << 2
+        out[k] = (_code(previous[i], base[i], half) | (_code(previous[i + 1], base[i + 1], half) << 2)
+                  | (_code(previous[i + 2], base[i + 2], half) << 4) | (_code(previous[i + 3], base[i + 3], half) << 6))
+    for i in range(n4 << 2, base.size):
         out[i >> 2] |= _code(previous[i], base[i], half) << np.uint8((i & 3) << 1)
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import backend, codecs, encodings, records
+from . import codecs, encodings, records
 from . import layout as L
 from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
@@ -144,11 +144,10 @@ def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=Non
     ``where``: the tensor's last dimension (None for a vector) and the block's first flat element;
     ``readers``: the oldest format version that must read the file (None: this one); ``previous``:
     the block's previous value, for a tensor with HISTORY (§7)."""
-    history = None if previous is None else (backend.selected().history(dt, previous, base), 0)
     if force_encoding is not None:
-        cands = [encodings.encode_forced(dt, base, target, force_encoding, where[0], where[1], history)]
+        cands = [encodings.encode_forced(dt, base, target, force_encoding, where[0], where[1], previous)]
     else:
-        cands = encodings.candidates(dt, base, target, effort, where[0], where[1], readers, history)
+        cands = encodings.candidates(dt, base, target, effort, where[0], where[1], readers, previous)
     if len(cands) > 1 and force_codec is None and effort != "fast":
         # A fast estimate orders the candidates; each then gets the full codec trials only while its
         # estimate is within reach of the smallest full result so far (strong codecs gain < 15 %).

@@ -63,7 +63,7 @@ class Block:
 
     def __init__(self, dt: DType, base: np.ndarray | None, target: np.ndarray,
                  effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-                 readers: tuple[int, int] | None = None, history: HistoryCodes | None = None) -> None:
+                 readers: tuple[int, int] | None = None, previous: np.ndarray | None = None) -> None:
         # as the kernels read them, C-contiguous and aligned: a view of an odd layout (an unaligned tensor
         # of a memory-mapped file) is copied once here, not by each kernel an encoding calls
         self.base = None if base is None else np.require(base, requirements=("C", "A"))
@@ -74,10 +74,9 @@ class Block:
         # where the block lies in its tensor: the last dimension (None for a vector or a scalar) and
         # the block's first flat element (ctx-delta-as's row and column contexts, §8.8)
         self.period, self.offset = period, offset
-        # the block's history codes (SPEC.md §7: the direction of each element's last change), packed with
-        # the offset of its element 0 (arcfmt.history), where the writer was given the previous step
-        # and the tensor carries HISTORY; else None
-        self.history = history
+        # the block's previous value (SPEC.md §7), where the writer was given the previous step and the
+        # tensor carries HISTORY; else None (see ``history``)
+        self.previous = None if previous is None else np.require(previous, requirements=("C", "A"))
         # candidates one encoding's pass made for another, by its id (ctx-delta's one pass over a block
         # makes both ctx-delta's and ctx-delta-rc's streams), taken by that encoding's propose
         self.made_for: dict[int, EncodedBlock] = {}
@@ -87,6 +86,18 @@ class Block:
         # Only encodings that need a base ask (the registry offers a block without one to no other).
         assert self.base is not None, "changed positions of a block without a base"
         return backend.selected().changes(self.base, self.target)
+
+    @cached_property
+    def history(self) -> HistoryCodes | None:
+        """The block's history codes (SPEC.md §7: the direction of each element's last change) as the
+        kernels take them, or None without a previous value. Only the changed elements' codes are
+        made (the encoder reads no other): a pass over the changes, not over the block."""
+        if self.previous is None:
+            return None
+        assert self.base is not None, "a history needs a base"
+        packed = np.zeros((self.m + 3) // 4, np.uint8)
+        backend.selected().history_at(self.dt, packed, 0, self.positions, self.previous, self.base)
+        return packed, 0
 
     @property
     def m(self) -> int:

@@ -562,7 +562,7 @@ class CtxDelta(Encoding):
         # from 519 to 375 MB/s and decode from 877 to 706 (tools/bench.py, BENCHMARKS 2026-12-07)
         # ctx-delta-rh where the block's history is given: the signs it saves (up to 62 % on pure-BF16
         # training) are worth more than -rp's gaps, and the two do not combine
-        rh = "auto" if rc == "auto" and block.history is not None and block.may_use(CtxDeltaRh) else "never"
+        rh = "auto" if rc == "auto" and block.previous is not None and block.may_use(CtxDeltaRh) else "never"
         rp = "auto" if rc == "auto" and rh == "never" and effort == "max" and block.may_use(CtxDeltaRp) else "never"
         classes = CLASS_LIMITS.get(effort, DEFAULT_CLASSES) if isinstance(effort, str) else DEFAULT_CLASSES
         return self.encode(block, classes, signs, rc, rp, rh)
@@ -627,7 +627,7 @@ class CtxDeltaRc(CtxDelta):
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
                rp: str = "never", rh: str = "never") -> EncodedBlock | None:
-        if self._rh == "always" and block.history is None:
+        if self._rh == "always" and block.previous is None:
             raise InputError(f"{self.name} needs the previous step (its history, SPEC.md §7), which was not given")
         out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp, self._rh)
         if out is not None and out.encoding != self.id:

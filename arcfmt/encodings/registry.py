@@ -117,18 +117,18 @@ NEEDS_BASE: Mapping[int, bool] = TableView(registered, lambda e: e.id, lambda e:
 
 def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
                effort: str | Trials = "default", period: int | None = None, offset: int = 0,
-               readers: tuple[int, int] | None = None, history: HistoryCodes | None = None) -> list[EncodedBlock]:
+               readers: tuple[int, int] | None = None, previous: np.ndarray | None = None) -> list[EncodedBlock]:
     """Every encoding worth trying for this block, in trial order: each registered encoding defined for
     ``dt`` (and needing no base when there is none) proposes a candidate or declines. A candidate with
     no streams ends the trials: nothing is smaller. ``readers``: the oldest format version that must
-    read the file; encodings added after it are not tried. ``history``: the block's history codes
+    read the file; encodings added after it are not tried. ``previous``: the block's previous value
     (SPEC.md §7), where the tensor carries HISTORY."""
     every, cache = _trials
     key = (dt.code, base is not None)
     trials = cache.get(key)
     if trials is None:
         trials = cache[key] = tuple(e for e in every if (base is not None or not e.needs_base) and e.defined_for(dt))
-    block = Block(dt, base, target, effort, period, offset, readers, history)
+    block = Block(dt, base, target, effort, period, offset, readers, previous)
     out: list[EncodedBlock] = []
     for enc in trials:
         if readers is not None and enc.since > readers:
@@ -142,13 +142,13 @@ def candidates(dt: DType, base: np.ndarray | None, target: np.ndarray,
 
 
 def encode_forced(dt: DType, base: np.ndarray | None, target: np.ndarray, encoding_id: int,
-                  period: int | None = None, offset: int = 0, history: HistoryCodes | None = None) -> EncodedBlock:
+                  period: int | None = None, offset: int = 0, previous: np.ndarray | None = None) -> EncodedBlock:
     """One given encoding (``force_encoding``: tests and conformance vectors); raises if it cannot
     code this block. A block without changes is written with the encoding that keeps the base."""
     enc = for_dtype(encoding_id, dt)
     if enc.needs_base and base is None:
         raise InputError(f"encoding {enc.name} needs a base")
-    block = Block(dt, base, target, period=period, offset=offset, history=history)
+    block = Block(dt, base, target, period=period, offset=offset, previous=previous)
     out = enc.encode(block)
     if out is not None and out.encoding != enc.id:   # its params are another encoding's: never written as its
         raise InputError(f"encoding {enc.name} cannot code this block (it came out as {get(out.encoding).name})")
