@@ -51,6 +51,7 @@ from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from arcfmt.safetensors_io import open_checkpoint, write_file  # noqa: E402
 from arcfmt.store import Follower, Mirror, Publisher  # noqa: E402
+from arcfmt.store.errors import NoStreamError  # noqa: E402
 
 DEFAULT_FILTER = ["encoder.layer.*.intermediate.dense.*", "encoder.layer.[0-9].output.dense.*",
                   "model.layers.*.mlp.*"]
@@ -159,8 +160,11 @@ def run(args, ckpts, groups, model_bytes, patterns, work, url, so, base_url) -> 
     def follow(name, fol):
         try:
             while not stop.is_set():
-                for upd in fol.sync():
-                    done[name][upd.step] = (time.perf_counter(), upd)
+                try:
+                    for upd in fol.sync():
+                        done[name][upd.step] = (time.perf_counter(), upd)
+                except NoStreamError:   # the trainer has not published its first step yet
+                    pass
                 time.sleep(args.interval)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append((name, exc))
