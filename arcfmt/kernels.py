@@ -315,7 +315,7 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     §8.11's contexts too, and a choice ``i`` of ``len(sign_axes)`` or more is axis ``i - len(sign_axes)``
     coded with them (``ctx-delta-rh``)."""
     base, target, positions = _input(base), _input(target), _ro(positions)
-    hist, hoff = (_NO_HISTORY, 0) if history is None else (_input(history[0]), history[1])
+    hist, hoff = _history_args(history)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
@@ -356,11 +356,16 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
         axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp,
-        *((_NO_HISTORY, 0) if history is None else (_input(history[0]), history[1])))
+        *_history_args(history))
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
 _NO_HISTORY = _ro(np.empty(0, np.uint8))
+
+
+def _history_args(history) -> tuple[np.ndarray, int]:
+    """``hist, hoff`` of the kernels for a block's ``(packed codes, offset)``, or none (an empty array)."""
+    return (_NO_HISTORY, 0) if history is None else (_input(history[0]), history[1])
 # The kernel arguments of a dtype and thresholds (:func:`_args`), by (dtype code, *thresholds): a block's
 # per-call Python work holds the GIL, and these repeat from block to block.
 _decode_args: dict[tuple[int, ...], tuple[Any, ...]] = {}

@@ -359,7 +359,6 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
-                hist = item.history
                 enc = None if item.encodings is None else item.encodings[b]
                 while pending and cap is not None and in_flight[0] + (e - s) * th.dtype.itemsize > cap:
                     complete_one()
@@ -368,14 +367,15 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 shared = e - s >= SHARED_MIN_ELEMS and threads
                 if not pending and not shared:   # nothing in flight: decode and finish it here, no job
                     try:
-                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None), hist)
+                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None),
+                                    item.history)
                     except Exception as exc:  # noqa: BLE001 - block_failed holds or re-raises it
                         block_failed(t, b, arr, exc)
                     else:
                         completed(t, b, arr, base_block, hashed)
                 else:
                     job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None),
-                                            hist))
+                                            item.history))
                     pending.append((t, b, job, arr, base_block, hashed))
                     in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)

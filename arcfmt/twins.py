@@ -74,10 +74,8 @@ def _codes(dt, previous, base):
 def history(dt, previous, base):
     """The history codes of SPEC.md §7 from ``previous`` to ``base``, packed four to a byte (element
     ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``)."""
-    c = np.zeros((base.size + 3) // 4 * 4, np.uint8)
-    c[:base.size] = _codes(dt, previous, base)
-    q = c.reshape(-1, 4)
-    return q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+    from .history import pack
+    return pack(_codes(dt, previous, base))
 
 
 def history_at(dt, packed, offset, positions, previous, base) -> None:

@@ -14,6 +14,7 @@ from . import layout as L
 from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
 from .errors import InputError, LimitError
+from .history import coded
 from .integrity import DigestEntry, model_digest, tensor_hash
 from .parallel import run_jobs
 
@@ -342,8 +343,7 @@ class DeltaWriter:
         if self._previous is None or base is None:
             return None
         forced = self._force_encoding == encodings.by_name("ctx-delta-rh").id
-        if not encodings.get(encodings.by_name("ctx-delta-rh").id).defined_for(dt) or \
-                (size < HISTORY_MIN_ELEMS and not forced):
+        if not coded(dt) or (size < HISTORY_MIN_ELEMS and not forced):
             return None
         prev = self._previous.get(name)
         if prev is None:

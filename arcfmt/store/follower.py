@@ -194,7 +194,7 @@ class Follower:
                  step_timeout: float | None = None, missing_wait: float = 30.0, trust=None,
                  stream_id: str | None = None, live=None, snapshot=None, snapshot_every: int = 0):
         # the history of the step held (name -> History; None: not read from the folder yet): what a delta
-        # written with the previous step needs (format 1.9); one byte per weight, in memory and on disk
+        # written with the previous step needs (format 1.9); two bits a weight, in memory and on disk
         self._histories: dict[str, History] | None = None
         # the step and manifest those histories lead to, the kind of step that made them ("keyframe":
         # none), and whether that step's manifest has keyframes (a publisher writes no history after

@@ -273,9 +273,10 @@ class Publisher:
         keep = {name}
         if self._before is not None and self._before[2] == step:   # the delta's base: the next one's previous
             bname = f"{stem}-step{self._before[0]}.safetensors"
-            if not os.path.isfile(os.path.join(self.state_dir, bname)):
-                write_file(os.path.join(self.state_dir, bname + ".tmp"), dict(self._before[1]))
-                os.replace(os.path.join(self.state_dir, bname + ".tmp"), os.path.join(self.state_dir, bname))
+            bpath = os.path.join(self.state_dir, bname)
+            if not os.path.isfile(bpath):   # (it is the last state's tensors, unless base= was given)
+                write_file(bpath + f".tmp-{os.getpid()}", dict(self._before[1]))
+                os.replace(bpath + f".tmp-{os.getpid()}", bpath)
             state["before"] = {"step": self._before[0], "tensors": bname, "digest": _digest_of(self._before[1])}
             keep.add(bname)
         with open(jpath + ".tmp", "w") as f:
