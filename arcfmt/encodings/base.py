@@ -15,7 +15,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -81,17 +80,33 @@ class Block:
         # makes both ctx-delta's and ctx-delta-rc's streams), taken by that encoding's propose
         self.made_for: dict[int, EncodedBlock] = {}
 
-    @cached_property
-    def positions(self) -> np.ndarray:
-        # Only encodings that need a base ask (the registry offers a block without one to no other).
-        assert self.base is not None, "changed positions of a block without a base"
-        return backend.selected().changes(self.base, self.target)
+    # Computed once, on first use, and kept as plain attributes: functools.cached_property takes one
+    # lock per property for every instance on Python 3.11, so blocks encoding on different threads
+    # waited for each other's positions (their kernels run outside the GIL, inside that lock).
+    _positions: np.ndarray | None = None
+    _history: HistoryCodes | None | bool = False   # False: not made yet
 
-    @cached_property
+    @property
+    def positions(self) -> np.ndarray:
+        p = self._positions
+        if p is None:
+            # Only encodings that need a base ask (the registry offers a block without one to no other).
+            assert self.base is not None, "changed positions of a block without a base"
+            p = self._positions = backend.selected().changes(self.base, self.target)
+        return p
+
+    @property
     def history(self) -> HistoryCodes | None:
         """The block's history codes (SPEC.md §7: the direction of each element's last change) as the
         kernels take them, or None without a previous value. Only the changed elements' codes are
         made (the encoder reads no other): a pass over the changes, not over the block."""
+        h = self._history
+        if h is False:
+            h = self._history = self._make_history()
+        assert h is not True
+        return h
+
+    def _make_history(self) -> HistoryCodes | None:
         if self.previous is None:
             return None
         assert self.base is not None, "a history needs a base"
