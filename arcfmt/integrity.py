@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
@@ -18,6 +19,17 @@ DigestEntry: TypeAlias = tuple[bytes, int, Sequence[int], int]
 
 
 HASH_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class KnownBase:
+    """An array whose tensor hash its holder already knows, because it made every byte of it itself
+    (a live follower's model, which it verified; a publisher's own copy of a step it hashed when it
+    wrote it): a decoder checks it by that hash, a writer names it by that hash, neither hashes it
+    again. A wrong hash is never a misread: a file named by it is refused (``wrong_base``)."""
+
+    array: object
+    hash: int
 
 
 def tensor_hash(u: np.ndarray) -> int:

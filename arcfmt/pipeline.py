@@ -32,7 +32,7 @@ from . import layout as L
 from .arrays import PAGE, as_uint, is_mapped, release
 from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
-from .integrity import DigestEntry, model_digest, tensor_hash
+from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
 from .layout import BytesLike
 from .parallel import DONE, SHARED_MIN_ELEMS, Batch, Job, run_jobs
 
@@ -71,15 +71,6 @@ def default_output_budget(file_size: int) -> int:
 
 
 # --------------------------------------------------------------------------------------- checks
-
-@dataclass(frozen=True)
-class KnownBase:
-    """A base array whose tensor hash its holder already knows, because it wrote every byte of it
-    itself after verifying them (a live follower's model): checked by that hash, not hashed again."""
-
-    array: object
-    hash: int
-
 
 def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
     """§12.3 step 1: the base tensor's flat unsigned view, once it is the one the file names."""

@@ -15,7 +15,7 @@ from .arrays import as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
 from .errors import InputError, LimitError
 from .history import coded
-from .integrity import DigestEntry, model_digest, tensor_hash
+from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
 from .parallel import run_jobs
 
 # An encoded block: the encoding's output and each stream's (codec, stored bytes)
@@ -328,28 +328,33 @@ class DeltaWriter:
         self._names.add(raw)
         self._added.append(raw)
         b = None
+        known_b = base.hash if isinstance(base, KnownBase) else None
         if base is not None and not keyframe:
-            bdt, bshape, b = as_uint(base)
+            bdt, bshape, b = as_uint(base.array if isinstance(base, KnownBase) else base)
             if bdt is not dt or bshape != shape:
                 b = None  # dtype or shape changed: the tensor travels as a keyframe
-        p = self._previous_of(name, dt, shape, b, t.size)
-        # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks
+        p, known_p = self._previous_of(name, dt, shape, b, t.size)
+        # the hashes are filled in by a job of write_tensors (_hash_into), in parallel with the blocks,
+        # but for a base or previous value given with its hash (KnownBase)
         th = records.TensorHeader(name, dt, tuple(int(d) for d in shape), block_elems,
-                                  0 if b is not None else None, 0, 0 if p is not None else None)
-        return th, b, t, p
+                                  None if b is None else known_b if known_b is not None else 0, 0,
+                                  None if p is None else known_p if known_p is not None else 0)
+        return th, b, t, p, (b is not None and known_b is None, p is not None and known_p is None)
 
-    def _previous_of(self, name, dt, shape, base, size) -> np.ndarray | None:
-        """The tensor's previous value (flat unsigned view) where it will carry HISTORY, else None."""
+    def _previous_of(self, name, dt, shape, base, size) -> tuple[np.ndarray | None, int | None]:
+        """The tensor's previous value (flat unsigned view) where it will carry HISTORY, else None; and
+        its hash where it was given with one (KnownBase)."""
         if self._previous is None or base is None:
-            return None
+            return None, None
         forced = self._force_encoding == encodings.by_name("ctx-delta-rh").id
         if not coded(dt) or (size < HISTORY_MIN_ELEMS and not forced):
-            return None
+            return None, None
         prev = self._previous.get(name)
         if prev is None:
-            return None
-        pdt, pshape, p = as_uint(prev)
-        return p if pdt is dt and pshape == shape else None
+            return None, None
+        known = prev.hash if isinstance(prev, KnownBase) else None
+        pdt, pshape, p = as_uint(prev.array if isinstance(prev, KnownBase) else prev)
+        return (p, known) if pdt is dt and pshape == shape else (None, None)
 
     def write_tensor(self, name: str, target, base=None, *, keyframe: bool = False) -> None:
         """Write one tensor: ``target`` (numpy, ml_dtypes or CPU torch array) as a delta from ``base``.
@@ -409,10 +414,11 @@ class DeltaWriter:
             held[:] = [0, False, 0]
 
         for name, base, target in items:
-            th, b, t, p = self._prepare(name, base, target, keyframe)
+            th, b, t, p, (hash_b, hash_p) = self._prepare(name, base, target, keyframe)
             pending.append(("T", th))
-            jobs.append((_hash_into, th, b, t, p))  # before the tensor's first emit: same flush or an earlier one
-            sizes.append(t.size * (1 if b is None else 2 if p is None else 3))
+            # before the tensor's first emit: same flush or an earlier one
+            jobs.append((_hash_into, th, b if hash_b else None, t, p if hash_p else None))
+            sizes.append(t.size * (1 + hash_b + hash_p))
             held[1] = held[1] or is_mapped(t) or is_mapped(b)
             for blk in range(th.block_count):
                 s, e = th.block_range(blk)

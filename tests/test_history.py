@@ -316,11 +316,11 @@ def test_a_delta_that_needs_a_history_after_a_keyframe_is_the_streams_fault(tmp_
     from arcfmt.store import Follower, Publisher
     real = Publisher._remember
 
-    def keep_always(self, step, target, source_path, file, delta_from=None, given=False):
-        real(self, step, target, source_path, file, delta_from, given)
+    def keep_always(self, step, target, source_path, file, delta_from=None, given=False, hashes=None):
+        real(self, step, target, source_path, file, delta_from, given, hashes)
         if self._last is not None and delta_from is None and step > 0:   # (a keyframe step: keep it anyway)
             self._before = (step - 1, self._prev_for_test, step)
-        self._prev_for_test = self._last[1]
+        self._prev_for_test = {n: a.copy() for n, a in self._last[1].items()}   # (its buffers are reused)
     monkeypatch.setattr(Publisher, "_remember", keep_always)
     url, pub, traj = _stream(tmp_path, 4, keyframe_every=2)
     pub._prev_for_test = None
@@ -400,3 +400,50 @@ def test_a_second_follower_of_the_folder_and_a_folder_changed_by_hand(tmp_path):
     with pytest.raises(WrongBaseError, match="base tensor 'b'"):
         Follower(url, tmp_path / "f", progress=events.append).sync()
     assert not [e for e in events if e["event"] == "restart"]
+
+
+def test_a_base_and_previous_step_given_with_their_hashes_are_not_hashed_again(monkeypatch):
+    """KnownBase values: the writer names them by the hash given, hashing only the target, and writes
+    the same bytes as from plain arrays. A wrong hash is never a misread: the file is refused."""
+    from arcfmt import writer as wmod
+    from arcfmt.integrity import KnownBase, tensor_hash
+    prev, base, target = _steps("BF16", 7, shape=(80, 160))
+    plain, _ = _write(base, target, previous=prev)
+    hashed = []
+    monkeypatch.setattr(wmod, "tensor_hash", lambda u: hashed.append(u.nbytes) or tensor_hash(u))
+    h = {n: tensor_hash(bits_of(a)) for n, a in {**base, "p": prev["w"]}.items()}
+    known, _ = _write({"w": KnownBase(base["w"], h["w"])}, target, previous={"w": KnownBase(prev["w"], h["p"])})
+    assert known == plain and hashed == [target["w"].nbytes]
+    lied, _ = _write({"w": KnownBase(base["w"], h["w"] ^ 1)}, target)
+    with pytest.raises(WrongBaseError):
+        arcfmt.decode(base, lied)
+
+
+def test_a_publisher_names_its_own_copies_by_the_hashes_it_wrote_them_with(tmp_path, monkeypatch):
+    """A trainer that updates one buffer in place and publishes it every step: the publisher's own
+    copies (base and previous step) are not hashed again, their buffers are reused, and every step
+    still rebuilds bit for bit, with history."""
+    from arcfmt import writer as wmod
+    from arcfmt.integrity import tensor_hash
+    from arcfmt.store import Follower, Publisher
+    from support.store import assert_folder
+    url = str(tmp_path / "stream")
+    traj = _momentum(6)
+    pub, fol = Publisher(url, keyframe_every=0), Follower(url, tmp_path / "f")
+    live = {n: a.copy() for n, a in traj[0].items()}
+    hashed = []
+    monkeypatch.setattr(wmod, "tensor_hash", lambda u: hashed.append(u.nbytes) or tensor_hash(u))
+    buffers = []
+    for step, t in enumerate(traj):
+        for n, a in t.items():
+            live[n][...] = a   # in place, as a trainer's optimizer step
+        hashed.clear()
+        pub.publish(step, live)
+        fol.sync()
+        assert_folder(tmp_path / "f", t)
+        if step >= 2:
+            assert sum(hashed) == sum(a.nbytes for a in t.values()), step   # the target only
+            assert ctx.CtxDeltaRh.id in _encodings(url, step)
+        buffers.append({n: id(a) for n, a in pub._last[1].items()})
+    # two copies in turn (the base and the previous step of the next delta), each written over again
+    assert buffers[4] == buffers[2] != buffers[3] == buffers[5]

@@ -44,7 +44,7 @@ from ..errors import (
     os_error,
 )
 from ..history import History, Recorder, unchanged
-from ..integrity import model_digest
+from ..integrity import KnownBase, model_digest
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
 from ..staging import OLD_TAG, Stage, open_private, recover
@@ -964,7 +964,7 @@ class _LiveModel:
         verified hash (checked against the delta's base hash without hashing the model again)."""
         if kind == "keyframe":
             return {}
-        return {n: pipeline.KnownBase(a, self.hashes[n]) if n in self.hashes else as_numpy(a)
+        return {n: KnownBase(a, self.hashes[n]) if n in self.hashes else as_numpy(a)
                 for n, a in self.arrays.items()}
 
     def _flat(self, name: str, th) -> np.ndarray | None:

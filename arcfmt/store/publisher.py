@@ -37,7 +37,8 @@ from .. import layout as FL
 from .. import records
 from ..arrays import as_numpy, as_uint
 from ..errors import ArcError, InputError
-from ..integrity import model_digest, tensor_hash
+from ..integrity import KnownBase, model_digest, tensor_hash
+from ..parallel import run_jobs
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
 from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches
@@ -135,6 +136,36 @@ def _load_tensors(obj, what: str):
     raise InputError(f"{what} must be a mapping of tensor name to array, or a safetensors path")
 
 
+class _Own(dict):
+    """Arrays the publisher copied itself (its memory of a step), which it may copy the next step into."""
+
+
+def _own_copy(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own:
+    """A copy of ``arrays`` the publisher owns, into ``spare``'s buffers where a name has one of the same
+    dtype and shape (in parallel: copies run outside the GIL)."""
+    out = _Own()
+    jobs, elems = [], []
+    for n, a in arrays.items():
+        a = as_numpy(a)
+        o = None if spare is None else spare.get(n)
+        if o is not None and o.shape == a.shape and o.dtype == a.dtype and o.flags.writeable:
+            jobs.append((np.copyto, o, a))
+            elems.append(a.size)
+            out[n] = o
+        else:
+            out[n] = np.array(a, copy=True)
+    run_jobs(jobs, workers or min(8, os.cpu_count() or 1), elems)
+    return out
+
+
+def _with_hashes(arrays: Mapping, hashes: dict[str, int] | None) -> Mapping:
+    """``arrays`` with the tensor hash of each named in ``hashes`` (KnownBase: the writer names it by
+    that hash instead of hashing it again)."""
+    if not hashes:
+        return arrays
+    return {n: KnownBase(a, hashes[n]) if n in hashes else a for n, a in arrays.items()}
+
+
 class Publisher:
     """Publishes one trainer shard's part of every step to a stream (any fsspec URL).
 
@@ -189,6 +220,10 @@ class Publisher:
         # (base step, base, step) of the last delta published: the next one's previous step where its base
         # is that step (in memory, and in state_dir across processes)
         self._before: tuple[int, dict[str, np.ndarray], int] | None = None
+        # the tensor hashes of the arrays of _last and _before where they are this publisher's own copies
+        # of steps it wrote (the hashes it wrote them with): their next deltas name them by these, unhashed
+        self._last_hashes: dict[str, int] | None = None
+        self._before_hashes: dict[str, int] | None = None
         # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
         self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
         self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
@@ -335,9 +370,12 @@ class Publisher:
         if base is None and base_map is not None and self._before is not None and self._before[2] == base_step \
                 and self.history:
             previous = self._before[1]
+        # the hashes of its own copies, which it made itself (never the caller's arrays nor a state file)
+        known = (self._last_hashes if self._last is not None and base_map is self._last[1] else None,
+                 self._before_hashes if self._before is not None and previous is self._before[1] else None)
         try:
             return self._publish(step, target, source_path, base_map, base_step, make_kf, file_name, note,
-                                 model_bytes, t_start, previous, base is not None)
+                                 model_bytes, t_start, previous, base is not None, known)
         except ConflictError as exc:
             self._set_lost(step, str(exc))   # the next step goes out as a keyframe (S8.2, recovery)
             if "keyframe" in str(exc):
@@ -346,7 +384,7 @@ class Publisher:
                                 f"on") from None
 
     def _publish(self, step, target, source_path, base_map, base_step, make_kf, file_name, note, model_bytes,
-                 t_start, previous=None, given=False) -> PublishResult:
+                 t_start, previous=None, given=False, known=(None, None)) -> PublishResult:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
@@ -359,7 +397,7 @@ class Publisher:
         try:
             if base_map is not None:
                 check_mismatches(base_map, target, self.on_mismatch, stacklevel=3)
-                made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles, previous)
+                made["delta"] = self._encode(step, target, base_map, base_step, tmpfiles, previous, known)
             if make_kf:
                 made["keyframe"] = self._encode(step, target, None, None, tmpfiles)
             t1 = time.perf_counter()
@@ -384,7 +422,8 @@ class Publisher:
         self._claim(desc)
         result = self.commit(step, mine=desc)
         self._remember(step, target, source_path, file_name,
-                       (base_step, base_map) if base_map is not None and not make_kf else None, given)
+                       (base_step, base_map) if base_map is not None and not make_kf else None, given,
+                       {n: int(h, 16) for n, _, _, h in first["tensors"]})
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -486,18 +525,33 @@ class Publisher:
             json.dump({"step": step, "why": why}, f)
         os.replace(p + ".tmp", p)
 
-    def _remember(self, step, target, source_path, file: str, delta_from=None, given: bool = False) -> None:
+    def _remember(self, step, target, source_path, file: str, delta_from=None, given: bool = False,
+                  hashes: dict[str, int] | None = None) -> None:
         """``delta_from``: ``(base step, base)`` of the delta just published where the step has no
         keyframe of this shard: the next delta's previous step (the publisher's history); copied when
-        the caller ``given`` it (``base=``: its arrays or file may change before the next step)."""
+        the caller ``given`` it (``base=``: its arrays or file may change before the next step).
+        ``hashes``: the target's tensor hashes as the step's file names them.
+
+        The copies go into the buffers of the copy no longer needed (the step before the previous,
+        or the previous without history), already in memory: a fresh copy of every tensor faulted its
+        pages in again each step (a fifth of a publish on the corpus model)."""
         self._set_lost(step, None)
         self._file = file
+        old_last, old_before = self._last, self._before
         keep = delta_from is not None and self.history and bool(self.remember or self.state_dir)
+        own_base = keep and not given and old_last is not None and delta_from[1] is old_last[1]
         if keep and given:
-            delta_from = (delta_from[0], {n: np.array(as_numpy(a), copy=True) for n, a in delta_from[1].items()})
+            delta_from = (delta_from[0], _own_copy(delta_from[1], None, self.workers))
         self._before = (*delta_from, step) if keep else None
+        self._before_hashes = self._last_hashes if own_base else None
         if self.remember:
-            self._last = (step, {n: np.array(as_numpy(a), copy=True) for n, a in target.items()})
+            in_use = {id(self._before[1])} if self._before is not None else set()
+            spare = next((m[1] for m in (old_before, old_last)
+                          if m is not None and isinstance(m[1], _Own) and id(m[1]) not in in_use), None)
+            self._last = (step, _own_copy(target, spare, self.workers))
+            self._last_hashes = hashes
+        else:
+            self._last_hashes = None
         self._save_state(step, target, source_path)
 
     def _already_published(self, step, target) -> Descriptor | None:
@@ -514,9 +568,15 @@ class Publisher:
                                 f"{f', writer {d.writer}' if d.writer else ''})")
         return d
 
-    def _encode(self, step, target, base, base_step, tmpfiles, previous=None):
+    def _encode(self, step, target, base, base_step, tmpfiles, previous=None, known=(None, None)):
+        """``known``: the tensor hashes of ``base`` and of ``previous`` where they are this publisher's
+        own copies (see :meth:`_remember`), handed to the writer with them (KnownBase)."""
         fd, path = tempfile.mkstemp(prefix="arcfmt-publish-", suffix=".arc", dir=self.tmp_dir)
         tmpfiles.append(path)
+        if base is not None:
+            base = _with_hashes(base, known[0])
+        if previous is not None:
+            previous = _with_hashes(previous, known[1])
         with os.fdopen(fd, "wb") as f:
             hw = _HashingWriter(f)
             w = DeltaWriter(hw, base_step=base_step, target_step=step, block_elems=self.block_elems,
