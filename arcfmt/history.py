@@ -24,8 +24,14 @@ from .integrity import tensor_hash
 
 def packed_codes(dt: DType, previous_u: np.ndarray, base_u: np.ndarray) -> np.ndarray:
     """``h`` of §7 for every element, packed (:func:`pack`): 0 where ``previous == base`` (bit
-    patterns), 1 where the base is above the previous value in ``ord`` (§8.6), 2 where below."""
-    return backend.selected().history(dt, previous_u, base_u)
+    patterns), 1 where the base is above the previous value in ``ord`` (§8.6), 2 where below.
+
+    Made where the two differ only: a step changes few weights, and a compare pass plus the codes of
+    those (measured on a 2M-element BF16 block: 0.48 ms) beats a code for every element (0.71 ms)."""
+    be = backend.selected()
+    packed = np.zeros((base_u.size + 3) // 4, np.uint8)
+    be.history_at(dt, packed, 0, be.changes(previous_u, base_u), previous_u, base_u)
+    return packed
 
 
 def pack(c: np.ndarray) -> np.ndarray:
