@@ -26,12 +26,27 @@ def packed_codes(dt: DType, previous_u: np.ndarray, base_u: np.ndarray) -> np.nd
     """``h`` of §7 for every element, packed (:func:`pack`): 0 where ``previous == base`` (bit
     patterns), 1 where the base is above the previous value in ``ord`` (§8.6), 2 where below.
 
-    Made where the two differ only: a step changes few weights, and a compare pass plus the codes of
-    those (measured on a 2M-element BF16 block: 0.48 ms) beats a code for every element (0.71 ms)."""
+    Made chunk by chunk: where a sample of a chunk says few differ, a compare pass plus the codes of
+    those (a 2M-element BF16 block at 0.5 % changed: 0.72 ms) beats a code for every element (1.04
+    ms); where many differ, the positions' pass costs more than it saves (3.3 against 0.9 ms with
+    every element changed) and is skipped."""
     be = backend.selected()
-    packed = np.zeros((base_u.size + 3) // 4, np.uint8)
-    be.history_at(dt, packed, 0, be.changes(previous_u, base_u), previous_u, base_u)
+    n = base_u.size
+    packed = np.zeros((n + 3) // 4, np.uint8)
+    for s in range(0, n, _CODES_CHUNK):
+        e = min(n, s + _CODES_CHUNK)
+        p, b = previous_u[s:e], base_u[s:e]
+        sampled = np.count_nonzero(p[::_SAMPLE] != b[::_SAMPLE])
+        if sampled * _SAMPLE * _DENSE_ABOVE > e - s:
+            be.history(dt, p, b, packed[s // 4: (e + 3) // 4])   # s is a multiple of 4: whole bytes
+        else:
+            be.history_at(dt, packed, s, be.changes(p, b), p, b)
     return packed
+
+
+_CODES_CHUNK = 1 << 18   # elements a chunk (a multiple of 4)
+_SAMPLE = 509            # a chunk's density is estimated on every 509th element (a few cache lines)
+_DENSE_ABOVE = 32        # a chunk with more than 1/32 of its elements changed gets a code for every element
 
 
 def pack(c: np.ndarray) -> np.ndarray:

@@ -252,12 +252,13 @@ def changes(base, target):
     return np.flatnonzero(base != target)
 
 
-def history(dt, previous, base):
+def history(dt, previous, base, out=None):
     """The history codes of SPEC.md §7 from ``previous`` to ``base`` (flat unsigned views of one
     length), packed four to a byte (element ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``), in one
-    pass without the GIL."""
+    pass without the GIL; into ``out`` when given (zeros, contiguous, ``ceil(n / 4)`` bytes)."""
     previous, base = _input(previous), _input(base)
-    out = np.zeros((base.size + 3) // 4, np.uint8)
+    if out is None:
+        out = np.zeros((base.size + 3) // 4, np.uint8)
     _call(_history, (_kind(previous), _kind(base)), previous, base, 1 << (8 * dt.itemsize - 1), out)
     return out
 

@@ -71,11 +71,15 @@ def _codes(dt, previous, base):
     return out
 
 
-def history(dt, previous, base):
+def history(dt, previous, base, out=None):
     """The history codes of SPEC.md §7 from ``previous`` to ``base``, packed four to a byte (element
-    ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``)."""
+    ``i`` in bits ``2 (i mod 4)`` of byte ``i // 4``); into ``out`` when given."""
     from .history import pack
-    return pack(_codes(dt, previous, base))
+    packed = pack(_codes(dt, previous, base))
+    if out is None:
+        return packed
+    out[...] = packed
+    return out
 
 
 def history_at(dt, packed, offset, positions, previous, base) -> None:

@@ -135,6 +135,16 @@ def _hash_into(th: records.TensorHeader, base: np.ndarray | None, target: np.nda
     th.target_hash = tensor_hash(target)
 
 
+def _known_hash(value: object, name: str) -> int | None:
+    """The tensor hash a KnownBase value comes with (checked: a u64), else None."""
+    if not isinstance(value, KnownBase):
+        return None
+    h = value.hash
+    if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < 1 << 64:
+        raise InputError(f"tensor {name!r}: a KnownBase hash must be an int of 64 bits, not {h!r}")
+    return h
+
+
 def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
@@ -234,7 +244,10 @@ class DeltaWriter:
         ``previous``: the step before the base (name → array), as a follower of a stream holds it:
         tensors of the ctx-delta dtypes with a previous value of their dtype and shape carry HISTORY
         (1.9, §7) and may code their signs in its contexts (``ctx-delta-rh``, §8.11), and the file then
-        needs that previous step to be read. Ignored in the modes for older readers."""
+        needs that previous step to be read. Ignored in the modes for older readers.
+        A base or previous value may be given as :class:`arcfmt.integrity.KnownBase` (array, tensor
+        hash) where its holder hashed it already (a publisher's own copy of a step it wrote): the file
+        names it by that hash, unhashed again; a wrong one makes a file every reader refuses."""
         for what, step in (("base_step", base_step), ("target_step", target_step)):
             if step is not None and (not isinstance(step, int) or isinstance(step, bool)
                                      or not 0 <= step < L.NO_STEP):
@@ -328,7 +341,7 @@ class DeltaWriter:
         self._names.add(raw)
         self._added.append(raw)
         b = None
-        known_b = base.hash if isinstance(base, KnownBase) else None
+        known_b = _known_hash(base, name)
         if base is not None and not keyframe:
             bdt, bshape, b = as_uint(base.array if isinstance(base, KnownBase) else base)
             if bdt is not dt or bshape != shape:
@@ -352,7 +365,7 @@ class DeltaWriter:
         prev = self._previous.get(name)
         if prev is None:
             return None, None
-        known = prev.hash if isinstance(prev, KnownBase) else None
+        known = _known_hash(prev, name)
         pdt, pshape, p = as_uint(prev.array if isinstance(prev, KnownBase) else prev)
         return (p, known) if pdt is dt and pshape == shape else (None, None)
 

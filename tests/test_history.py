@@ -316,8 +316,8 @@ def test_a_delta_that_needs_a_history_after_a_keyframe_is_the_streams_fault(tmp_
     from arcfmt.store import Follower, Publisher
     real = Publisher._remember
 
-    def keep_always(self, step, target, source_path, file, delta_from=None, given=False, hashes=None):
-        real(self, step, target, source_path, file, delta_from, given, hashes)
+    def keep_always(self, step, target, source_path, file, delta_from=None, given=False, hashes=None, **kw):
+        real(self, step, target, source_path, file, delta_from, given, hashes, **kw)
         if self._last is not None and delta_from is None and step > 0:   # (a keyframe step: keep it anyway)
             self._before = (step - 1, self._prev_for_test, step)
         self._prev_for_test = {n: a.copy() for n, a in self._last[1].items()}   # (its buffers are reused)
@@ -447,3 +447,85 @@ def test_a_publisher_names_its_own_copies_by_the_hashes_it_wrote_them_with(tmp_p
         buffers.append({n: id(a) for n, a in pub._last[1].items()})
     # two copies in turn (the base and the previous step of the next delta), each written over again
     assert buffers[4] == buffers[2] != buffers[3] == buffers[5]
+
+
+def test_a_broken_chain_of_history_waits_for_the_next_keyframe(tmp_path, monkeypatch):
+    """A delta without the previous step where its base step has no keyframe — a base given by the
+    caller, a publish retried after its claim — ends the chain (S8.2): no later delta needs a history
+    until after the next keyframe step, so followers that keep none meanwhile never start again."""
+    from arcfmt.store import Follower, Publisher
+    from support.store import assert_folder
+    url = str(tmp_path / "stream")
+    traj = _momentum(12)
+    pub, fol = Publisher(url, keyframe_every=0), Follower(url, tmp_path / "f", progress=(events := []).append)
+    real = Publisher.commit
+    for step, t in enumerate(traj):
+        kw = {}
+        if step == 3:
+            kw = dict(base={n: a.copy() for n, a in traj[2].items()}, base_step=2)
+        if step == 8:   # the claim is made, the commit fails once: the retry finds the shard published
+            calls: list[int] = []
+
+            def flaky(self, s, calls=calls, **k):
+                if k.get("mine") is not None and not calls:
+                    calls.append(s)
+                    raise OSError("transient store error")
+                return real(self, s, **k)
+            monkeypatch.setattr(Publisher, "commit", flaky)
+            with pytest.raises(OSError):
+                pub.publish(step, t)
+            monkeypatch.setattr(Publisher, "commit", real)
+        pub.publish(step, t, keyframe=step == 5 or None, **kw)
+        fol.sync()
+        assert_folder(tmp_path / "f", t)
+    uses = [step for step in range(1, 12) if ctx.CtxDeltaRh.id in _encodings(url, step)]
+    assert uses == [2, 7, 8], uses   # 1 and 6: right after a keyframe step; 3-5, 9-11: the chain broken
+    assert not [e for e in events if e["event"] == "restart"]
+
+
+def test_publishes_from_two_threads_run_one_after_the_other(tmp_path, monkeypatch):
+    """Two publish() calls in flight on one Publisher: the second waits for the first (each reads
+    and replaces the copies the last one kept), and every step rebuilds."""
+    import threading
+
+    from arcfmt import writer as wmod
+    from arcfmt.store import Follower, Publisher
+    url = str(tmp_path / "stream")
+    traj = _momentum(4)
+    pub = Publisher(url, keyframe_every=0, history=False)
+    pub.publish(0, traj[0])
+    pub.publish(1, traj[1])
+    go, inside = threading.Event(), threading.Event()
+    real = wmod.DeltaWriter.write_tensors
+
+    def slow(self, items, **kw):
+        if threading.current_thread().name == "B":
+            inside.set()
+            go.wait(10)
+        return real(self, items, **kw)
+    monkeypatch.setattr(wmod.DeltaWriter, "write_tensors", slow)
+    out = {}
+    b = threading.Thread(target=lambda: out.setdefault(2, pub.publish(2, traj[2])), name="B")
+    b.start()
+    inside.wait(10)
+    c = threading.Thread(target=lambda: out.setdefault(3, pub.publish(3, traj[3])), name="C")
+    c.start()
+    c.join(0.5)
+    assert c.is_alive()   # waits for B
+    go.set()
+    b.join()
+    c.join()
+    assert out[3].delta.base_step == 2
+    Follower(url, tmp_path / "f").sync()
+    from support.store import assert_folder
+    assert_folder(tmp_path / "f", traj[3])
+
+
+@pytest.mark.parametrize("bad", [np.uint64(1), -1, 1 << 64, "0x1", True])
+def test_a_known_hash_that_is_not_a_u64_is_an_input_error(bad):
+    from arcfmt.integrity import KnownBase
+    base = np.arange(10000, dtype=np.float32)
+    target = base.copy()
+    target[::7] += 1
+    with pytest.raises(InputError), DeltaWriter(io.BytesIO()) as w:
+        w.write_tensors([("w", KnownBase(base, bad), target)])

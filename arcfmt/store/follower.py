@@ -724,13 +724,13 @@ class Follower:
 
     def _records(self, plans, kind: str) -> bool:
         """Whether to keep the history of this step: unless the stream is known to write no delta that
-        needs one (a delta without HISTORY whose base step has no keyframe, where a publisher that
-        writes history would have)."""
+        needs one until its next keyframe step (S8.2: a delta without HISTORY whose base step has no
+        keyframe ends its shard's chain; a chain starts again only after a keyframe step)."""
         if kind == "delta":
             if any(p.reader is not None and p.reader.meta.history for p in plans):
                 self._uses_history = True
-            elif self._histories_at is not None and not self._histories_at[3]:
-                self._uses_history = False
+            elif self._histories_at is not None:
+                self._uses_history = None if self._histories_at[3] else False
         return kind == "delta" and self._uses_history is not False
 
     def _keep_histories(self, m: Manifest, kind: str, recorded: dict[str, History], headers) -> None:

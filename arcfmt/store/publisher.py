@@ -25,6 +25,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -224,6 +225,12 @@ class Publisher:
         # of steps it wrote (the hashes it wrote them with): their next deltas name them by these, unhashed
         self._last_hashes: dict[str, int] | None = None
         self._before_hashes: dict[str, int] | None = None
+        # one publish at a time: each reads and replaces what the last one kept (its copies, whose
+        # buffers the next copy reuses), so two in flight would encode from buffers being overwritten
+        self._publishing = threading.Lock()
+        # (step, whether this shard has a keyframe there) of the last step published (or of the state's):
+        # a chain of deltas that need their previous step starts after a keyframe step (S8.2)
+        self._kf_at: tuple[int, bool] | None = None
         # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
         self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
         self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
@@ -263,6 +270,8 @@ class Publisher:
         if isinstance(kept, str) and self._file is None:
             with contextlib.suppress(InputError):
                 self._file = N.check_file_name(kept)
+        if self._kf_at is None or self._kf_at[0] != st["step"]:
+            self._kf_at = (st["step"], st.get("keyframe") is True)   # (states before this field: none known)
         before = st.get("before")   # the base of the last step's delta, kept for the history (1.9)
         if self._before is None and isinstance(before, dict):
             self._before = self._load_before(before, st["step"])
@@ -304,7 +313,8 @@ class Publisher:
             write_file(tmp, dict(tensors))
         os.replace(tmp, path)
         state = {"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
-                 "tensors": name, "file": self._file}
+                 "tensors": name, "file": self._file,
+                 "keyframe": self._kf_at is not None and self._kf_at == (step, True)}
         keep = {name}
         if self._before is not None and self._before[2] == step:   # the delta's base: the next one's previous
             bname = f"{stem}-step{self._before[0]}.safetensors"
@@ -333,8 +343,12 @@ class Publisher:
         ``tensors``: mapping name → array (numpy, ml_dtypes, torch) or a safetensors file path.
         ``base``/``base_step``: the previous step's tensors of this shard (default: what this
         publisher published last). ``keyframe``: True forces one, False never (unless there is no
-        base), None follows ``keyframe_every``.
+        base), None follows ``keyframe_every``. Calls from several threads run one after the other.
         """
+        with self._publishing:
+            return self._publish_one(step, tensors, base, base_step, keyframe, file_name)
+
+    def _publish_one(self, step, tensors, base, base_step, keyframe, file_name) -> PublishResult:
         t_start = time.perf_counter()
         N.check_step(step)
         target, source_path = _load_tensors(tensors, "tensors")
@@ -388,7 +402,7 @@ class Publisher:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
-            self._remember(step, target, source_path, done.file, None)
+            self._remember(step, target, source_path, done.file, None, keyframe=done.keyframe is not None)
             return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
                                  model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start, note)
         t0 = time.perf_counter()
@@ -421,9 +435,12 @@ class Publisher:
                           refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
         result = self.commit(step, mine=desc)
+        # the next delta may need this one's base as its previous step only where this delta keeps the
+        # chain (S8.2): it needed its own previous step, or its base step has a keyframe of this shard
+        chained = previous is not None or (self._kf_at is not None and self._kf_at == (base_step, True))
         self._remember(step, target, source_path, file_name,
-                       (base_step, base_map) if base_map is not None and not make_kf else None, given,
-                       {n: int(h, 16) for n, _, _, h in first["tensors"]})
+                       (base_step, base_map) if base_map is not None and not make_kf and chained else None, given,
+                       {n: int(h, 16) for n, _, _, h in first["tensors"]}, keyframe=make_kf)
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -526,17 +543,19 @@ class Publisher:
         os.replace(p + ".tmp", p)
 
     def _remember(self, step, target, source_path, file: str, delta_from=None, given: bool = False,
-                  hashes: dict[str, int] | None = None) -> None:
+                  hashes: dict[str, int] | None = None, *, keyframe: bool = False) -> None:
         """``delta_from``: ``(base step, base)`` of the delta just published where the step has no
-        keyframe of this shard: the next delta's previous step (the publisher's history); copied when
-        the caller ``given`` it (``base=``: its arrays or file may change before the next step).
-        ``hashes``: the target's tensor hashes as the step's file names them.
+        keyframe of this shard and the delta keeps the chain of S8.2: the next delta's previous step
+        (the publisher's history); copied when the caller ``given`` it (``base=``: its arrays or file
+        may change before the next step). ``hashes``: the target's tensor hashes as the step's file
+        names them; ``keyframe``: whether the step has a keyframe of this shard.
 
         The copies go into the buffers of the copy no longer needed (the step before the previous,
         or the previous without history), already in memory: a fresh copy of every tensor faulted its
         pages in again each step (a fifth of a publish on the corpus model)."""
         self._set_lost(step, None)
         self._file = file
+        self._kf_at = (step, bool(keyframe))
         old_last, old_before = self._last, self._before
         keep = delta_from is not None and self.history and bool(self.remember or self.state_dir)
         own_base = keep and not given and old_last is not None and delta_from[1] is old_last[1]
