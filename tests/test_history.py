@@ -319,7 +319,7 @@ def test_a_delta_that_needs_a_history_after_a_keyframe_is_the_streams_fault(tmp_
     def keep_always(self, step, target, source_path, file, delta_from=None, given=False, hashes=None, **kw):
         real(self, step, target, source_path, file, delta_from, given, hashes, **kw)
         if self._last is not None and delta_from is None and step > 0:   # (a keyframe step: keep it anyway)
-            self._before = (step - 1, self._prev_for_test, step)
+            self._before, self._before_history = (step - 1, self._prev_for_test, step), True
         self._prev_for_test = {n: a.copy() for n, a in self._last[1].items()}   # (its buffers are reused)
     monkeypatch.setattr(Publisher, "_remember", keep_always)
     url, pub, traj = _stream(tmp_path, 4, keyframe_every=2)
@@ -529,3 +529,61 @@ def test_a_known_hash_that_is_not_a_u64_is_an_input_error(bad):
     target[::7] += 1
     with pytest.raises(InputError), DeltaWriter(io.BytesIO()) as w:
         w.write_tensors([("w", KnownBase(base, bad), target)])
+
+
+def _meta_history(url, step) -> str:
+    """Per shard of the step: 'H' where its delta was written with its previous step, '.' else."""
+    from arcfmt.store.backends import Store
+    from arcfmt.store.objects import parse_manifest
+    st = Store(url)
+    m = parse_manifest(st.read(f"steps/{step:020d}/manifest.json", 1 << 20), "manifest")
+    return "".join("-" if e.delta is None else "H" if arcfmt.DeltaReader(st.read(e.delta.name, e.delta.size))
+                   .meta.history else "." for e in m.shards)
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_two_shards_one_keyframe_alone_and_one_chain_broken(tmp_path, live):
+    """Shard 1's chain broken by a base given at step 3, shard 0 alone asked for a keyframe at step 5
+    (the step's manifest has none): each chain waits for a step whose manifest has keyframes, and a
+    follower of the whole model, or of one shard's tensors, never starts again."""
+    from arcfmt.store import Follower, Publisher
+    from support.store import assert_folder
+    url = str(tmp_path / "stream")
+    t0, t1 = _momentum(12, seed=0), _momentum(12, seed=1)
+
+    def part(t, i):
+        return {f"{n}{i}": a for n, a in t.items()}
+    p0 = Publisher(url, shard=0, num_shards=2, keyframe_every=8)
+    p1 = Publisher(url, shard=1, num_shards=2, keyframe_every=8)
+    events: list = []
+    arrays: dict = {}
+    fols = [Follower(url, live=arrays) if live else Follower(url, tmp_path / "f", progress=events.append),
+            Follower(url, tmp_path / "g", tensors=["*0"], progress=events.append)]
+    for s in range(12):
+        p0.publish(s, part(t0[s], 0), keyframe=True if s == 5 else None)
+        p1.publish(s, part(t1[s], 1), **(dict(base=part(t1[2], 1), base_step=2) if s == 3 else {}))
+        for f in fols:
+            f.sync()
+        want = {**part(t0[s], 0), **part(t1[s], 1)}
+        if live:
+            assert_bit_exact(arrays, want)
+        else:
+            assert_folder(tmp_path / "f", want)
+    got = [_meta_history(url, s) for s in range(1, 12)]
+    assert got == ["..", "HH", "H.", "H.", "H.", "..", "..", "..", "..", "HH", "HH"], got
+    assert not [e for e in events if e["event"] == "restart"]
+
+
+def test_publish_from_its_own_on_commit_is_an_input_error(tmp_path):
+    from arcfmt.store import Publisher
+    traj = _momentum(2)
+    seen: list = []
+
+    def again(result):
+        try:
+            pub.publish(1, traj[1])
+        except InputError as exc:
+            seen.append(str(exc))
+    pub = Publisher(str(tmp_path / "stream"), on_commit=again)
+    pub.publish(0, traj[0])
+    assert seen and "inside a publish" in seen[0]

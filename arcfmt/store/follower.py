@@ -201,6 +201,7 @@ class Follower:
         # one, S8.2); checked against the state before each use (another follower may have moved it)
         self._histories_at: tuple[int, str, str, bool] | None = None
         self._restarted = False   # started again from a keyframe in this run, for want of a history
+        self._always_record = False   # ... in any run of this follower: its publisher does not keep S8.2
         # whether the stream writes deltas that need the previous step (None: not known yet): a follower
         # keeps no history for a stream that does not (a delta without HISTORY after a delta says so)
         self._uses_history: bool | None = None
@@ -569,7 +570,7 @@ class Follower:
                     raise WrongBaseError(f"step {m.step} needs the history of step {self._histories_at[0]}, a "
                                          f"keyframe step, after which no delta may need one (SPEC.md S8.2): "
                                          f"{exc}") from None
-                self._restarted = True
+                self._restarted = self._always_record = True
                 self._emit(event="restart", step=m.step, why="no history of the step held")
                 yield from self._run_plan(until)
                 return
@@ -724,13 +725,15 @@ class Follower:
 
     def _records(self, plans, kind: str) -> bool:
         """Whether to keep the history of this step: unless the stream is known to write no delta that
-        needs one until its next keyframe step (S8.2: a delta without HISTORY whose base step has no
-        keyframe ends its shard's chain; a chain starts again only after a keyframe step)."""
+        needs one before its next keyframe step (S8.2: a step whose deltas were written without their
+        previous step, its META without HISTORY, and whose base step has no keyframes ends every
+        chain; one starts again only right after a keyframe step). Never so once this follower started
+        again for want of a history (a publisher that does not keep S8.2)."""
         if kind == "delta":
             if any(p.reader is not None and p.reader.meta.history for p in plans):
                 self._uses_history = True
             elif self._histories_at is not None:
-                self._uses_history = None if self._histories_at[3] else False
+                self._uses_history = None if self._histories_at[3] or self._always_record else False
         return kind == "delta" and self._uses_history is not False
 
     def _keep_histories(self, m: Manifest, kind: str, recorded: dict[str, History], headers) -> None:

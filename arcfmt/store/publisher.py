@@ -228,9 +228,10 @@ class Publisher:
         # one publish at a time: each reads and replaces what the last one kept (its copies, whose
         # buffers the next copy reuses), so two in flight would encode from buffers being overwritten
         self._publishing = threading.Lock()
-        # (step, whether this shard has a keyframe there) of the last step published (or of the state's):
-        # a chain of deltas that need their previous step starts after a keyframe step (S8.2)
-        self._kf_at: tuple[int, bool] | None = None
+        self._publishing_in: int | None = None   # the thread inside a publish
+        # whether the delta of step _before[2] was written with its previous step (its META has HISTORY):
+        # the next delta may need its own only then, or where _before[0]'s manifest has keyframes (S8.2)
+        self._before_history = False
         # keep_last: after each commit it makes, prune to the newest keep_last steps (S16; None: never)
         self.keep_last = None if keep_last is None else retry_count(keep_last, "keep_last", 1)
         self.keep_keyframes = retry_count(keep_keyframes, "keep_keyframes")
@@ -270,11 +271,10 @@ class Publisher:
         if isinstance(kept, str) and self._file is None:
             with contextlib.suppress(InputError):
                 self._file = N.check_file_name(kept)
-        if self._kf_at is None or self._kf_at[0] != st["step"]:
-            self._kf_at = (st["step"], st.get("keyframe") is True)   # (states before this field: none known)
         before = st.get("before")   # the base of the last step's delta, kept for the history (1.9)
         if self._before is None and isinstance(before, dict):
             self._before = self._load_before(before, st["step"])
+            self._before_history = before.get("history") is True   # (states before this field: False)
         return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
 
     def _load_before(self, before: dict, step: int):
@@ -313,8 +313,7 @@ class Publisher:
             write_file(tmp, dict(tensors))
         os.replace(tmp, path)
         state = {"url": self.url, "step": step, "shard": self.shard, "num_shards": self.num_shards,
-                 "tensors": name, "file": self._file,
-                 "keyframe": self._kf_at is not None and self._kf_at == (step, True)}
+                 "tensors": name, "file": self._file}
         keep = {name}
         if self._before is not None and self._before[2] == step:   # the delta's base: the next one's previous
             bname = f"{stem}-step{self._before[0]}.safetensors"
@@ -322,7 +321,8 @@ class Publisher:
             if not os.path.isfile(bpath):   # (it is the last state's tensors, unless base= was given)
                 write_file(bpath + f".tmp-{os.getpid()}", dict(self._before[1]))
                 os.replace(bpath + f".tmp-{os.getpid()}", bpath)
-            state["before"] = {"step": self._before[0], "tensors": bname, "digest": _digest_of(self._before[1])}
+            state["before"] = {"step": self._before[0], "tensors": bname, "digest": _digest_of(self._before[1]),
+                               "history": self._before_history}
             keep.add(bname)
         with open(jpath + ".tmp", "w") as f:
             json.dump(state, f)
@@ -345,8 +345,14 @@ class Publisher:
         publisher published last). ``keyframe``: True forces one, False never (unless there is no
         base), None follows ``keyframe_every``. Calls from several threads run one after the other.
         """
+        if self._publishing_in == threading.get_ident():   # (an on_commit callback of this publish)
+            raise InputError("publish() called from inside a publish of the same publisher (from on_commit?)")
         with self._publishing:
-            return self._publish_one(step, tensors, base, base_step, keyframe, file_name)
+            self._publishing_in = threading.get_ident()
+            try:
+                return self._publish_one(step, tensors, base, base_step, keyframe, file_name)
+            finally:
+                self._publishing_in = None
 
     def _publish_one(self, step, tensors, base, base_step, keyframe, file_name) -> PublishResult:
         t_start = time.perf_counter()
@@ -382,7 +388,7 @@ class Publisher:
         # the previous step: only behind a base this publisher remembers having made as a delta itself
         previous = None
         if base is None and base_map is not None and self._before is not None and self._before[2] == base_step \
-                and self.history:
+                and self.history and self._chain_goes_on():
             previous = self._before[1]
         # the hashes of its own copies, which it made itself (never the caller's arrays nor a state file)
         known = (self._last_hashes if self._last is not None and base_map is self._last[1] else None,
@@ -402,7 +408,7 @@ class Publisher:
         done = self._already_published(step, target)
         if done is not None:  # a retry of a publish that got as far as its claim: finish the commit only
             result = self.commit(step, mine=done)
-            self._remember(step, target, source_path, done.file, None, keyframe=done.keyframe is not None)
+            self._remember(step, target, source_path, done.file, None)
             return PublishResult(step, self.shard, self.num_shards, done.file, done.delta, done.keyframe,
                                  model_bytes, result, 0.0, 0.0, time.perf_counter() - t_start, note)
         t0 = time.perf_counter()
@@ -435,12 +441,10 @@ class Publisher:
                           refs.get("delta"), refs.get("keyframe"), self.writer)
         self._claim(desc)
         result = self.commit(step, mine=desc)
-        # the next delta may need this one's base as its previous step only where this delta keeps the
-        # chain (S8.2): it needed its own previous step, or its base step has a keyframe of this shard
-        chained = previous is not None or (self._kf_at is not None and self._kf_at == (base_step, True))
         self._remember(step, target, source_path, file_name,
-                       (base_step, base_map) if base_map is not None and not make_kf and chained else None, given,
-                       {n: int(h, 16) for n, _, _, h in first["tensors"]}, keyframe=make_kf)
+                       (base_step, base_map) if base_map is not None and not make_kf else None, given,
+                       {n: int(h, 16) for n, _, _, h in first["tensors"]},
+                       history="delta" in made and made["delta"][1]["history"])
         t3 = time.perf_counter()
         return PublishResult(step, self.shard, self.num_shards, file_name, refs.get("delta"), refs.get("keyframe"),
                              model_bytes, result, t1 - t0, t2 - t1, t3 - t_start, note)
@@ -459,6 +463,20 @@ class Publisher:
             with contextlib.suppress(InputError):
                 return N.check_file_name(b)
         return N.default_file_name(self.shard, self.num_shards)
+
+    def _chain_goes_on(self) -> bool:
+        """Whether the next delta may need its previous step, ``_before``'s tensors (S8.2): the delta of
+        step ``_before[2]`` was written with its own, or ``_before[0]``'s manifest has keyframes (a chain
+        starts right after a keyframe step; once broken it waits for the next one, so a follower that
+        saw a step of deltas without one knows the next needs none)."""
+        assert self._before is not None
+        if self._before_history:
+            return True
+        raw = self.store.read(N.manifest_name(self._before[0]), MAX_MANIFEST_BYTES, missing_ok=True)
+        try:
+            return raw is not None and parse_manifest(raw, N.manifest_name(self._before[0])).keyframe
+        except ArcError:
+            return False   # a damaged manifest: no chain (the next delta is written without its previous step)
 
     def _keyframe_instead(self, step: int, base_step: int | None, keyframe: bool | None) -> str | None:
         """Why this step must be a keyframe although a base is at hand (None: a delta from it can commit).
@@ -543,25 +561,25 @@ class Publisher:
         os.replace(p + ".tmp", p)
 
     def _remember(self, step, target, source_path, file: str, delta_from=None, given: bool = False,
-                  hashes: dict[str, int] | None = None, *, keyframe: bool = False) -> None:
+                  hashes: dict[str, int] | None = None, *, history: bool = False) -> None:
         """``delta_from``: ``(base step, base)`` of the delta just published where the step has no
-        keyframe of this shard and the delta keeps the chain of S8.2: the next delta's previous step
-        (the publisher's history); copied when the caller ``given`` it (``base=``: its arrays or file
-        may change before the next step). ``hashes``: the target's tensor hashes as the step's file
-        names them; ``keyframe``: whether the step has a keyframe of this shard.
+        keyframe of this shard: the next delta's previous step (the publisher's history) where S8.2
+        allows one (:meth:`_chain_goes_on`); copied when the caller ``given`` it (``base=``: its arrays
+        or file may change before the next step). ``hashes``: the target's tensor hashes as the step's
+        file names them; ``history``: whether that delta was written with its own previous step.
 
         The copies go into the buffers of the copy no longer needed (the step before the previous,
         or the previous without history), already in memory: a fresh copy of every tensor faulted its
         pages in again each step (a fifth of a publish on the corpus model)."""
         self._set_lost(step, None)
         self._file = file
-        self._kf_at = (step, bool(keyframe))
         old_last, old_before = self._last, self._before
         keep = delta_from is not None and self.history and bool(self.remember or self.state_dir)
         own_base = keep and not given and old_last is not None and delta_from[1] is old_last[1]
         if keep and given:
             delta_from = (delta_from[0], _own_copy(delta_from[1], None, self.workers))
         self._before = (*delta_from, step) if keep else None
+        self._before_history = keep and history
         self._before_hashes = self._last_hashes if own_base else None
         if self.remember:
             in_use = {id(self._before[1])} if self._before is not None else set()
@@ -618,7 +636,8 @@ class Publisher:
                 tensors.append((n, th.dtype.name, tuple(th.shape), f"{th.target_hash:016x}"))
             info = dict(size=size, xxh3_128=hw.h.hexdigest(), sha256=hw.sha.hexdigest(),
                         index_offset=trailer.index_offset, tail=xxhash.xxh3_64_hexdigest(tail),
-                        target_digest=r.target_digest.hex(), base_digest=r.base_digest.hex(), tensors=tensors)
+                        target_digest=r.target_digest.hex(), base_digest=r.base_digest.hex(), tensors=tensors,
+                        history=r.meta.history)
         return path, info
 
     def _claim(self, desc: Descriptor) -> None:
