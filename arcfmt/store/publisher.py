@@ -385,7 +385,8 @@ class Publisher:
             make_kf = bool(keyframe) or base_map is None
 
         model_bytes = sum(int(as_numpy(a).nbytes) for a in target.values())
-        # the previous step: only behind a base this publisher remembers having made as a delta itself
+        # the previous step: only behind a base this publisher remembers having made as a delta itself,
+        # where S8.2's chain goes on
         previous = None
         if base is None and base_map is not None and self._before is not None and self._before[2] == base_step \
                 and self.history and self._chain_goes_on():
@@ -467,8 +468,8 @@ class Publisher:
     def _chain_goes_on(self) -> bool:
         """Whether the next delta may need its previous step, ``_before``'s tensors (S8.2): the delta of
         step ``_before[2]`` was written with its own, or ``_before[0]``'s manifest has keyframes (a chain
-        starts right after a keyframe step; once broken it waits for the next one, so a follower that
-        saw a step of deltas without one knows the next needs none)."""
+        starts right after a step whose manifest has keyframes; once broken it waits for the next one,
+        so a follower that saw a step of deltas without one knows the next needs none)."""
         assert self._before is not None
         if self._before_history:
             return True
