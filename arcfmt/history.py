@@ -143,7 +143,7 @@ def checked(th: Any, base_u: np.ndarray | None, previous: object) -> Source | No
         raise MissingPreviousError(f"tensor {th.name!r} needs the previous step (its value before the base), "
                                    f"which was not given")
     if isinstance(previous, History):
-        kept = _own_copy(previous, th.name)
+        kept = previous if type(previous) is _Kept else _own_copy(previous, th.name)
         dt, shape, got = kept.dtype, kept.shape, kept.previous_hash
     else:
         dt, shape, u = as_uint(previous)
@@ -161,6 +161,15 @@ def checked(th: Any, base_u: np.ndarray | None, previous: object) -> Source | No
             raise WrongBaseError(f"the history kept for tensor {th.name!r} leads to another base")
         return Source(th.dtype, history=kept)
     return Source(th.dtype, previous_u=u, base_u=base_u)
+
+
+@dataclass(frozen=True)
+class _Kept(History):
+    """A History this package made itself, from a verified step (:class:`Recorder`, :func:`unchanged`):
+    its codes are 0, 1 or 2 and of its tensor's length by construction, read-only, and held by no
+    caller, so a follower's next step uses it as it is. Copying and checking every code of every
+    tensor each step (:func:`_own_copy`, for one made by hand) was two passes over a quarter of the
+    model's element count a step."""
 
 
 def _own_copy(h: History, name: str) -> History:
@@ -263,11 +272,14 @@ class _Recording:
 
     def commit(self) -> Any:
         result = self.out.commit()
-        self.into[self.th.name] = History(self.th.dtype, tuple(self.th.shape), self.th.base_hash, self.th.target_hash,
+        self.packed.flags.writeable = False
+        self.into[self.th.name] = _Kept(self.th.dtype, tuple(self.th.shape), self.th.base_hash, self.th.target_hash,
                                           self.packed)
         return result
 
 
 def unchanged(th: Any) -> History:
     """The history of a tensor the step left as it was (every code 0)."""
-    return History(th.dtype, tuple(th.shape), th.base_hash, th.target_hash, np.zeros(-(-th.size // 4), np.uint8))
+    packed = np.zeros(-(-th.size // 4), np.uint8)
+    packed.flags.writeable = False
+    return _Kept(th.dtype, tuple(th.shape), th.base_hash, th.target_hash, packed)

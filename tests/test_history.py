@@ -587,3 +587,23 @@ def test_publish_from_its_own_on_commit_is_an_input_error(tmp_path):
     pub = Publisher(str(tmp_path / "stream"), on_commit=again)
     pub.publish(0, traj[0])
     assert seen and "inside a publish" in seen[0]
+
+
+def test_a_followers_own_histories_are_used_as_they_are(tmp_path, monkeypatch):
+    """The histories a follower made itself (from verified steps) are not copied and checked again
+    each step, as one made by hand is; they are read-only."""
+    from arcfmt import history as hmod
+    from arcfmt.store import Follower, Publisher
+    url = str(tmp_path / "stream")
+    traj = _momentum(4)
+    pub, arrays = Publisher(url, keyframe_every=0), {}
+    fol = Follower(url, live=arrays)
+    copies: list = []
+    real = hmod._own_copy
+    monkeypatch.setattr(hmod, "_own_copy", lambda h, name: copies.append(name) or real(h, name))
+    for step, t in enumerate(traj):
+        pub.publish(step, t)
+        fol.sync()
+        assert_bit_exact(arrays, t)
+    assert ctx.CtxDeltaRh.id in _encodings(url, 3) and not copies
+    assert all(not h.packed.flags.writeable for h in fol._histories.values())
