@@ -141,7 +141,7 @@ class _Own(dict):
     """Arrays the publisher copied itself (its memory of a step), which it may copy the next step into."""
 
 
-def _own_copy(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own:
+def _copy_step(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own:
     """A copy of ``arrays`` the publisher owns, into ``spare``'s buffers where a name has one of the same
     dtype and shape (in parallel: copies run outside the GIL)."""
     out = _Own()
@@ -578,7 +578,7 @@ class Publisher:
         keep = delta_from is not None and self.history and bool(self.remember or self.state_dir)
         own_base = keep and not given and old_last is not None and delta_from[1] is old_last[1]
         if keep and given:
-            delta_from = (delta_from[0], _own_copy(delta_from[1], None, self.workers))
+            delta_from = (delta_from[0], _copy_step(delta_from[1], None, self.workers))
         self._before = (*delta_from, step) if keep else None
         self._before_history = keep and history
         self._before_hashes = self._last_hashes if own_base else None
@@ -586,7 +586,7 @@ class Publisher:
             in_use = {id(self._before[1])} if self._before is not None else set()
             spare = next((m[1] for m in (old_before, old_last)
                           if m is not None and isinstance(m[1], _Own) and id(m[1]) not in in_use), None)
-            self._last = (step, _own_copy(target, spare, self.workers))
+            self._last = (step, _copy_step(target, spare, self.workers))
             self._last_hashes = hashes
         else:
             self._last_hashes = None
