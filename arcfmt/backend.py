@@ -17,13 +17,20 @@ The interface (what both modules define):
     indices where the two unsigned arrays differ, increasing (``np.flatnonzero(base != target)``).
 ``scatter(flat, index, values)``
     ``flat[index] = values`` (the live follower writes a step's staged changes with it).
-``exponent_counts(dt, base, stride, positions) -> (ne, ce)``
-    elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``).
+``exponent_counts(dt, base, stride, positions, keyed=False) -> (ne, ce)``
+    elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``;
+    ``keyed``: ``base`` holds class keys, counted per key field ``x'`` of §8.12, ``2^(E+1)`` of them).
+``class_key(dt, base, history=None, previous=None) -> array``
+    a ``ctx-delta-rhp`` block's class keys (§8.12; ``history``: its codes as ``(packed, offset)``, or
+    ``previous``: its previous value): each element's magnitude bits shifted right by one, bit ``B − 2``
+    set where its history code is not 0, so that ``key ≥ T · 2^(M−1)`` exactly where ``x' ≥ T``.
+``key_counts(dt, base, previous, stride, positions) -> (ne, ce)``
+    ``exponent_counts`` of the key fields ``x'`` (§8.12) that ``previous`` gives, without the keys.
 ``class_cuts(ne, ce, max_classes, overhead) -> list``
     the exponent-class thresholds of least estimated position bits (the DP of
     ``ctx_delta.choose_thresholds``).
 ``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-rc_limit=0, rc_planes=False, rp=0, rp_limit=0)``
+rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None, key=None)``
     ``-> (counts, rice, qbits, mw, streams, signs, rp_rice)``:
     a whole changed block once its thresholds are chosen: the params it needs and its four streams;
     with ``sign_axes`` (ctx-delta-as's ``(axis, P, phase)`` contexts, §8.8), ``signs`` is the index of
@@ -32,7 +39,8 @@ rc_limit=0, rc_planes=False, rp=0, rp_limit=0)``
     holds ctx-delta-rc's changes stream (§8.9) instead, or None where it would pass ``rc_limit`` bytes;
     with ``rp`` (1: where the gaps' estimate is below their Rice bits, 2: always) ctx-delta-rp's one
     stream (§8.10, the gaps first) and ``rp_rice`` its Rice parameters (else None: ``rice`` and the
-    streams are always ctx-delta's own, which a block of few changes is offered as too).
+    streams are always ctx-delta's own, which a block of few changes is offered as too). ``key``: the
+    class keys the thresholds split (a ctx-delta-rhp block, §8.12).
 ``ctx_decode(dt, p, streams, m, base, out, positions=None) -> status``
     a whole block into ``out`` (which may be ``base``); returns ``OK``, or the status of the first
     failed check having written nothing; fills ``positions`` (when given) with the positions changed.
@@ -89,7 +97,13 @@ class Backend(Protocol):
                    base: np.ndarray) -> None: ...
 
     def exponent_counts(self, dt: DType, base: np.ndarray, stride: int,
-                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+                        positions: np.ndarray, keyed: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def class_key(self, dt: DType, base: np.ndarray, history: HistoryCodes | None = None,
+                  previous: np.ndarray | None = None) -> np.ndarray: ...
+
+    def key_counts(self, dt: DType, base: np.ndarray, previous: np.ndarray, stride: int,
+                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
 
@@ -97,7 +111,7 @@ class Backend(Protocol):
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
                    sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
                    rc_planes: bool = False, rp: int = 0, rp_limit: int = 0, history: HistoryCodes | None = None,
-                   ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
+                   key: np.ndarray | None = None) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
                               list[int] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,

@@ -163,9 +163,10 @@ _copy_elems = cast("Callable[[np.ndarray, np.ndarray, int, int], None]", intrins
 
 
 def _load64_typing(typingctx, arr, start):
-    """``_load64(arr, start)``: the 8 bytes ``arr[start:start + 8]`` of a contiguous uint8 array as one
+    """``_load64(arr, start)``: the 8 bytes from element ``start`` of a contiguous unsigned array as one
     little-endian uint64 (one unaligned load; the caller keeps them inside ``arr``)."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.uint8):
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and isinstance(arr.dtype, types.Integer) and not arr.dtype.signed):
         return None
 
     def codegen(context, builder, signature, args):
@@ -271,20 +272,76 @@ def history_at(dt, packed, offset, positions, previous, base) -> None:
           1 << (8 * dt.itemsize - 1))
 
 
+def class_key(dt, base, history=None, previous=None):
+    """The class keys of a ``ctx-delta-rhp`` block (§8.12; a new read-only array of its dtype): each
+    element's magnitude bits shifted right by one, and bit ``B − 2`` set where its history code
+    (``history``: ``(packed, offset)``, §7) is not 0 — so ``key ≥ T · 2^(M−1)`` exactly where §8.12's
+    ``x'(i) ≥ T``, with the bit above the key clear (the kernels' class bounds stay below the mask).
+    ``previous``: the block's previous value, in place of its codes (the same keys)."""
+    base = _input(base)
+    bits = 8 * dt.itemsize
+    mask, top = base.dtype.type((1 << (bits - 1)) - 1), base.dtype.type(1 << (bits - 2))
+    if previous is not None:
+        out = np.empty(base.size, base.dtype)   # (a writer: the codes are not 0 exactly where the previous value differs)
+        previous = _input(previous)
+        _call(_class_key_of, (_kind(base), _kind(previous)), base, previous, mask, top, out)
+    else:
+        hist, hoff = _history_args(history)
+        buf = np.empty((base.size + 3) & ~3, base.dtype)   # whole words: outw covers out's first m & ~3
+        out = buf[:base.size]
+        lutw, wmask = _key_words(base.dtype)
+        outw = buf[:base.size & ~3].view(np.uint64) if lutw.size else _NO_WORDS
+        _call(_class_key, (_kind(base),), base, mask, top, hist, hoff, out, lutw, outw, wmask)
+    return _ro(out)
+
+
+_KEY_WORDS: dict[np.dtype, tuple[np.ndarray, np.uint64]] = {}
+_NO_WORDS = np.empty(0, np.uint64)
+
+
+def _key_words(dtype: np.dtype) -> tuple[np.ndarray, np.uint64]:
+    """:func:`_class_key`'s word tables for a dtype of 2 or 4 bytes: each code byte's four elements'
+    ``top`` bits as 64-bit words (one or two a byte, in a row), and the mask of each element's key bits
+    in a word; none (an empty table) for one-byte elements."""
+    got = _KEY_WORDS.get(dtype)
+    if got is None:
+        bits = 8 * dtype.itemsize
+        if dtype.itemsize == 1:
+            got = (_ro(np.zeros(0, np.uint64)), np.uint64(0))
+        else:
+            top = 1 << (bits - 2)
+            rows = np.array([[top if (v >> (2 * t)) & 3 else 0 for t in range(4)] for v in range(256)], dtype)
+            lane = (1 << (bits - 2)) - 1
+            wmask = sum(lane << (bits * i) for i in range(64 // bits))
+            got = (_ro(rows.view(np.uint64).reshape(-1)), np.uint64(wmask))
+        _KEY_WORDS[dtype] = got
+    return got
+
+
 def scatter(flat, index, values) -> None:
     """``flat[index] = values`` (a live model's staged changes), without the GIL."""
     index, values = _ro(index), _ro(values)
     _call(_scatter, (_kind(flat), _kind(index), _kind(values)), flat, index, values)
 
 
-def exponent_counts(dt, base, stride, positions):
+def exponent_counts(dt, base, stride, positions, keyed=False):
     """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (the gather runs
     in the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does
-    not check: they come from :func:`changes`)."""
-    size = 1 << dt.exp_bits
+    not check: they come from :func:`changes`). ``keyed``: ``base`` holds class keys (:func:`class_key`),
+    counted per key field ``x'`` of §8.12 (the exponent field and the history bit above it)."""
+    size = 1 << (dt.exp_bits + keyed)
     base, positions = _input(base), _ro(positions)
     return _call(_exponent_counts, (_kind(base), _kind(positions)),
-                 base, stride, positions, dt.mant_bits, size - 1, size)
+                 base, stride, positions, dt.mant_bits - keyed, size - 1, size)
+
+
+def key_counts(dt, base, previous, stride, positions):
+    """:func:`exponent_counts` of the class keys a block's previous value gives (§8.12: ``x'``, ``2^(E+1)``
+    values), without making them: what the writer weighs ``ctx-delta-rhp`` by."""
+    size = 1 << (dt.exp_bits + 1)
+    base, previous, positions = _input(base), _input(previous), _ro(positions)
+    return _call(_key_counts, (_kind(base), _kind(previous), _kind(positions)),
+                 base, previous, stride, positions, dt.mant_bits, (1 << dt.exp_bits) - 1, size)
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
@@ -293,15 +350,16 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
                  ne, ce, max_classes, overhead).tolist()
 
 
-def _args(dt, thresholds):
-    """``edges, mask, shift, emask, half`` of the kernels for this dtype and these thresholds."""
+def _args(dt, thresholds, keyed=False):
+    """``edges, mask, shift, emask, half`` of the kernels for this dtype and these thresholds (``keyed``:
+    thresholds on the key fields of :func:`class_key`, which hold the magnitude bits less their lowest)."""
     bits = 8 * dt.itemsize
-    return (np.asarray([t << dt.mant_bits for t in thresholds], dt.uint), dt.uint.type((1 << (bits - 1)) - 1),
+    return (np.asarray([t << (dt.mant_bits - keyed) for t in thresholds], dt.uint), dt.uint.type((1 << (bits - 1)) - 1),
             dt.mant_bits, (1 << dt.exp_bits) - 1, 1 << (bits - 1))
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None, key=None):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
@@ -314,14 +372,17 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     parameters (else None; ``rice`` stays ctx-delta's, whose streams are returned too). ``history``
     (with ``rc_limit``, without ``rp``): the block's history codes (§7, uint8): each axis is sized with
     §8.11's contexts too, and a choice ``i`` of ``len(sign_axes)`` or more is axis ``i - len(sign_axes)``
-    coded with them (``ctx-delta-rh``)."""
+    coded with them (``ctx-delta-rh``). ``key`` (with ``history``): the block's class keys
+    (:func:`class_key`), whose fields the thresholds split: a ``ctx-delta-rhp`` block (§8.12)."""
     base, target, positions = _input(base), _input(target), _ro(positions)
     hist, hoff = _history_args(history)
+    keyed = key is not None
+    key = _no_key(base) if key is None else _input(key)
     axes = np.asarray(sign_axes, np.int64).reshape(-1, 3)
     counts, rice, qbits, q, r, s, mw, mag, choice, coded, rp_rice = _call(
         _ctx_encode, (dt.code, _kind(base), _kind(target), _kind(positions), type(max_rice)),
-        base, target, positions, *_args(dt, thresholds), max_rice, dense, axes, force_signs, SIGN_COST, SIGN_P0,
-        rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit, hist, hoff)
+        base, target, positions, *_args(dt, thresholds, keyed), max_rice, dense, axes, force_signs, SIGN_COST,
+        SIGN_P0, rc_limit, rc_planes, 8 * dt.itemsize, rp, rp_limit, hist, hoff, key)
     signs = None if choice < 0 else (int(choice), coded.tobytes())
     return (counts.tolist(), rice.tolist(), int(qbits), int(mw), [q.tobytes(), r.tobytes(), s.tobytes(), mag.tobytes()],
             signs, rp_rice.tolist() if rp_rice.size else None)
@@ -331,12 +392,13 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
     """A whole block into ``out``: OK, or the status of the first failed check, having written nothing
     into ``base`` (in place; a separate ``out`` may hold part of the base's copy, see ``_ctx_decode``).
     ``positions`` (int64, ``p.changed`` long): also filled with the positions the block changes.
-    ``history``: the block's history codes (§7, uint8), for a ``ctx-delta-rh`` block (§8.11)."""
-    args = _decode_args.get((dt.code, *p.thresholds))
+    ``history``: the block's history codes (§7, uint8), for a ``ctx-delta-rh`` block (§8.11) or a
+    ``ctx-delta-rhp`` block (``p.rhp``, §8.12), whose class keys are made from them here."""
+    args = _decode_args.get((dt.code, p.rhp, *p.thresholds))
     if args is None:
         if len(_decode_args) >= 4096:
             _decode_args.clear()
-        args = _decode_args[(dt.code, *p.thresholds)] = _args(dt, p.thresholds)  # never written to
+        args = _decode_args[(dt.code, p.rhp, *p.thresholds)] = _args(dt, p.thresholds, p.rhp)  # never written to
     if not (out.flags.c_contiguous and out.flags.aligned):   # the kernel writes contiguous memory only
         flat = out.copy() if out is base else np.empty(out.shape, out.dtype)
         status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions, history)
@@ -345,6 +407,7 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         return status
     separate = out is not base   # (out is contiguous here: base is too when it is out)
     base = _input(base)   # in place too: the kernel writes through ``out`` only
+    key = class_key(dt, base, history) if p.rhp and len(p.counts) > 1 else _no_key(base)
     if positions is None:
         positions = _NO_POSITIONS
     axis, period, phase = p.signs[:3] if p.signs is not None else (-1, 1, 0)
@@ -357,11 +420,18 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,
         axis, period, phase, SIGN_P0, p.rc, 8 * dt.itemsize, p.rp,
-        *_history_args(history))
+        *_history_args(history), key)
 
 
 _NO_POSITIONS = np.empty(0, np.int64)
 _NO_HISTORY = _ro(np.empty(0, np.uint8))
+_NO_KEYS = {np.dtype(t): _ro(np.empty(0, t)) for t in (np.uint8, np.uint16, np.uint32)}
+
+
+def _no_key(base: np.ndarray) -> np.ndarray:
+    """The kernels' "no class keys" (an empty read-only array of the block's dtype: one build serves both)."""
+    return _NO_KEYS[base.dtype]
+
 
 
 def _history_args(history) -> tuple[np.ndarray, int]:
@@ -386,6 +456,21 @@ _NO_BYTES = _bytes_array(b"")   # ctx-delta-rc's absent magnitude stream
 
 
 # ------------------------------------------------------------------------------------ the kernels
+
+@_jit
+def _key_counts(base, previous, stride, positions, shift, emask, size):
+    """:func:`_exponent_counts` of §8.12's key fields, ``x' = x + 2^E`` where ``previous`` differs."""
+    half = size >> 1
+    ne = np.zeros(size, np.int64)
+    for i in range(0, base.size, stride):
+        b = base[i]
+        ne[((b >> shift) & emask) + (half if previous[i] != b else 0)] += 1
+    ce = np.zeros(size, np.int64)
+    for p in positions:
+        b = base[p]
+        ce[((b >> shift) & emask) + (half if previous[p] != b else 0)] += 1
+    return ne, ce
+
 
 @_jit
 def _exponent_counts(base, stride, positions, shift, emask, size):
@@ -433,6 +518,44 @@ def _history(previous, base, half, out):
                   | (_code(previous[i + 2], base[i + 2], half) << 4) | (_code(previous[i + 3], base[i + 3], half) << 6))
     for i in range(n4 << 2, base.size):
         out[i >> 2] |= _code(previous[i], base[i], half) << np.uint8((i & 3) << 1)
+
+
+@_jit
+def _class_key_of(base, previous, mask, top, out):
+    """:func:`_class_key` from the previous value itself (its history code is not 0 where it differs)."""
+    zero = top ^ top
+    for i in range(base.size):
+        b = base[i]
+        out[i] = ((b & mask) >> 1) | (top if previous[i] != b else zero)
+
+
+@_jit
+def _class_key(base, mask, top, hist, hoff, out, lutw, outw, wmask):
+    """Each element's class key (:func:`class_key`): its magnitude bits less the lowest, and ``top``
+    where its history code (packed, element 0 at ``hoff``) is not 0. Where ``hoff`` is a multiple of 4
+    (a block starting at a code byte: every block the reference writer makes) and elements are 2 or 4
+    bytes, a code byte's four elements at a time, as 64-bit words (``wmask``: each element's key bits,
+    ``lutw``: each code byte's ``top`` bits, ``outw``: ``out``'s words); elsewhere element by element.
+    (An element loop of ``out`` and ``base`` does not vectorise: LLVM cannot rule out their aliasing.)"""
+    m = base.size
+    start = 0
+    k = lutw.size >> 8   # words a code byte's elements take (0: one-byte elements, element by element)
+    if hoff & 3 == 0 and k:
+        h0 = hoff >> 2
+        n4 = m >> 2
+        if k == 1:   # (a loop over k words took five times as long as these two)
+            for j in range(n4):
+                outw[j] = ((_load64(base, j << 2) >> np.uint64(1)) & wmask) | lutw[hist[h0 + j]]
+        else:
+            for j in range(n4):
+                r = np.int64(hist[h0 + j]) << 1
+                outw[2 * j] = ((_load64(base, j << 2) >> np.uint64(1)) & wmask) | lutw[r]
+                outw[2 * j + 1] = ((_load64(base, (j << 2) + 2) >> np.uint64(1)) & wmask) | lutw[r + 1]
+        start = n4 << 2
+    for i in range(start, m):
+        q = i + hoff
+        h = np.int64(hist[q >> 2] >> ((q & 3) << 1)) & 3
+        out[i] = ((base[i] & mask) >> 1) | (top * np.int64(h != 0))
 
 
 @_jit
@@ -574,7 +697,7 @@ def _rice_encode(gaps, counts, rice, qbuf, rbuf):
 
 @_jit
 def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edges, mask, shift, emask, half,
-                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp, hist, hoff):
+                copy, pos_out, dense, saxis, speriod, sphase, p0tab, rc, nbits, rp, hist, hoff, key):
     """A whole ctx-delta block (SPEC.md §8.6) in one call: positions, signs, magnitudes, range check,
     then ``out`` = base with the steps applied (``copy`` False: ``out`` is ``base``, in place).
     ``dense`` (one class): a ``dense-delta`` block (§8.7), whose codes are the unchanged elements'
@@ -583,7 +706,9 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     too, a ``ctx-delta-rc`` block (§8.9), whose stream 2 codes each change's sign and magnitude
     (``nbits``: the dtype's bits); with ``rp`` too, a ``ctx-delta-rp`` block (§8.10), whose one stream
     (``sbuf``) codes the gaps first. ``hist`` (with ``rc``, not ``rp``): the block's history (§7, packed,
-    element 0 at ``hoff``), a ``ctx-delta-rh`` block (§8.11); else empty.
+    element 0 at ``hoff``), a ``ctx-delta-rh`` block (§8.11); else empty. ``key`` (non-empty, with
+    ``hist``): the block's class keys (§8.12), which the thresholds split in place of the magnitude
+    bits: a ``ctx-delta-rhp`` block (the base is then copied and gathered apart from the class pass).
 
     Returns OK, or the first failed check's status, having written nothing to ``base`` (a separate
     ``out`` may hold part of the base's copy: the copy is made in the class pass, which reads the
@@ -625,6 +750,13 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     bv = np.empty(c, base.dtype)
     if n_classes == 1:
         if ranks[c - 1] >= m:
+            return BEYOND
+        if copy:
+            _copy_elems(out, base, 0, m)
+        for t in range(c):
+            bv[t] = base[pos[t]]
+    elif key.size:   # ctx-delta-rhp (§8.12): the classes of the keys, the values of the base
+        if not _class_select(key, mask, edges, counts, ranks, out, False, bv):
             return BEYOND
         if copy:
             _copy_elems(out, base, 0, m)
@@ -1119,7 +1251,7 @@ def _best_rice(g, lo, hi, max_rice):
 
 @_jit
 def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, dense, sign_axes, force_signs,
-                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit, hist, hoff):
+                sign_cost, p0tab, rc_limit, rc_planes, nbits, rp, rp_limit, hist, hoff, key):
     """A whole ctx-delta block (SPEC.md §8.6) once its thresholds are chosen: class order, ranks, gaps,
     each class's Rice parameter (the smallest of least cost), and the four streams.
 
@@ -1134,7 +1266,8 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
     estimate of them is below the Rice bits, 2 always. ``hist`` (with ``rc_limit``, not with ``rp``;
     else empty): the block's history (§7): each sign axis is sized with and without §8.11's history
     contexts too, and a choice of ``n`` axes or more (``n`` rows in ``sign_axes``) is axis
-    ``choice - n`` coded with them (``ctx-delta-rh``).
+    ``choice - n`` coded with them (``ctx-delta-rh``). ``key`` (non-empty): the block's class keys
+    (§8.12), which the thresholds split in place of the magnitude bits (``ctx-delta-rhp``).
     Returns ``(counts, rice, qbits, quotients, remainders, signs, mw, magnitude planes, sign axis
     chosen or -1, range-coded signs, -rp's Rice parameters or an empty array)``.
     """
@@ -1147,8 +1280,9 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         tv[t] = target[pos[t]]
     counts = np.zeros(n_classes, np.int64)
     cls = np.empty(c, np.uint8)
+    keyed = key.size > 0
     for t in range(c):
-        a = bv[t] & mask
+        a = key[pos[t]] if keyed else bv[t] & mask
         cl: int | np.int64 = 0
         for e in range(n_classes - 1):   # thresholds at or below a (they increase): no data-dependent exit
             cl += np.int64(a >= edges[e])
@@ -1163,7 +1297,12 @@ def _ctx_encode(base, target, pos, edges, mask, shift, emask, half, max_rice, de
         corder[fill[cls[t]]] = t
         fill[cls[t]] += 1
     g = np.empty(c, np.int64)
-    ranks = _class_ranks(base, mask, edges, pos, cls) if n_classes > 1 else pos
+    if n_classes == 1:
+        ranks = pos
+    elif keyed:
+        ranks = _class_ranks(key, mask, edges, pos, cls)
+    else:
+        ranks = _class_ranks(base, mask, edges, pos, cls)
     for k in range(n_classes):
         prev = -1
         for j in range(first[k], first[k + 1]):

@@ -32,7 +32,6 @@ from .encodings.ctx_delta import (
     SIGN_PROMISING,
     SIGN_SAMPLE,
     Params,
-    class_bounds,
     exponent_field,
     magnitude_bits,
     magnitude_order,
@@ -95,15 +94,59 @@ def scatter(flat, index, values) -> None:
     flat[index] = values
 
 
-def exponent_counts(dt, base, stride, positions):
-    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value."""
+def exponent_counts(dt, base, stride, positions, keyed=False):
+    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (``keyed``: per
+    key field of class keys, :func:`class_key`)."""
     sample = base[::stride]
-    size = 1 << dt.exp_bits
+    size = 1 << (dt.exp_bits + keyed)
+    field = _key_field if keyed else exponent_field
     ne = np.zeros(size, np.int64)
     for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
-        ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
-    ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
+        ne += np.bincount(field(dt, sample[s:s + _CHUNK]), minlength=size)
+    ce = np.bincount(field(dt, base[positions]), minlength=size)
     return ne, ce
+
+
+def class_key(dt, base, history=None, previous=None):
+    """The class keys of a ``ctx-delta-rhp`` block (§8.12), as the kernels make them: each element's
+    magnitude bits shifted right by one, bit ``B − 2`` set where its history code is not 0 (``previous``:
+    where the block's previous value differs, the same)."""
+    key = magnitude_bits(dt, base) >> dt.uint.type(1)
+    top = dt.uint.type(1 << (8 * dt.itemsize - 2))
+    for s in range(0, base.size, _CHUNK):   # in chunks: the codes' positions take 8 bytes an element
+        if previous is not None:
+            moved = previous[s:s + _CHUNK] != base[s:s + _CHUNK]
+        else:
+            moved = _history_at(history, np.arange(s, min(s + _CHUNK, base.size), dtype=np.int64)) != 0
+        key[s:s + _CHUNK][moved] |= top
+    return key
+
+
+def key_counts(dt, base, previous, stride, positions):
+    """:func:`exponent_counts` of the class keys ``previous`` gives (§8.12's ``x'``), without making them."""
+    size = 1 << (dt.exp_bits + 1)
+
+    def fields(b, p):
+        return exponent_field(dt, b).astype(np.int64) + ((b != p) << dt.exp_bits)
+    ne = np.zeros(size, np.int64)
+    sb, sp = base[::stride], previous[::stride]
+    for s in range(0, sb.size, _CHUNK):
+        ne += np.bincount(fields(sb[s:s + _CHUNK], sp[s:s + _CHUNK]), minlength=size)
+    ce = np.bincount(fields(base[positions], previous[positions]), minlength=size)
+    return ne, ce
+
+
+def _key_field(dt, key: np.ndarray) -> np.ndarray:
+    """§8.12's ``x'`` of each class key: the exponent field, plus ``2^E`` where the element moved."""
+    return (key >> dt.uint.type(dt.mant_bits - 1)) & dt.uint.type((1 << (dt.exp_bits + 1)) - 1)
+
+
+def _classed(dt, base: np.ndarray, thresholds, key) -> tuple[np.ndarray, list[int]]:
+    """What a block's thresholds compare, and their edges: the magnitude bits against ``T · 2^M``, or
+    (``key``, §8.12) the class keys against ``T · 2^(M−1)``."""
+    if key is None:
+        return magnitude_bits(dt, base), [t << dt.mant_bits for t in thresholds]
+    return key, [t << (dt.mant_bits - 1) for t in thresholds]
 
 
 def class_cuts(ne, ce, max_classes, overhead) -> list:
@@ -136,7 +179,7 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
-               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None):
+               rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None, key=None):
     """A whole changed block: ``(counts, rice, qbits, mw, streams, signs, rp_rice)``. ``dense`` (no thresholds):
     the quotient and remainder streams code the unchanged elements' positions (``dense-delta``, §8.7).
     ``sign_axes``: ``(axis, P, phase)`` sign contexts to size (§8.8); ``signs`` is ``(i, coded)`` for
@@ -147,7 +190,8 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     ctx-delta-rp's stream (§8.10) where the gaps' estimate is below their Rice bits (1) or always (2),
     and ``rp_rice`` its Rice parameters (else None). ``history`` (with ``rc_limit``, without ``rp``):
     the block's history codes (§7): each axis is sized with §8.11's contexts too, and a choice ``i`` of
-    ``len(sign_axes)`` or more is axis ``i - len(sign_axes)`` coded with them (``ctx-delta-rh``)."""
+    ``len(sign_axes)`` or more is axis ``i - len(sign_axes)`` coded with them (``ctx-delta-rh``).
+    ``key``: the block's class keys (:func:`class_key`), which the thresholds split (``ctx-delta-rhp``)."""
     k_count = len(thresholds) + 1
     counts, rice, pos_all = [], [], []
     if dense:
@@ -157,9 +201,10 @@ def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, s
     elif k_count == 1:
         groups = [(positions, positions)]
     else:
-        a = magnitude_bits(dt, base[positions])
-        sels = [(a >= lo) if hi is None else ((a >= lo) & (a < hi)) for lo, hi in class_bounds(dt, thresholds)]
-        index = class_indexes(dt, base, thresholds, [k for k, sel in enumerate(sels) if sel.any()])
+        a = magnitude_bits(dt, base[positions]) if key is None else key[positions]
+        lows = [0, *_classed(dt, base[:0], thresholds, key)[1]]
+        sels = [(a >= lo) if k == len(lows) - 1 else ((a >= lo) & (a < lows[k + 1])) for k, lo in enumerate(lows)]
+        index = class_indexes(dt, base, thresholds, [k for k, sel in enumerate(sels) if sel.any()], key)
         groups = []
         for k, sel in enumerate(sels):
             pos = positions[sel]
@@ -255,7 +300,7 @@ def _ctx_decode(dt, p: Params, streams, m: int, base: np.ndarray, out: np.ndarra
     else:   # ctx-delta-as (§8.8), -rc (§8.9): the range coder starts at step 2, after the positions
         ranks = _ranks(p, streams, p.counts)
         code = _sign_start(streams[2])
-        pos = _positions(dt, p, ranks, m, base)
+        pos = _positions(dt, p, ranks, m, base, history)
         if p.rc:
             assert p.signs is not None
             v = _rc_decode(_RangeDecoder(streams[2], code), pos, ordered(dt, base[pos]),
@@ -618,7 +663,7 @@ def _all_words(m: int) -> np.ndarray:
     return words
 
 
-def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> _Lazy:
+def class_indexes(dt, base: np.ndarray, thresholds, wanted, key=None) -> _Lazy:
     """A :class:`ClassIndex` for each class in ``wanted``, from one compare per threshold it needs
     (what the kernels compare word by word in one pass: ``_class_ranks``, ``_class_select``).
 
@@ -626,8 +671,7 @@ def class_indexes(dt, base: np.ndarray, thresholds, wanted) -> _Lazy:
     ``a >= T·2^M`` are computed once and combined word by word.
     """
     m = base.size
-    edges = [t << dt.mant_bits for t in thresholds]
-    a = magnitude_bits(dt, base)
+    a, edges = _classed(dt, base, thresholds, key)   # (``key``: §8.12's class keys)
     # packed bitmaps of a >= edges[i], each threshold the wanted classes need (then ``a`` is dropped)
     ge = {i: _pack_words(a >= dt.uint.type(edges[i])) for i in sorted({j for k in wanted for j in (k - 1, k)
                                                                        if 0 <= j < len(edges)})}
@@ -827,13 +871,15 @@ def _complement(kept: np.ndarray, m: int) -> np.ndarray:
     return np.flatnonzero(changed)
 
 
-def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray) -> np.ndarray:
-    """Changed element indices in class order, from each class's member ranks."""
+def _positions(dt, p: Params, ranks: np.ndarray, m: int, base: np.ndarray, history: tuple | None = None) -> np.ndarray:
+    """Changed element indices in class order, from each class's member ranks (a ctx-delta-rhp block's
+    classes: of its class keys, made from ``history``, §8.12)."""
     if p.classes == 1:
         if ranks[-1] >= m:
             raise _Failed(BEYOND)
         return ranks
-    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck])
+    key = class_key(dt, base, history) if p.rhp else None
+    index = class_indexes(dt, base, p.thresholds, [k for k, ck in enumerate(p.counts) if ck], key)
     pos = np.empty(p.changed, np.int64)
     off = 0
     for k, ck in enumerate(p.counts):

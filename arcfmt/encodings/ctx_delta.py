@@ -46,6 +46,10 @@ _MIN_SIGNS_FOR_ROWS = 64
 SIGN_SAMPLE = 1 << 14    # the signs each axis is sized on (the first, in class order): the choice, not the coding
 SIGN_PROMISING = 0.97    # ...and coded only where the best estimate is below this many bits a sign
 HISTORY_COST_BITS = 64.0   # ctx-delta-rh only where it saves more than its tensor's previous_hash (§7)
+# ctx-delta-rhp below effort max only where the class DP estimates its positions smaller by this share:
+# its classes cost a pass over the block to encode and one to decode (the keys), and on the FP32-master
+# trajectories they save ~1 % of the positions (Adam: encode 838 -> 534 MB/s for 0.7 % of the file)
+RHP_MIN_GAIN = 0.05
 _HIST_STRIDE = 8          # blocks of at least _CHUNK elements: the exponent histogram samples every 8th
 
 
@@ -79,6 +83,7 @@ class Params:
     rc: bool = False     # a ctx-delta-rc block (§8.9): signs and magnitudes in stream 2, no mag_width
     rp: bool = False     # with rc: a ctx-delta-rp block (§8.10): gaps, signs, magnitudes in stream 0, no qbits
     rh: bool = False     # with rc: a ctx-delta-rh block (§8.11): -rc's params, signs in history contexts too
+    rhp: bool = False    # with rh: a ctx-delta-rhp block (§8.12): the thresholds split class keys (history too)
 
     @property
     def classes(self) -> int:
@@ -133,7 +138,7 @@ def param_count(head: Sequence[int]) -> int:
 
 def stream_lengths(dt: DType, p: Params, m: int) -> list[int]:
     """Check the params (SPEC.md §8.6) and return the decoded length of each of the 4 streams."""
-    top = (1 << dt.exp_bits) - 1
+    top = (1 << (dt.exp_bits + p.rhp)) - 1   # ctx-delta-rhp: the key field's values (§8.12)
     prev = 0
     for t in p.thresholds:
         if not prev < t <= top:
@@ -274,13 +279,40 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray,
                       max_classes: int = DEFAULT_CLASSES) -> list[int]:
     """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges
     of the exponent histogram (sampled on large blocks)."""
+    return _thresholds(dt, base, positions, max_classes)[0]
+
+
+def _thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int,
+                previous: np.ndarray | None = None) -> tuple[list[int], float]:
+    """:func:`choose_thresholds` and the estimated position bits of its classes (their Rice codes and
+    the params of each class after the first); with the block's ``previous`` value, on the key fields
+    of §8.12 (ctx-delta-rhp's classes)."""
     if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
-        return []
+        return [], float("inf")
     be = backend.selected()
     stride = _HIST_STRIDE if base.size >= _CHUNK else 1
-    ne, ce = be.exponent_counts(dt, base, stride, positions)
+    if previous is None:
+        ne, ce = be.exponent_counts(dt, base, stride, positions)
+    else:
+        ne, ce = be.key_counts(dt, base, previous, stride, positions)
     ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
-    return be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
+    cuts = be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
+    return cuts, _position_bits(ne, ce, cuts)
+
+
+def _position_bits(ne: np.ndarray, ce: np.ndarray, cuts: Sequence[int]) -> float:
+    """The class DP's estimate (``class_cuts``) of the position bits of these classes: each class's
+    Rice bits at the better of the two parameters around its mean gap, plus the overhead of each class
+    after the first."""
+    edges = [0, *cuts, ne.size]
+    total = _CLASS_OVERHEAD_BITS * len(cuts)
+    for lo, hi in zip(edges, edges[1:]):
+        n, c = float(ne[lo:hi].sum()), float(ce[lo:hi].sum())
+        if c > 0:
+            mu = max(n - c, 0.0) / c
+            r0 = np.floor(np.log2(max(mu * np.log(2.0), 1.0)))
+            total += min(c * (1 + r + mu / 2.0 ** r) for r in (r0, r0 + 1))
+    return total
 
 
 @dataclass
@@ -291,6 +323,7 @@ class Encoded:
     rc: bool = False               # a ctx-delta-rc block (§8.9)
     rp: bool = False               # with rc: a ctx-delta-rp block (§8.10)
     rh: bool = False               # with rc: a ctx-delta-rh block (§8.11)
+    rhp: bool = False              # with rh: a ctx-delta-rhp block (§8.12)
     other: Encoded | None = None   # the block as ctx-delta too, where its codec may make that the smaller
 
 
@@ -302,7 +335,8 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
            thresholds: Sequence[int] | None = None, max_classes: int = DEFAULT_CLASSES, dense: bool = False,
            axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False,
            rc_axes: Sequence[tuple[int, int, int]] = (), force_rc: bool = False, rp: int = 0,
-           history: HistoryCodes | None = None, force_rh: bool = False) -> Encoded:
+           history: HistoryCodes | None = None, force_rh: bool = False, rhp: int = 0,
+           previous: np.ndarray | None = None, rhp_gain: float = RHP_MIN_GAIN) -> Encoded:
     """Encode one changed block; ``positions`` are its changed elements (non-empty, increasing).
     ``dense``: as ``dense-delta`` (§8.7; one class, the unchanged elements' positions coded).
     ``rc_axes``: sign contexts to try for ``ctx-delta-rc`` (§8.9), tried first: the block is that
@@ -315,23 +349,39 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     estimate of its gaps is below their Rice bits, 2 always. ``history`` (with ``rc_axes``, without
     ``rp``): the block's history codes (§7) as ``(packed, offset)``, element 0 at ``offset`` into the
     codes packed four to a byte (:func:`arcfmt.history.pack`); a ctx-delta-rc block is ``ctx-delta-rh`` (§8.11) where
-    the history contexts size its signs smaller (``force_rh``: always, the axis still chosen)."""
+    the history contexts size its signs smaller (``force_rh``: always, the axis still chosen).
+    ``rhp`` (with ``history`` and the block's ``previous`` value): 1 makes the block ``ctx-delta-rhp``
+    (§8.12: classes of the history too, signs in its contexts) where the class DP estimates its positions
+    smaller by a share ``rhp_gain`` and by more than the tensor's ``previous_hash``; 2 always
+    (``thresholds`` are then on the key fields)."""
+    backend.warn_first_compile(backend.ENCODE)
+    key = None
     if dense:
         thresholds = []
+    elif rhp and history is not None and previous is not None and rc_axes:
+        be = backend.selected()
+        if thresholds is None:
+            thresholds, bits = _thresholds(dt, base, positions, max_classes)
+            keyed, keyed_bits = _thresholds(dt, base, positions, max_classes, previous)
+            if rhp == 2 or keyed_bits + HISTORY_COST_BITS < bits * (1 - rhp_gain):
+                thresholds = keyed
+                key = be.class_key(dt, base, previous=previous)
+        else:
+            key = be.class_key(dt, base, previous=previous)
     elif thresholds is None:
         thresholds = choose_thresholds(dt, base, positions, max_classes)
-    backend.warn_first_compile(backend.ENCODE)
     c = positions.size
     if rc_axes and not dense:
         both = not force_rc and c < _RC_ALONE
         assert history is None or not rp, "ctx-delta-rh is ctx-delta-rc's, never -rp's"
         # (force_signs with a history: the history contexts, whichever axis)
         counts, rice, qbits, mw, streams, signs, rp_rice = backend.selected().ctx_encode(
-            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, force_rh, rc_limit(dt, c), both,
-            rp, rp_limit(dt, c, base.size), history)
+            dt, base, target, positions, thresholds, MAX_RICE, False, rc_axes, force_rh or key is not None,
+            rc_limit(dt, c), both, rp, rp_limit(dt, c, base.size), history, key)
         if signs is not None:
             i, coded = signs
             used_rh = history is not None and i >= len(rc_axes)
+            assert used_rh or key is None, "a ctx-delta-rhp block codes its signs in the history's contexts"
             rc_params = (*rc_axes[i % len(rc_axes)], len(coded))
             # ctx-delta's signs and magnitudes as they are before any codec, with its one more param;
             # -rp's stream holds the positions too
@@ -339,12 +389,16 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
             raw = (c + 7) // 8 + c * mw + 1 + (len(streams[0]) + len(streams[1]) if used_rp else 0)
             if force_rc or len(coded) + _varints(rc_params) < raw:
                 p = Params(list(thresholds), counts, rp_rice or rice, qbits, 0, signs=rc_params, rc=True,
-                           rp=used_rp, rh=used_rh)
+                           rp=used_rp, rh=used_rh, rhp=key is not None)
                 other = None
-                if both:
+                if both and key is None:   # (ctx-delta's classes are the base's alone)
                     other = Encoded(Params(list(thresholds), counts, rice, qbits, mw).pack(), streams)
                 coded_streams = [coded] if used_rp else [streams[0], streams[1], coded]
-                return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, rh=used_rh, other=other)
+                return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, rh=used_rh, rhp=key is not None,
+                               other=other)
+        if key is not None:   # its changes passed the bound: not ctx-delta-rc either, with these thresholds
+            return encode(dt, base, target, positions, None, max_classes, dense, axes, force_signs, rc_axes, force_rc,
+                          rp, history, force_rh)
     counts, rice, qbits, mw, streams, signs, _ = backend.selected().ctx_encode(
         dt, base, target, positions, thresholds, MAX_RICE, dense, axes, force_signs)
     p = Params(list(thresholds), counts, rice, qbits, mw, dense)
@@ -401,7 +455,8 @@ def decode(dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.
         # Worded from the status, the same for every backend: re-running the numpy twin to find the
         # check again cost ~60 bytes of scratch per element (a 1 KB file made 1 GB, per worker).
         name = ("dense-delta" if p.dense else "ctx-delta" if p.signs is None else "ctx-delta-rp" if p.rp
-                else "ctx-delta-rh" if p.rh else "ctx-delta-rc" if p.rc else "ctx-delta-as")
+                else "ctx-delta-rhp" if p.rhp else "ctx-delta-rh" if p.rh else "ctx-delta-rc" if p.rc
+                else "ctx-delta-as")
         failed = _FAILED_RP if p.rp else _FAILED_RC if p.rc else _FAILED
         raise CorruptError(f"{name}{failed[status].format(dt=dt.name, m=m)}")
 
@@ -520,11 +575,14 @@ class CtxDelta(Encoding):
         return _ROLES
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never",
+               rhp_gain: float = 0.0) -> EncodedBlock | None:
         """None when nothing changed. ``signs``: ``"never"`` (this encoding), ``"auto"`` (ctx-delta-as
         where its range-coded signs are smaller, §8.8), ``"always"`` (ctx-delta-as). ``rc``: likewise
         for ctx-delta-rc (§8.9), tried first; ``rp``: likewise for ctx-delta-rp (§8.10) in its place;
-        ``rh``: likewise for ctx-delta-rh (§8.11, the block's history given; never with ``rp``)."""
+        ``rh``: likewise for ctx-delta-rh (§8.11, the block's history given; never with ``rp``);
+        ``rhp``: likewise for ctx-delta-rhp (§8.12) in ctx-delta-rh's place, ``"auto"`` where the
+        class DP estimates its positions smaller by the share ``rhp_gain``."""
         positions = block.positions
         c = positions.size
         if c == 0:
@@ -538,11 +596,13 @@ class CtxDelta(Encoding):
                      axes=axes if as_wanted else (), force_signs=signs == "always",
                      rc_axes=axes if rc != "never" else (), force_rc=rc == "always",
                      rp=("never", "auto", "always").index(rp),
-                     history=block.history if rh != "never" else None, force_rh=rh == "always")
+                     history=block.history if rh != "never" else None, force_rh=rh == "always",
+                     rhp=("never", "auto", "always").index(rhp), previous=block.previous, rhp_gain=rhp_gain)
         # what the block came out as: a forced -rc or -rp whose changes passed the bound comes out as
         # ctx-delta (never under its own id: those params are not its), which the caller refuses
         plain = self.id if self.codes_unchanged else CtxDelta.id
-        kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRh.id if enc.rh else CtxDeltaRc.id if enc.rc
+        kind = (CtxDeltaRp.id if enc.rp else CtxDeltaRhp.id if enc.rhp else CtxDeltaRh.id if enc.rh
+                else CtxDeltaRc.id if enc.rc
                 else CtxDeltaAs.id if enc.adaptive_signs else plain)
         out = EncodedBlock(kind, enc.params, enc.streams, c, dense=(0, 1, 2))
         if enc.other is None:
@@ -564,8 +624,11 @@ class CtxDelta(Encoding):
         # training) are worth more than -rp's gaps, and the two do not combine
         rh = "auto" if rc == "auto" and block.previous is not None and block.may_use(CtxDeltaRh) else "never"
         rp = "auto" if rc == "auto" and rh == "never" and effort == "max" and block.may_use(CtxDeltaRp) else "never"
+        # ctx-delta-rhp where the history's classes make the positions smaller too (pure-BF16 training:
+        # a weight that just moved is far likelier to move again)
+        rhp = "auto" if rh == "auto" and block.may_use(CtxDeltaRhp) else "never"
         classes = CLASS_LIMITS.get(effort, DEFAULT_CLASSES) if isinstance(effort, str) else DEFAULT_CLASSES
-        return self.encode(block, classes, signs, rc, rp, rh)
+        return self.encode(block, classes, signs, rc, rp, rh, rhp, 0.0 if effort == "max" else RHP_MIN_GAIN)
 
 
 @register
@@ -584,7 +647,7 @@ class CtxDeltaAs(CtxDelta):
         return param_count(head) + (4 if head else 0)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "always", rc: str = "never",
-               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, signs)
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -607,13 +670,15 @@ class CtxDeltaRc(CtxDelta):
     _more_params = 3           # after ctx-delta's 3K + 2, less mw: axis, P, phase, nbytes
     _roles: tuple[StreamRole, ...] = _RC_ROLES
     _rp = "never"              # the forced encoding's ctx-delta-rp setting
-    _rh = "never"              # ... and its ctx-delta-rh setting
+    _rh = "never"              # ... its ctx-delta-rh setting
+    _rhp = "never"             # ... and its ctx-delta-rhp setting
 
     def unpack(self, params: Sequence[int]) -> Params:
         if self._rp == "always":
             return Params.unpack_rp(params)
         p = Params.unpack_rc(params)
         p.rh = self._rh == "always"
+        p.rhp = self._rhp == "always"
         return p
 
     def param_count(self, head: Sequence[int]) -> int:
@@ -626,10 +691,10 @@ class CtxDeltaRc(CtxDelta):
         return self._roles
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
-               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
         if self._rh == "always" and block.previous is None:
             raise InputError(f"{self.name} needs the previous step (its history, SPEC.md §7), which was not given")
-        out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp, self._rh)
+        out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp, self._rh, self._rhp)
         if out is not None and out.encoding != self.id:
             top = rp_limit(block.dt, out.changed, block.m) if self._rp == "always" else rc_limit(block.dt, out.changed)
             raise InputError(f"{self.name}: this block's changes take more than {top} bytes range-coded "
@@ -682,6 +747,22 @@ class CtxDeltaRh(CtxDeltaRc):
 
 
 @register
+class CtxDeltaRhp(CtxDeltaRh):
+    """``ctx-delta-rhp`` (SPEC.md §8.12): ``ctx-delta-rh`` whose classes split each element's history
+    too: the thresholds divide class keys, the exponent field and, above it, whether the element moved
+    at the previous step. Why: on pure-BF16 training a weight that just moved is far likelier to move
+    again than its exponent says (a third fewer position bits); elsewhere it gains a little where the
+    class DP says so. ``ctx-delta`` proposes it in -rh's place (``rhp="auto"``); forced, it codes
+    every block with a history."""
+
+    id = 11
+    name = "ctx-delta-rhp"
+    since = (1, 10)
+    trial_rank = 16
+    _rhp = "always"
+
+
+@register
 class DenseDelta(CtxDelta):
     """``dense-delta`` (SPEC.md §8.7): ``ctx-delta`` with one class whose Rice codes are the positions
     of the elements that did not change. Why: a prefix code spends a bit or more on every coded
@@ -699,7 +780,7 @@ class DenseDelta(CtxDelta):
         return dense_unpack(params)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               rp: str = "never", rh: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
         return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
@@ -724,4 +805,4 @@ class DenseDelta(CtxDelta):
         return out
 
 
-_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id, CtxDeltaRh.id))   # the candidates DenseDelta.propose defers to
+_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id, CtxDeltaRh.id, CtxDeltaRhp.id))   # the candidates DenseDelta.propose defers to
