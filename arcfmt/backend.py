@@ -26,9 +26,9 @@ The interface (what both modules define):
     set where its history code is not 0, so that ``key ≥ T · 2^(M−1)`` exactly where ``x' ≥ T``.
 ``key_counts(dt, base, previous, stride, positions) -> (ne, ce)``
     ``exponent_counts`` of the key fields ``x'`` (§8.12) that ``previous`` gives, without the keys.
-``class_cuts(ne, ce, max_classes, overhead) -> list``
+``class_cuts(ne, ce, max_classes, overhead) -> (list, float)``
     the exponent-class thresholds of least estimated position bits (the DP of
-    ``ctx_delta.choose_thresholds``).
+    ``ctx_delta.choose_thresholds``), and that estimate (with ``overhead`` per class after the first).
 ``ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,
 rc_limit=0, rc_planes=False, rp=0, rp_limit=0, history=None, key=None)``
     ``-> (counts, rice, qbits, mw, streams, signs, rp_rice)``:
@@ -105,13 +105,15 @@ class Backend(Protocol):
     def key_counts(self, dt: DType, base: np.ndarray, previous: np.ndarray, stride: int,
                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int, overhead: float) -> list[int]: ...
+    def class_cuts(self, ne: np.ndarray, ce: np.ndarray, max_classes: int,
+                   overhead: float) -> tuple[list[int], float]: ...
 
     def ctx_encode(self, dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarray,
                    thresholds: Sequence[int], max_rice: int, dense: bool = False,
                    sign_axes: Sequence[tuple[int, int, int]] = (), force_signs: bool = False, rc_limit: int = 0,
                    rc_planes: bool = False, rp: int = 0, rp_limit: int = 0, history: HistoryCodes | None = None,
-                   key: np.ndarray | None = None) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
+                   key: np.ndarray | None = None,
+                   ) -> tuple[list[int], list[int], int, int, list[bytes], tuple[int, bytes] | None,
                               list[int] | None]: ...
 
     def ctx_decode(self, dt: DType, p: Params, streams: Sequence[BytesLike], m: int, base: np.ndarray,

@@ -140,6 +140,14 @@ def _note(args, text: str) -> None:
         print(f"arcfmt: {text}", file=sys.stderr, flush=True)
 
 
+def _format_version(text: str) -> tuple[int, int]:
+    """``--readers``: a format version ``MAJOR.MINOR``."""
+    major, _, minor = text.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise argparse.ArgumentTypeError(f"not a format version MAJOR.MINOR: {text!r}")
+    return int(major), int(minor)
+
+
 def _count_at_least(least: int):
     """An argparse type: an integer of at least ``least`` (else a usage error, exit 2)."""
     def parse(text: str) -> int:
@@ -703,7 +711,7 @@ def cmd_publish(args) -> int:
                     storage_options=_storage_options(args.storage_option), effort=args.effort,
                     workers=args.workers, remember=False, state_dir=args.state, writer=args.writer,
                     on_commit=args.on_commit, keep_last=args.keep_last, compact_index=not args.full_index,
-                    history=not args.no_history)
+                    history=not args.no_history, readers=args.readers)
     res = pub.publish(step, args.checkpoint, base=args.base, base_step=base_step, keyframe=args.keyframe,
                       file_name=args.file_name)
     out = res.as_dict()
@@ -1078,6 +1086,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write no delta that needs the previous step (format 1.9: signs coded in contexts of "
                          "each weight's last move, 1-15 %% smaller; followers keep that step's history): for "
                          "followers older than arcfmt 1.9")
+    pb.add_argument("--readers", type=_format_version, metavar="1.MINOR",
+                    help="the oldest format version the followers read: no block encoding added after it (1.9: "
+                         "no ctx-delta-rhp, format 1.10's position classes of the history)")
     storage(pb)
     common(pb)
     pb.set_defaults(func=cmd_publish)

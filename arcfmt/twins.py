@@ -149,12 +149,14 @@ def _classed(dt, base: np.ndarray, thresholds, key) -> tuple[np.ndarray, list[in
     return key, [t << (dt.mant_bits - 1) for t in thresholds]
 
 
-def class_cuts(ne, ce, max_classes, overhead) -> list:
-    """Exponent classes that minimise the estimated position bits: an exact DP over contiguous ranges."""
+def class_cuts(ne, ce, max_classes, overhead) -> tuple[list, float]:
+    """Exponent classes that minimise the estimated position bits (an exact DP over contiguous ranges),
+    and that estimate."""
     idx = np.flatnonzero(ne)
     L = idx.size
-    if L < 2:
-        return []
+    if L < 2:   # (the changes of exponents without elements are not counted, as in the DP)
+        n1, c1 = float(ne[idx].sum()), float(ce[idx].sum())
+        return [], float(_rice_cost(np.float64(n1), np.float64(c1))) if c1 > 0 else 0.0
     N = np.concatenate([[0], np.cumsum(ne[idx])]).astype(np.float64)
     C = np.concatenate([[0], np.cumsum(ce[idx])]).astype(np.float64)
     n = N[None, :] - N[:, None]
@@ -175,7 +177,7 @@ def class_cuts(ne, ce, max_classes, overhead) -> list:
     for k in range(best_k, 1, -1):
         j = int(back[k - 2][j])
         cuts.append(j)
-    return [int(idx[i]) for i in sorted(cuts)]
+    return [int(idx[i]) for i in sorted(cuts)], float(best_total)
 
 
 def ctx_encode(dt, base, target, positions, thresholds, max_rice, dense=False, sign_axes=(), force_signs=False,

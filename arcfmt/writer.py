@@ -149,6 +149,18 @@ def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
+def check_readers(readers: object) -> tuple[int, int] | None:
+    """A ``readers=`` value (the oldest format version a file's decoders have): None or ``(1, minor)``."""
+    if readers is None:
+        return None
+    if (not isinstance(readers, tuple) or len(readers) != 2 or readers[0] != L.MAJOR
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in readers)
+            or not 0 <= readers[1] <= L.MINOR):
+        raise InputError(f"readers must be a format version ({L.MAJOR}, minor) with minor in 0..{L.MINOR}, "
+                         f"not {readers!r}")
+    return (readers[0], readers[1])
+
+
 def _encode_block(dt, base, target, effort, force_encoding=None, force_codec=None, where=(None, 0), readers=None,
                   previous=None):
     """Every candidate encoding, each stream with its smallest codec; keep the smallest total.
@@ -228,7 +240,7 @@ class DeltaWriter:
     def __init__(self, fileobj, *, base_step=None, target_step=None, block_elems=DEFAULT_BLOCK_ELEMS,
                  effort="default", workers=None, note: str | None = None, force_encoding: str | None = None,
                  force_codec: str | None = None, compact_index: bool = True, inline_blocks: bool = True,
-                 previous=None):
+                 previous=None, readers: tuple[int, int] | None = None):
         """Start a file: its header and META record (``base_step`` → ``target_step``) are written now.
 
         ``block_elems``: elements per block (the unit of parallelism and of random access);
@@ -245,6 +257,9 @@ class DeltaWriter:
         tensors of the ctx-delta dtypes with a previous value of their dtype and shape carry HISTORY
         (1.9, §7) and may code their signs in its contexts (``ctx-delta-rh``, §8.11), and the file then
         needs that previous step to be read. Ignored in the modes for older readers.
+        ``readers``: the oldest format version, ``(1, minor)``, whose decoders must read the file (a fleet
+        not upgraded yet): no encoding added after it is written (e.g. ``(1, 9)``: no ``ctx-delta-rhp``,
+        §8.12), and before ``(1, 9)`` no previous step is used.
         A base or previous value may be given as :class:`arcfmt.integrity.KnownBase` (array, tensor
         hash) where its holder hashed it already (a publisher's own copy of a step it wrote): the file
         names it by that hash, unhashed again; a wrong one makes a file every reader refuses."""
@@ -283,12 +298,17 @@ class DeltaWriter:
         self._flags = records.header_flags(compact_index, inline_blocks)
         self._inline = bool(self._flags & L.INLINE_BLOCKS)
         self._readers = (1, 4) if not compact_index else (1, 5) if not inline_blocks else None
+        readers = check_readers(readers)
+        if readers is not None and readers < (L.MAJOR, L.MINOR):
+            self._readers = min(readers, self._readers or readers)
         if previous is not None and not isinstance(previous, Mapping):
             raise InputError("previous must be a mapping of tensor name to array")
-        self._previous = previous if self._readers is None else None
-        if self._readers is not None and self._force_encoding == encodings.by_name("ctx-delta-rh").id:
-            raise InputError("ctx-delta-rh is format 1.9: the modes for older readers (a full index, no inline "
-                             "blocks) write none")
+        history = self._readers is None or self._readers >= encodings.by_name("ctx-delta-rh").since
+        self._previous = previous if history else None
+        forced = None if self._force_encoding is None else encodings.find(self._force_encoding)
+        if forced is not None and forced.needs_history and not history:
+            raise InputError(f"{forced.name} needs the previous step (format 1.9): the modes for older readers "
+                             f"(a full index, no inline blocks, readers= before 1.9) write none")
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
         self._blocks = 0                  # blocks of the tensors accepted so far (§14 MAX_BLOCKS)
         self._added: list[bytes] = []     # names reserved by the write_tensors call under way
@@ -359,7 +379,7 @@ class DeltaWriter:
         its hash where it was given with one (KnownBase)."""
         if self._previous is None or base is None:
             return None, None
-        forced = self._force_encoding == encodings.by_name("ctx-delta-rh").id
+        forced = self._force_encoding is not None and encodings.get(self._force_encoding).needs_history
         if not coded(dt) or (size < HISTORY_MIN_ELEMS and not forced):
             return None, None
         prev = self._previous.get(name)

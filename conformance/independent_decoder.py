@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent arcfmt 1.9 decoder, written from SPEC.md alone.
+"""Independent arcfmt 1.10 decoder, written from SPEC.md alone.
 
 A deliberately plain, slow, obviously-correct second implementation of the
 arcfmt delta format.  It uses only the Python standard library plus the codec
@@ -22,7 +22,8 @@ check between fields (each object reference's derived name included) is made.  S
 BASE is a safetensors file holding the base tensors (``{}`` header when the file
 needs no base), DELTA the arcfmt file, OUT the JSON report written on success; PREVIOUS (1.9) a
 safetensors file holding the previous step, the tensors one step before the base, for the tensors
-with HISTORY (§7), opened and checked after BASE (§1 "Base files")::
+with HISTORY (§7; their ctx-delta-rh and, 1.10, ctx-delta-rhp blocks use it), opened and checked
+after BASE (§1 "Base files")::
 
     {name: {"dtype": NAME, "shape": [...], "sha256": HEX}}
 
@@ -299,6 +300,29 @@ from SPEC.md as of commit 474a64b:
      file)": it is opened, and a bad one refused (`wrong_base`), even for an arcfmt file that needs
      no previous step, as a bad base file is refused for a file that needs no base (§1).
 
+Version 1.10 (ctx-delta-rhp = encoding 11, §8.12; §7 "History", §8 checks 1-7, §16; R-CTXRHP*), from
+SPEC.md as of commit 6fef01c: ctx-delta-rh whose classes are those of the key field
+x'(i) = x(i) + 2^E z(i), z(i) = 1 where the element's history h(i) is not 0.  No ASSUMPTION.
+  - read_block_fields: id 11 is known (KNOWN_ENCODINGS), defined for the dtypes of ctx-delta
+    (`unsupported` on any other, check 1, a check site of its own); its params are ctx-delta-rc's
+    (3K + 5), read and checked by the same code and check sites (read_ctx_params with changes_rc,
+    check_ctxrc_params) except the last threshold's bound, T_{K-1} <= 2^(E+1) - 1 in place of
+    2^E - 1, at the same place in §8.6's order (read_ctx_params with history_classes; R-CTXRHP-PARAMS,
+    a check site of its own); S = 3 streams of ctx-delta-rc's decoded lengths.  Check 4 gains, after
+    ctx-delta-rh's, ctx-delta-rhp in a tensor without HISTORY (`corrupt`, R-CTXRHP-TENSOR), a check
+    site of its own.
+  - decode_block_fields: ctx-delta-rhp decodes as ctx-delta-rh (decode_ctx_delta with the block's
+    histories from TensorBuilder.get_history, elements b * block_elems + i, as §8.11's), except §8.6
+    step 3's classes: class_members counts the thresholds T_j <= x'(i) (a table of 2^(E+1) keys)
+    instead of T_j <= x(i); members, ranks, n_k, the class order and so the quotient and remainder
+    streams follow.  The sign contexts 3j + h(p) and the length and bit contexts U(x, j), V(x, j) on
+    x(p) itself are ctx-delta-rh's (ctxrc_decode_changes, unchanged), and so is every check of the
+    streams and its check site (R-CTXRHP-CHANGES: "ctx-delta-rc's checks ... on the classes of x'").
+    With K = 1 no pass over the block is made, as for ctx-delta-rh (§8.12: "decoded exactly as a
+    ctx-delta-rh block").
+  - Any minor version is still read (§4, §16), 10 included: there is no version constant to change;
+    an encoding id above 11 is refused where it is met (`unsupported`).
+
 Part II ASSUMPTIONs (stream objects; SPEC.md Part II 1.0 as of commit 942b54d):
   P1 S2: a UTF-8 byte order mark is refused (`corrupt`); RFC 8259 lets a parser ignore it.
   P2 S2 "null means absent" vs "a missing field is corrupt": every key of the S5-S7 tables must
@@ -429,8 +453,10 @@ ENC_CTX_DELTA_AS = 7  # added in version 1.4 (§8.8)
 ENC_CTX_DELTA_RC = 8  # added in version 1.7 (§8.9)
 ENC_CTX_DELTA_RP = 9  # added in version 1.8 (§8.10)
 ENC_CTX_DELTA_RH = 10  # added in version 1.9 (§8.11)
+ENC_CTX_DELTA_RHP = 11  # added in version 1.10 (§8.12)
 KNOWN_ENCODINGS = {ENC_UNCHANGED, ENC_XOR, ENC_BF16_DELTA, ENC_FLOAT_DELTA, ENC_KEYFRAME, ENC_CTX_DELTA,
-                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RP, ENC_CTX_DELTA_RH}
+                   ENC_DENSE_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RP, ENC_CTX_DELTA_RH,
+                   ENC_CTX_DELTA_RHP}
 BF16 = 11
 FLOAT_DELTA_DTYPES = {10, 12, 13, 14, 15}
 CTX_DELTA_DTYPES = {10, 11, 12, 14, 15}  # §8.6: BF16, F16, F32, F8_E4M3, F8_E5M2 (W <= 4)
@@ -453,6 +479,7 @@ CTXRP_MIN_NBYTES = 5  # §8.10: as §8.9's nbytes, the range decoder's first byt
 CTXRP_MAX_J = 15  # §8.10: the quotient contexts G(k, j) have 0 <= j <= 15
 CTX_DELTA_RH_DTYPES = CTX_DELTA_DTYPES  # §8.11: the dtypes of ctx-delta
 CTXRH_HISTORIES = 3  # §7, §8.11: h(p) is 0 (unchanged), 1 (moved up) or 2 (moved down); sign context 3j + h(p)
+CTX_DELTA_RHP_DTYPES = CTX_DELTA_DTYPES  # §8.12: the dtypes of ctx-delta
 
 # SPEC §9: codec ids
 CODEC_RAW, CODEC_ZSTD, CODEC_XZ, CODEC_BZ2 = 0, 1, 2, 3
@@ -1208,8 +1235,9 @@ def stream_lengths(ti, enc, m, c=None, e=None, ctx=None, dense=None):
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ceil_div(ctx.c, 8), ctx.c * ctx.mw]
     if enc == ENC_CTX_DELTA_AS:  # §8.8: stream 2 holds sbytes range-coded bytes; the others as §8.6
         return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.sbytes, ctx.c * ctx.mw]
-    if enc in (ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RH):  # §8.9 (and §8.11): S = 3, stream 2 holds nbytes
-        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]  # range-coded bytes; no stream 3
+    if enc in (ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RH, ENC_CTX_DELTA_RHP):
+        # §8.9 (and §8.11, §8.12): S = 3, stream 2 holds nbytes range-coded bytes; no stream 3
+        return [ceil_div(ctx.qbits, 8), ceil_div(ctx.R, 8), ctx.nbytes]
     if enc == ENC_CTX_DELTA_RP:  # §8.10: S = 1, stream 0 holds nbytes range-coded bytes (gaps, then changes)
         return [ctx.nbytes]
     if enc == ENC_DENSE_DELTA:  # §8.7
@@ -1235,7 +1263,8 @@ class CtxParams:
     pass
 
 
-def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False, positions_rp=False):
+def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False, positions_rp=False,
+                    history_classes=False):
     """§8.6 params, read in order (all varints): K; T_1 .. T_{K-1}; c_0 .. c_{K-1};
     r_0 .. r_{K-1}; qbits; mw.  `K` is checked as soon as it is read (R-CTX-CLASSES), the rest
     after the last param (§8 check 1 "after the params"), in the order §8.6 lists them; all
@@ -1252,11 +1281,18 @@ def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False, position
     positions_rp (ctx-delta-rp, §8.10): no qbits and no mw; axis, P, phase, nbytes follow
     r_{K-1} (3K + 4 params) and are read before any check but K's (§8.10: "once all params are
     read"); §8.6's checks are made on the thresholds, c and the r_k only (no qbits check, no mw
-    check); the caller then makes §8.10's own param checks (check_ctxrp_params)."""
+    check); the caller then makes §8.10's own param checks (check_ctxrp_params).
+
+    history_classes (ctx-delta-rhp, §8.12; with changes_rc): the params and checks of §8.9, except
+    that the last threshold's bound is T_{K-1} <= 2^(E+1) - 1 (the key field x' = x + 2^E z has E + 1
+    bits), in place of §8.6's 2^E - 1, at the same place in the order (R-CTXRHP-PARAMS), a check site
+    of its own.  The classes are then those of x' (class_members)."""
+    assert not history_classes or changes_rc
     p = CtxParams()
     p.signs_as = signs_as
     p.changes_rc = changes_rc
     p.positions_rp = positions_rp
+    p.history_classes = history_classes
     K = cur.varint("K")
     # ASSUMPTION A12: K at once (R-CTX-CLASSES); the rest after the last param, in §8.6's order.
     if not 1 <= K <= CTX_MAX_CLASSES:
@@ -1296,8 +1332,12 @@ def read_ctx_params(cur, ti, m, what, signs_as=False, changes_rc=False, position
             if not T[j] < T[j + 1]:
                 fail("corrupt", f"{what}: ctx-delta thresholds not increasing: "
                                 f"T_{j + 1} = {T[j]}, T_{j + 2} = {T[j + 1]}")
-        if not T[-1] <= emax:
+        if not history_classes and not T[-1] <= emax:
             fail("corrupt", f"{what}: ctx-delta T_{K - 1} = {T[-1]} > 2^E - 1 = {emax}")
+        keymax = 2 ** (ti.E + 1) - 1  # §8.12: the key field x' = x(i) + 2^E z(i) is below 2^(E+1)
+        if history_classes and not T[-1] <= keymax:
+            fail("corrupt", f"{what}: ctx-delta-rhp T_{K - 1} = {T[-1]} > 2^(E+1) - 1 = {keymax} "
+                            f"(R-CTXRHP-PARAMS)")
     p.c = sum(p.counts)
     if not 1 <= p.c <= m:
         fail("corrupt", f"{what}: ctx-delta c = {p.c} not in [1, m = {m}]")
@@ -1520,7 +1560,9 @@ def ctxrc_decode_changes(s2, code, positions, base, p, ti, what, rd=None, histor
     history (ctx-delta-rh, §8.11): the history h(p) in {0, 1, 2} of each of the block's m elements
     (§7); the sign of the change at p is then coded in sign context 3j + h(p) of 3J (j as §8.8 gives
     it), all else -- U, V, the checks and their sites -- as ctx-delta-rc (§8.11: "Everything of §8.9
-    ... applies ... except the sign contexts of item (a)")."""
+    ... applies ... except the sign contexts of item (a)").  ctx-delta-rhp (§8.12) passes its
+    histories too: the same sign contexts, U(x, j) and V(x, j) on the exponent field x(p) itself (not
+    the key field x'), the same checks and sites; only its classes (``positions``) differ."""
     E, M, B = ti.E, ti.M, 8 * ti.W
     H = 2 ** (B - 1)
     emask = 2 ** E - 1
@@ -1760,26 +1802,41 @@ def check_bit_padding(data, nbits, what):
         fail("corrupt", f"{what}: padding bits of the bit string are not zero")
 
 
-def class_members(base, p, ti):
+def class_members(base, p, ti, history=None):
     """§8.6 classes and members (ASSUMPTION A14: over this block's elements 0 .. m-1, ``base``):
     returns (members, n_of), members[k] the indices of class k's members in increasing order and
     n_of[k] their number, for each class with c_k > 0 (a class with c_k = 0 has "no members to
     compute": an empty list).  With K = 1 every element is a member of class 0 with rank equal to
-    its index, so no pass over the base is made: (None, None)."""
+    its index, so no pass over the base is made: (None, None).
+
+    history (ctx-delta-rhp, §8.12): the histories h(i) of the block's m elements (§7); the class of
+    element i is then the number of thresholds T_j <= x'(i), its key field x'(i) = x(i) + 2^E z(i)
+    with z(i) = 0 if h(i) = 0, else 1 (x(i) the exponent field of §8.6).  With K = 1 (§8.12: "decoded
+    exactly as a ctx-delta-rh block") no class depends on h and no pass is made either."""
     K = p.K
     if K == 1:
         return None, None
     E, M = ti.E, ti.M
     emask = 2 ** E - 1
-    lut = [0] * (emask + 1)  # class of each exponent field value
-    for x in range(emask + 1):
+    nkeys = 2 * (emask + 1) if history is not None else emask + 1  # x' < 2^(E+1) (§8.12), x < 2^E
+    lut = [0] * nkeys  # class of each exponent field (key field) value
+    for x in range(nkeys):
         lut[x] = sum(1 for T in p.thresholds if T <= x)
     wanted = [ck > 0 for ck in p.counts]  # "no members to compute" for c_k = 0
     members = [[] for _ in range(K)]
-    for i, u in enumerate(base):
-        k = lut[(u >> M) & emask]
-        if wanted[k]:
-            members[k].append(i)
+    if history is not None:
+        assert len(history) == len(base)
+        zbit = emask + 1  # 2^E
+        for i, u in enumerate(base):
+            key = ((u >> M) & emask) + (zbit if history[i] != 0 else 0)  # §8.12: x'(i) = x(i) + 2^E z(i)
+            k = lut[key]
+            if wanted[k]:
+                members[k].append(i)
+    else:
+        for i, u in enumerate(base):
+            k = lut[(u >> M) & emask]
+            if wanted[k]:
+                members[k].append(i)
     n_of = [len(mem) for mem in members]
     return members, n_of
 
@@ -1791,7 +1848,12 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what, history=None):
     §8.9): three streams; step 2 starts stream 2's range decoder likewise, and after step 3 each
     change's sign and magnitude are range-decoded and its step applied (ctxrc_decode_changes), in
     place of step 4.  With history (ctx-delta-rh, §8.11; p.changes_rc too): the m histories h of the
-    block's elements, for the sign contexts of ctxrc_decode_changes; everything else as ctx-delta-rc."""
+    block's elements, for the sign contexts of ctxrc_decode_changes; everything else as ctx-delta-rc.
+    With p.history_classes too (ctx-delta-rhp, §8.12): the classes of step 3 are those of the key
+    field x' = x + 2^E z (class_members with the histories), "members, ranks, n_k, the class order
+    and the quotient and remainder streams then follow §8.6 with these classes"; the sign contexts are
+    ctx-delta-rh's and U, V keep x(p) (ctxrc_decode_changes, unchanged); every check and check site is
+    ctx-delta-rh's (R-CTXRHP-CHANGES: "ctx-delta-rc's checks ... on the classes of x'")."""
     W = ti.W
     fmt = {1: "B", 2: "H", 4: "I"}[W]
     base = list(struct.unpack(f"<{m}{fmt}", base_bytes))
@@ -1828,8 +1890,12 @@ def decode_ctx_delta(ti, m, p, streams, base_bytes, what, history=None):
         check_bit_padding(s2, c, f"{what} stream 2 (signs)")
 
     # Step 3: ranks, class by class; then the members they name.  ASSUMPTION A14: classes and
-    # ranks are over this block's elements 0 .. m-1.
-    members, n_of = class_members(base, p, ti)
+    # ranks are over this block's elements 0 .. m-1.  ctx-delta-rhp (§8.12): classes of x'.
+    if p.history_classes:
+        assert history is not None
+        members, n_of = class_members(base, p, ti, history)
+    else:
+        members, n_of = class_members(base, p, ti)
     positions = []  # element index of each change, in class order
     t0 = 0  # first code of the current class
     bitpos = 0  # next remainder field in stream 1
@@ -1978,7 +2044,7 @@ def decode_block(ti, t, b, payload, get_base, expected_encoding=None, get_histor
     §8 'Checks, in this order': checks 1-6 (read_block_fields), then check 7 (decode_block_fields).
     get_base(start, m) returns the base bytes of elements [start, start+m).  expected_encoding is the
     index's blk_encodings entry (random access).  get_history(start, m) (1.9): their histories (§7),
-    for ctx-delta-rh.
+    for ctx-delta-rh (and, 1.10, ctx-delta-rhp).
     """
     what = f"BLCK {ti.name!r} #{b}"
     bf = read_block_fields(ti, b, Cursor(payload, what), what, expected_encoding, ordinals=(t, b))
@@ -2029,6 +2095,8 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
         fail("unsupported", f"{what}: ctx-delta-rp used on {ti.dtype_name}")
     if enc == ENC_CTX_DELTA_RH and ti.dtype not in CTX_DELTA_RH_DTYPES:
         fail("unsupported", f"{what}: ctx-delta-rh used on {ti.dtype_name}")
+    if enc == ENC_CTX_DELTA_RHP and ti.dtype not in CTX_DELTA_RHP_DTYPES:
+        fail("unsupported", f"{what}: ctx-delta-rhp used on {ti.dtype_name}")
     c = e = ctx = dense = None
     if enc in (ENC_BF16_DELTA, ENC_FLOAT_DELTA):
         c = cur.varint("c")
@@ -2047,6 +2115,9 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     if enc in (ENC_CTX_DELTA_RC, ENC_CTX_DELTA_RH):  # §8.9: §8.6's params (no mw) and checks, then its
         ctx = read_ctx_params(cur, ti, m, what, changes_rc=True)  # own four; §8.11: "params, their
         check_ctxrc_params(ctx, ti, m, what)                      # checks and bounds" are §8.9's
+    if enc == ENC_CTX_DELTA_RHP:  # §8.12: §8.11's (so §8.9's) params and checks, but T_{K-1} <= 2^(E+1) - 1
+        ctx = read_ctx_params(cur, ti, m, what, changes_rc=True, history_classes=True)
+        check_ctxrc_params(ctx, ti, m, what)
     if enc == ENC_CTX_DELTA_RP:  # §8.10: §8.6's params (no qbits, no mw) and checks, then its own four
         ctx = read_ctx_params(cur, ti, m, what, positions_rp=True)
         check_ctxrp_params(ctx, ti, m, what)
@@ -2062,12 +2133,14 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
     # 3. Random access: the index's encoding.
     if expected_encoding is not None and enc != expected_encoding:
         fail("corrupt", f"{what}: encoding {enc} != index's {expected_encoding}")
-    # 4. NEEDS_BASE; then (1.9) an encoding that needs the previous step (ctx-delta-rh) in a tensor
-    # without HISTORY (R-CTXRH-TENSOR).
+    # 4. NEEDS_BASE; then (1.9) an encoding that needs the previous step (ctx-delta-rh; 1.10
+    # ctx-delta-rhp) in a tensor without HISTORY (R-CTXRH-TENSOR, R-CTXRHP-TENSOR).
     if not ti.needs_base and enc != ENC_KEYFRAME:
         fail("corrupt", f"{what}: tensor without NEEDS_BASE uses encoding {enc}")
     if enc == ENC_CTX_DELTA_RH and not ti.history:
         fail("corrupt", f"{what}: tensor without HISTORY uses ctx-delta-rh (encoding {enc})")
+    if enc == ENC_CTX_DELTA_RHP and not ti.history:
+        fail("corrupt", f"{what}: tensor without HISTORY uses ctx-delta-rhp (encoding {enc})")
     # 5. Codec ids.
     for k, (codec, _) in enumerate(table):
         if codec not in KNOWN_CODECS:
@@ -2086,10 +2159,10 @@ def read_block_fields(ti, b, cur, what, expected_encoding, ordinals):
 def decode_block_fields(ti, bf, get_base, get_history=None):
     """§8 check 7 and the decoding of a block whose checks 1-6 passed (read_block_fields); returns
     (encoding, target bytes).  The same for a BLCK record and an inline block (R-INLINE.DECODE).
-    get_history(start, m) (1.9): the histories h of elements [start, start+m) (§7), for ctx-delta-rh;
-    check 4 let such a block through only in a tensor with HISTORY, whose previous step was checked
-    with its base (§8.11: "A decoder that holds no history for the tensor never reaches a block of
-    it")."""
+    get_history(start, m) (1.9): the histories h of elements [start, start+m) (§7), for ctx-delta-rh
+    and ctx-delta-rhp (1.10); check 4 let such a block through only in a tensor with HISTORY, whose
+    previous step was checked with its base (§8.11, §8.12: "A decoder that holds no history for the
+    tensor never reaches a block of it")."""
     what, enc, start, m = bf.what, bf.enc, bf.start, bf.m
     c, e, ctx, dense = bf.c, bf.e, bf.ctx, bf.dense
     lengths, table, cur = bf.lengths, bf.table, bf.cur
@@ -2127,6 +2200,8 @@ def decode_block_fields(ti, bf, get_base, get_history=None):
     if enc in (ENC_CTX_DELTA, ENC_CTX_DELTA_AS, ENC_CTX_DELTA_RC):  # §8.6, §8.8, §8.9
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what)
     if enc == ENC_CTX_DELTA_RH:  # §8.11: §8.9 with the sign contexts 3j + h(p)
+        return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what, history=get_history(start, m))
+    if enc == ENC_CTX_DELTA_RHP:  # §8.12: §8.11 with the classes of x' = x + 2^E z (ctx.history_classes)
         return enc, decode_ctx_delta(ti, m, ctx, streams, base_bytes, what, history=get_history(start, m))
     if enc == ENC_CTX_DELTA_RP:  # §8.10
         return enc, decode_ctx_delta_rp(ti, m, ctx, streams, base_bytes, what)
@@ -2438,8 +2513,9 @@ class TensorBuilder:
         """§7 "History" (1.9): h(i) of the tensor's elements [start, start+m) -- a block's, its element
         p being the tensor's element start + p (§8.11) -- from the previous and the base tensors:
         0 if previous[i] = base[i] (equal bit patterns), else 1 if ord(base[i]) > ord(previous[i]),
-        2 if less, with §8.6's ord on B = 8W bits.  Only a ctx-delta-rh block asks, and §8 check 4
-        admits one only in a tensor with HISTORY, whose previous tensor passed check_history."""
+        2 if less, with §8.6's ord on B = 8W bits.  Only a ctx-delta-rh or ctx-delta-rhp block asks
+        (§8.12 uses h for its classes too), and §8 check 4 admits one only in a tensor with HISTORY,
+        whose previous tensor passed check_history."""
         ti = self.ti
         assert ti.history and self.previous is not None
         W = ti.W

@@ -997,7 +997,7 @@ def test_block_crafting_helper_is_sound(small_file, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_unsupported_encodings(small_file, reader):
-    for enc in (11, 12, 255):   # (10 is ctx-delta-rh, 1.9)
+    for enc in (12, 13, 255):   # (10 is ctx-delta-rh, 1.9; 11 ctx-delta-rhp, 1.10)
         f, base = _w_block_file(small_file, blck_payload(0, 0, enc, [], []))
         expect(UnsupportedError, reader, f, base)
     # float-delta (3) is not defined for BF16.

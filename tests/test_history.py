@@ -13,6 +13,7 @@ from test_ctx_delta import CTX_NAMES
 
 import arcfmt
 from arcfmt import backend, twins
+from arcfmt import layout as L
 from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.errors import InputError, WrongBaseError
 from arcfmt.history import History
@@ -82,15 +83,18 @@ def test_a_file_with_history_rebuilds_only_with_its_previous_step(name):
 
 def test_history_pays_where_signs_follow_the_last_move_and_costs_nothing_elsewhere():
     """The default writer picks ctx-delta-rh per block where its contexts size the signs smaller by
-    more than the record's hash, else ctx-delta-rc, whose record then names no previous step."""
+    more than the record's hash, else ctx-delta-rc, whose record then names no previous step. (Here
+    the elements that moved move again at thrice the rate of the rest: ctx-delta-rhp, §8.12, where
+    format 1.10 may be written.)"""
     prev, base, target = _steps("BF16", 3, shape=(200, 300), same=0.95)
-    with_prev, w = _write(base, target, previous=prev)
+    with_prev, w = _write(base, target, previous=prev, readers=(1, 9))
     without, _ = _write(base, target)
     assert [b.encoding for t in w.stats for b in t.blocks] == ["ctx-delta-rh"]
+    assert [b.encoding for t in _write(base, target, previous=prev)[1].stats for b in t.blocks] == ["ctx-delta-rhp"]
     assert len(with_prev) < 0.95 * len(without)
     # signs that ignore the last move: no history used, the file needs no previous step
     prev2, base2, target2 = _steps("BF16", 4, shape=(200, 300), same=0.5)
-    data, w = _write(base2, target2, previous=prev2)
+    data, w = _write(base2, target2, previous=prev2, readers=(1, 9))
     assert [b.encoding for t in w.stats for b in t.blocks] == ["ctx-delta-rc"]
     assert_bit_exact(arcfmt.decode(base2, data), target2)
 
@@ -607,3 +611,119 @@ def test_a_followers_own_histories_are_used_as_they_are(tmp_path, monkeypatch):
         assert_bit_exact(arrays, t)
     assert ctx.CtxDeltaRh.id in _encodings(url, 3) and not copies
     assert all(not h.packed.flags.writeable for h in fol._histories.values())
+
+
+# ---------------------------------------------------------------------------------- ctx-delta-rhp (1.10)
+
+def _persistent(name: str, seed: int, m: int = 40_000, moved: float = 0.1, again: float = 0.8, fresh: float = 0.01):
+    """(previous, base, target) where the same elements keep moving (pure-BF16 training: an update past
+    half an ulp stays past it): ``moved`` of them moved from previous to base, ``again`` of those move
+    once more, ``fresh`` of the others start to; one unit each way."""
+    dt = BY_NAME[name]
+    rng = np.random.default_rng(seed)
+    prev = bits_of(random_values(rng, dt, (m,))).reshape(-1).copy()
+    half = 1 << (dt.bits - 1)
+    o = ctx.ordered(ctx_dt(name), prev)
+    moved_mask = rng.random(m) < moved
+    ob = np.where(moved_mask, o + np.where(rng.random(m) < 0.5, 1, -1), o).clip(-half, half - 1)
+    go = np.where(moved_mask, rng.random(m) < again, rng.random(m) < fresh)
+    ot = np.where(go, ob + np.where(rng.random(m) < 0.5, 1, -1), ob).clip(-half, half - 1)
+    arr = [ctx.unordered(ctx_dt(name), x).astype(prev.dtype).view(dt.np) for x in (o, ob, ot)]
+    return {"w": arr[0]}, {"w": arr[1]}, {"w": arr[2]}
+
+
+@pytest.mark.parametrize("name", CTX_NAMES)
+def test_ctx_delta_rhp_rebuilds_only_with_its_previous_step(name):
+    """§8.12, forced, in blocks that start mid-byte of the history codes (1001 elements a block): every
+    reader rebuilds it with the previous step (arrays, or a kept History), and refuses it without."""
+    prev, base, target = _persistent(name, 11, m=5000)
+    data, w = _write(base, target, previous=prev, force_encoding="ctx-delta-rhp", block_elems=1001)
+    assert {b.encoding for t in w.stats for b in t.blocks} == {"ctx-delta-rhp"}
+    assert_bit_exact(arcfmt.decode(base, data, previous=prev), target)
+    assert_bit_exact(dict(arcfmt.StreamReader(io.BytesIO(data), base, previous=prev)), target)
+    kept = History.between(prev["w"], base["w"])
+    assert_bit_exact(arcfmt.decode(base, data, previous={"w": kept}), target)
+    live = {"w": base["w"].copy()}
+    list(arcfmt.apply_in_place(live, data, previous=prev))
+    assert_bit_exact(live, target)
+    with pytest.raises(WrongBaseError, match="needs the previous step"):
+        arcfmt.decode(base, data)
+    small = {k: v[:100] for k, v in (("p", prev["w"]), ("b", base["w"]), ("t", target["w"]))}
+    data_s, w_s = _write({"w": small["b"]}, {"w": small["t"]}, previous={"w": small["p"]},
+                         force_encoding="ctx-delta-rhp")
+    assert [b.encoding for t in w_s.stats for b in t.blocks] == ["ctx-delta-rhp"]   # forced: any size
+    assert_bit_exact(arcfmt.decode({"w": small["b"]}, data_s, previous={"w": small["p"]}), {"w": small["t"]})
+    if kernels is not None:   # the numpy twins read it alike
+        with backend.using(twins):
+            assert_bit_exact(arcfmt.decode(base, data, previous=prev), target)
+
+
+def test_ctx_delta_rhp_where_the_history_predicts_the_positions():
+    """The default writer picks ctx-delta-rhp where the class DP says the history's classes save more
+    than 5 % of the position bits and the record's hash; ctx-delta-rh where they do not (the elements
+    that moved are no likelier to move again); never for readers of 1.9 (``readers=``)."""
+    prev, base, target = _persistent("BF16", 12)
+    data, w = _write(base, target, previous=prev)
+    old, w9 = _write(base, target, previous=prev, readers=(1, 9))
+    assert [b.encoding for t in w.stats for b in t.blocks] == ["ctx-delta-rhp"]
+    assert [b.encoding for t in w9.stats for b in t.blocks] == ["ctx-delta-rc"]   # (signs at random)
+    assert len(data) < 0.85 * len(old)
+    assert_bit_exact(arcfmt.decode(base, data, previous=prev), target)
+    prev2, base2, target2 = _persistent("BF16", 13, again=0.03, fresh=0.03)
+    _, w2 = _write(base2, target2, previous=prev2)
+    assert "ctx-delta-rhp" not in {b.encoding for t in w2.stats for b in t.blocks}
+
+
+def test_readers_says_what_older_fleets_read():
+    """``readers=(1, minor)``: no encoding added after it (1.9: ctx-delta-rh but no -rhp; before 1.9 no
+    previous step at all); anything but a format version of this major up to this one is refused."""
+    prev, base, target = _persistent("BF16", 14)
+    data, _ = _write(base, target, previous=prev, readers=(1, 8))
+    assert not arcfmt.DeltaReader(data).meta.history
+    assert_bit_exact(arcfmt.decode(base, data), target)
+    for bad in ((1, 99), (2, 0), (1,), "1.9", (1, True), [1, 9]):
+        with pytest.raises(InputError, match="readers"):
+            DeltaWriter(io.BytesIO(), readers=bad)
+    with pytest.raises(InputError, match="needs the previous step"):
+        _write(base, target, previous=prev, readers=(1, 8), force_encoding="ctx-delta-rhp")
+
+
+def test_ctx_delta_rhp_thresholds_reach_the_key_fields():
+    """A threshold up to 2^(E+1) - 1 is read (the key field x' of §8.12); one past it is corrupt, and so
+    is ctx-delta-rh's threshold past 2^E - 1 (§8.6)."""
+    from arcfmt.dtypes import from_name
+    from arcfmt.errors import CorruptError
+    dt = from_name("BF16")
+    top = (1 << dt.exp_bits) - 1
+    p = ctx.Params([top + 1, 2 * top + 1], [1, 1, 1], [0, 0, 0], 3, 0, signs=(0, 1, 0, 5), rc=True, rh=True,
+                   rhp=True)
+    assert ctx.stream_lengths(dt, p, 100)
+    p.thresholds = [top + 1, 2 * top + 2]
+    with pytest.raises(CorruptError, match="thresholds"):
+        ctx.stream_lengths(dt, p, 100)
+    p.thresholds, p.rhp = [top + 1], False
+    p.counts, p.rice = [1, 1], [0, 0]
+    with pytest.raises(CorruptError, match="thresholds"):
+        ctx.stream_lengths(dt, p, 100)
+
+
+def test_publisher_and_cli_take_readers(tmp_path):
+    """A publisher for a fleet of 1.9 followers: ``readers=(1, 9)`` (``arcfmt publish --readers 1.9``)
+    writes no ctx-delta-rhp block; a bad version is refused at once."""
+    from arcfmt.store import Publisher
+    with pytest.raises(InputError, match="readers"):
+        Publisher(str(tmp_path / "s"), readers=(1, 99))
+    prev, base, target = _persistent("BF16", 15)
+    for readers, want in ((None, {11}), ((1, 9), set())):
+        url = tmp_path / f"s{readers}"
+        pub = Publisher(str(url), readers=readers)
+        for step, ck in enumerate((prev, base, target)):
+            pub.publish(step, ck)
+        seen = set()
+        for obj in sorted(url.rglob("*")):
+            if obj.is_file() and obj.read_bytes()[:len(L.MAGIC)] == L.MAGIC:
+                r = arcfmt.DeltaReader(obj.read_bytes())
+                seen |= {r.load_block(n, b).info.encoding for n in r.names for b in range(r.header(n).block_count)}
+        assert seen & {11} == want, seen
+    p = run("publish", tmp_path / "t", "--readers", "one.nine", "--step", "0", tmp_path / "x", rc=2)
+    assert "format version" in p.stderr

@@ -39,7 +39,7 @@ def test_one_backend_is_selected_once():
     """The selection is one object, made once: the compiled backend here (numba installed, ARCFMT_JIT
     unset), the same module on every call; both backends define the whole interface."""
     assert backend.selected() is kernels and backend.selected() is backend.selected()
-    names = ("changes", "exponent_counts", "class_cuts", "ctx_encode", "ctx_decode")
+    names = ("changes", "exponent_counts", "key_counts", "class_key", "class_cuts", "ctx_encode", "ctx_decode")
     assert all(callable(getattr(kernels, n)) and callable(getattr(twins, n)) for n in names)
     assert {kernels.NAME, twins.NAME} == set(backend.NAMES)
 
@@ -556,3 +556,48 @@ def test_ctrl_c_while_the_main_thread_loads_a_kernel_leaves_no_lock_held(monkeyp
         kernels.scatter(np.zeros(4), np.arange(2), np.ones(2))
         time.sleep(5)   # the interrupt may also come just after the call: never past here
     assert lock.acquire(timeout=10), "the interrupted load left its lock held"
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(CTX_NAMES), m=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1),
+       hoff=st.integers(0, 9), moved=st.floats(0.0, 1.0), k=st.integers(1, 6), stride=st.integers(1, 9))
+def test_class_keys_match_the_numpy_twins(name, m, seed, hoff, moved, k, stride):
+    """ctx-delta-rhp (SPEC.md §8.12): the class keys from a block's history codes (at any offset into
+    them: a block may start mid-byte) or its previous value, their key-field counts, the DP's thresholds
+    and estimate on them, the block coded on them and decoded again: the same both ways."""
+    from arcfmt.history import pack
+    dt = _dtype(name)
+    rng = np.random.default_rng(seed)
+    base = bits_of(random_values(rng, BY_NAME[name], (m,))).astype(dt.uint)
+    previous = base.copy()
+    previous[rng.random(m) < moved] ^= dt.uint.type(1)
+    codes = np.concatenate([rng.integers(0, 3, hoff), np.where(previous == base, 0, 1 + (rng.random(m) < 0.5))])
+    history = (pack(codes.astype(np.uint8)), hoff)
+    (_, ka), (_, kb) = _both(lambda: backend.selected().class_key(dt, base, history))
+    (_, pa), (_, pb) = _both(lambda: backend.selected().class_key(dt, base, previous=previous))
+    assert np.array_equal(ka, kb) and np.array_equal(ka, pa) and np.array_equal(pa, pb)
+    target = base.copy()
+    pos = np.unique(rng.integers(0, m, max(1, m // 7)))
+    target[pos] = base[pos] + dt.uint.type(1)
+    pos = np.flatnonzero(base != target)
+    (_, ca), (_, cb) = _both(lambda: backend.selected().key_counts(dt, base, previous, stride, pos))
+    assert all(np.array_equal(x, y) for x, y in zip(ca, cb))
+    (_, da), (_, db) = _both(lambda: backend.selected().class_cuts(ca[0], ca[1], k, 32.0))
+    assert da[0] == db[0] and np.isclose(da[1], db[1])
+    if not pos.size:
+        return
+    axes = ctx.sign_axes(None, 0, m)
+    (_, a), (_, b) = _both(lambda: ctx.encode(dt, base, target, pos, thresholds=da[0], rc_axes=axes, force_rc=True,
+                                              history=history, rhp=2, previous=previous))
+    assert a.params == b.params and [bytes(s) for s in a.streams] == [bytes(s) for s in b.streams]
+    if not a.rhp:   # its changes passed §8.9's bound: written in another encoding
+        return
+    p = ctx.Params.unpack_rc(a.params)
+    p.rh = p.rhp = True
+
+    def dec():
+        out = np.empty_like(base)
+        ctx.decode(dt, p, a.streams, m, base, out, None, history)
+        return out
+    (sa, oa), (sb, ob) = _both(dec)
+    assert sa == sb == "ok" and np.array_equal(oa, target) and np.array_equal(ob, target)

@@ -137,7 +137,8 @@ def test_built_in_table_is_the_spec_table():
             7: ("ctx-delta-as", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"}),
             8: ("ctx-delta-rc", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"}),
             9: ("ctx-delta-rp", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"}),
-            10: ("ctx-delta-rh", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})}
+            10: ("ctx-delta-rh", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"}),
+            11: ("ctx-delta-rhp", True, {"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"})}
     got = {e.id: (e.name, e.needs_base, None if e.dtypes is None else set(e.dtypes)) for e in encodings.registered()}
     assert got == want
     assert [(c.id, c.name) for c in codecs.registered()] == [(0, "raw"), (1, "zstd"), (2, "xz"), (3, "bz2")]

@@ -550,7 +550,7 @@ def test_steps_and_digests_recorded():
     d = arcfmt.encode(base, target, base_step=3, target_step=1 << 40)
     r = arcfmt.DeltaReader(d)
     assert (r.base_step, r.target_step) == (3, 1 << 40)
-    assert r.version == arcfmt.FORMAT_VERSION == (1, 9)
+    assert r.version == arcfmt.FORMAT_VERSION == (1, 10)
     d2 = arcfmt.encode(base, target)
     r2 = arcfmt.DeltaReader(d2)
     assert (r2.base_step, r2.target_step) == (None, None)

@@ -89,7 +89,8 @@ from support.records import (  # noqa: E402  (the one record toolkit)
 
 DTYPES = [BF16, np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.bool_]
 ENCODINGS = [None, None, None, "xor", "keyframe", "ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp",
-             "ctx-delta-rh"]
+             "ctx-delta-rh", "ctx-delta-rhp"]
+HISTORY = ("ctx-delta-rh", "ctx-delta-rhp")   # the encodings that need the previous step (1.9, 1.10)
 CODECS = [None, None, "raw", "zstd", "xz", "bz2"]
 BUDGET = 64 << 20  # output budget of the decoders under test
 
@@ -140,15 +141,15 @@ def random_file(rng):
             data = write_delta(None if rng.random() < 0.5 else base, target, keyframe=True, **kw)
         elif enc == "xor":
             data = write_delta(base, target, force_encoding="xor", **kw)
-        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp", "ctx-delta-rh"):
-            # float tensors as ctx-delta* (several classes at effort max), others as chosen; -rh (and,
-            # a third of the time, the default writer) with a previous step
+        elif enc in ("ctx-delta", "ctx-delta-as", "ctx-delta-rc", "ctx-delta-rp", *HISTORY):
+            # float tensors as ctx-delta* (several classes at effort max), others as chosen; -rh, -rhp
+            # (and, a third of the time, the default writer) with a previous step
             ctx_ok = {k for k, v in target.items() if v.dtype in (BF16, np.float16, np.float32)
                       and base[k].dtype == v.dtype and base[k].shape == v.shape}
-            if enc == "ctx-delta-rh" or (enc == "ctx-delta-rc" and rng.random() < 0.3):
+            if enc in HISTORY or (enc == "ctx-delta-rc" and rng.random() < 0.3):
                 previous = _previous_of(rng, {k: base[k] for k in ctx_ok})
                 kw["previous"] = previous
-                enc = enc if enc == "ctx-delta-rh" else None
+                enc = enc if enc in HISTORY else None
             data = write_delta({k: base[k] for k in ctx_ok}, {k: target[k] for k in ctx_ok},
                                   force_encoding=enc, effort="max", **kw) if ctx_ok else \
                 write_delta(base, target, **{k: v for k, v in kw.items() if k != "previous"})

@@ -221,6 +221,7 @@ def valid_vectors():
     V += ctxrc_valid_vectors()
     V += ctxrp_valid_vectors()
     V += ctxrh_valid_vectors()
+    V += ctxrhp_valid_vectors()
     V += inline_valid_vectors()
     return V
 
@@ -1135,8 +1136,8 @@ def reject_vectors():
                     "random access checks every base first (§12.1 step 6)", ["12.1", "12.2", "12.3"],
                     {"a": b, "b": b2_wrong}, restream(wrong_step, two_raw), error="verification",
                     errors={"random": "wrong_base"}))
-    n("n_unknown_encoding", "encoding id 11 (the first unassigned: 10 is ctx-delta-rh since 1.9)", ["8"],
-      mod(lambda p: set_first_encoding(p, 11)), "unsupported")
+    n("n_unknown_encoding", "encoding id 12 (the first unassigned: 11 is ctx-delta-rhp since 1.10)", ["8"],
+      mod(lambda p: set_first_encoding(p, 12)), "unsupported")
 
     n("n_encoding_dtype_mismatch", "float-delta used on BF16", ["8"], mod(lambda p: set_first_encoding(p, 3)),
       "unsupported")
@@ -2555,11 +2556,12 @@ def _step_to(v):
     return edit_d
 
 
-def _rc_recode(base, target, edit_d, previous=None):
+def _rc_recode(base, target, edit_d, previous=None, rhp=False):
     """An edit of ctx-delta-rc's changes stream (and ``nbytes``): the block's steps in class order,
     passed through ``edit_d(d, ords)`` (``d`` a list of ints, edited in place; ``ords`` the bases'
     order-preserving integers), range-coded again with the block's own contexts (with ``previous``, a
-    ctx-delta-rh block's: §8.11's sign contexts of the history from ``previous`` to ``base``)."""
+    ctx-delta-rh block's: §8.11's sign contexts of the history from ``previous`` to ``base``; with
+    ``rhp`` too, a ctx-delta-rhp block's, its class order that of the key fields x', §8.12)."""
     from arcfmt import twins
     from arcfmt.dtypes import from_numpy
     from arcfmt.encodings import ctx_delta as ctx
@@ -2570,7 +2572,8 @@ def _rc_recode(base, target, edit_d, previous=None):
         bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
         pos = np.flatnonzero(bu != tu)
         if p.thresholds:
-            cls = np.searchsorted(np.array(p.thresholds), ctx.exponent_field(adt, bu[pos]), side="right")
+            field = key_of(base, previous)[pos] if rhp else ctx.exponent_field(adt, bu[pos])
+            cls = np.searchsorted(np.array(p.thresholds), field, side="right")
             pos = pos[np.argsort(cls, kind="stable")]
         d = (ctx.ordered(adt, tu[pos]) - ctx.ordered(adt, bu[pos])).tolist()
         edit_d(d, ctx.ordered(adt, bu[pos]).tolist())
@@ -2582,10 +2585,11 @@ def _rc_recode(base, target, edit_d, previous=None):
     return edit
 
 
-def _all_ones_rc_bytes(adt, base, target, previous=None) -> int:
+def _all_ones_rc_bytes(adt, base, target, previous=None, thresholds=()) -> int:
     """The bytes §8.9's decoder reads for a block coded with one sign context and no thresholds when its
     code is never below the bound (an initial code of 2^32 - 1): every bit decodes as 1, so every change
-    is a sign 1 and a bit length 1 (the step -1). With ``previous``: §8.11's, its sign contexts h."""
+    is a sign 1 and a bit length 1 (the step -1). With ``previous``: §8.11's, its sign contexts h; with
+    ``thresholds`` too, a ctx-delta-rhp block's (§8.12), its changes in the class order of the key fields."""
     from arcfmt import twins
     from arcfmt.encodings import ctx_delta as ctx
     signs = twins._count_model(1 if previous is None else 3)
@@ -2593,6 +2597,9 @@ def _all_ones_rc_bytes(adt, base, target, previous=None) -> int:
     rng, pos = 0xFFFFFFFF, 5
     bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
     changed = np.flatnonzero(bu != tu)
+    if thresholds:
+        cls = np.searchsorted(np.array(thresholds), key_of(base, previous)[changed], side="right")
+        changed = changed[np.argsort(cls, kind="stable")]
     hs = [0] * changed.size if previous is None else history_of(base, previous)[changed].tolist()
     for x, h in zip(ctx.exponent_field(adt, bu[changed]).tolist(), hs):
         for model, i in ((signs, h), (lengths, x * twins._RC_LENGTHS)):
@@ -2931,6 +2938,7 @@ def _block_parts(data):
 
 
 RH = 10   # ctx-delta-rh's encoding id (§8)
+RHP = 11  # ctx-delta-rhp's (1.10)
 
 
 def _rh_blocks(data):
@@ -3002,19 +3010,21 @@ def assert_history_matters(data, base, target, previous):
 
 
 def rh_custom(base, target, previous, axis, period=1, phase=None, thresholds=(), codec="raw",
-              block_elems=None) -> bytes:
+              block_elems=None, rhp=False) -> bytes:
     """:func:`ctx_custom` as ctx-delta-rh (§8.11): a one-tensor file given the previous step, its tensor
     with HISTORY, its blocks ctx-delta-rh with exactly the given thresholds and sign axis (``phase`` None:
     the block's place in the tensor), each stream of ``codec``, every block a BLCK record (the header
-    without INLINE_BLOCKS)."""
+    without INLINE_BLOCKS). ``rhp``: ctx-delta-rhp (§8.12) instead, the thresholds on the key fields x'."""
     from arcfmt import codecs, encodings
     from arcfmt.encodings import ctx_delta as ctx
     be = block_elems or max(1, base.size)
+    # (the writer forced to ctx-delta-rh: it gives every tensor so forced HISTORY, whatever its size)
     p = split(write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rh",
                             force_codec=codec, block_elems=be), block_records=True)
     adt = _adt(base)
     bu = base.view(adt.uint).reshape(-1)
     tu = target.view(adt.uint).reshape(-1)
+    pu = previous.view(adt.uint).reshape(-1)
     hist = history_of(base, previous)
     k = 0
     for rec in p.recs:
@@ -3024,12 +3034,13 @@ def rh_custom(base, target, previous, axis, period=1, phase=None, thresholds=(),
         pos = np.flatnonzero(b != t)
         axes = [(axis, period, (k * be) % period if phase is None else phase)]
         enc = ctx.encode(adt, b, t, pos, thresholds=list(thresholds), rc_axes=axes, force_rc=True,
-                         history=_kernel_codes(hist[k * be:(k + 1) * be]), force_rh=True)
-        assert enc.rc and enc.rh and not enc.rp
-        blk = encodings.EncodedBlock(RH, enc.params, enc.streams, pos.size)
+                         history=_kernel_codes(hist[k * be:(k + 1) * be]), force_rh=True, rhp=2 * rhp,
+                         previous=pu[k * be:(k + 1) * be] if rhp else None)
+        assert enc.rc and enc.rh and not enc.rp and enc.rhp == rhp
+        blk = encodings.EncodedBlock(RHP if rhp else RH, enc.params, enc.streams, pos.size)
         rec.payload = records.build_block(0, k, blk, [codecs.encode_with(codecs.by_name(codec).id, bytes(x))
                                                       for x in enc.streams])
-        rec.encoding = RH
+        rec.encoding = blk.encoding
         k += 1
     return assemble(p)
 
@@ -3489,6 +3500,501 @@ def history_vectors():
       "streams are of codec 9: check 4 comes before the codec ids (check 5)", ["7", "8"],
       without_history(src=_restream(_then_codec(lambda streams, params: None), good)), "corrupt")
     return V
+
+
+# ---------------------------------------------------------------------- ctx-delta-rhp (1.10: §8.12)
+
+def key_of(base, previous) -> np.ndarray:
+    """§8.12's key field ``x'(i) = x(i) + 2^E · z(i)`` of every element (flat int64), ``z(i) = 1`` where §7's
+    ``h(i)`` is not 0: computed here from §8.6's exponent field and :func:`history_of`, not by the
+    encoder's class keys."""
+    from arcfmt.encodings.ctx_delta import exponent_field
+    adt = _adt(base)
+    x = exponent_field(adt, base.view(adt.uint).reshape(-1)).astype(np.int64)
+    return x + ((history_of(base, previous) != 0).astype(np.int64) << adt.exp_bits)
+
+
+def previous_rhp(base, target, seed=0, idle=0.85, **kw):
+    """:func:`previous_for`'s previous step (its history predicts the signs of most changes), where
+    ``idle`` of the elements that do not change now did not move at the previous step either (h = 0):
+    the elements that move are mostly those that moved, what ctx-delta-rhp's classes (§8.12) take."""
+    prev = previous_for(base, target, seed, **kw)
+    adt = _adt(base)
+    bu, tu = base.view(adt.uint).reshape(-1), target.view(adt.uint).reshape(-1)
+    pu = prev.view(adt.uint).reshape(-1).copy()
+    keep = (bu == tu) & (rng(seed + 7100).random(bu.size) < idle)
+    pu[keep] = bu[keep]
+    return pu.view(base.dtype).reshape(base.shape)
+
+
+def moving_again_case(seed, shape=(96, 128), active=0.08, again=0.7, fresh=0.004, back=0.6):
+    """``(base, target, previous)`` like pure-BF16 training (§8.12 "Why"): a weight moves by one ulp once
+    its update passes half an ulp, and updates change slowly, so the weights that moved at the previous
+    step (``active`` of them, one ulp either way) move again (``again`` of them, ``back`` of those the
+    way they came), the others seldom (``fresh``)."""
+    from arcfmt.dtypes import from_numpy
+    from arcfmt.encodings.ctx_delta import ordered, unordered
+    adt = from_numpy(np.dtype(BF16))
+    r = rng(seed)
+    m = int(np.prod(shape))
+    b = (r.standard_normal(m) * 0.02).astype(np.float32).astype(BF16)
+    o = ordered(adt, b.view(np.uint16))
+    act = r.random(m) < active
+    came = r.choice([-1, 1], m)                       # the previous step's move: base = previous + came
+    move = np.where(act, r.random(m) < again, r.random(m) < fresh)
+    step = np.where(act, np.where(r.random(m) < back, -came, came), r.choice([-1, 1], m))
+    t = unordered(adt, o + np.where(move, step, 0)).view(BF16)
+    p = unordered(adt, o - np.where(act, came, 0)).view(BF16)
+    return b.reshape(shape), t.reshape(shape), p.reshape(shape)
+
+
+def _bit(data, i) -> int:
+    return (data[i // 8] >> (i % 8)) & 1
+
+
+def _rice_gaps(p, streams) -> list:
+    """Each class's gaps (§8.6 steps 1 and 3) from a block's decoded quotient and remainder streams."""
+    qs, run = [], 0
+    for i in range(p.qbits):
+        if _bit(streams[0], i):
+            qs.append(run)
+            run = 0
+        else:
+            run += 1
+    assert len(qs) == p.changed
+    out, at, i = [], 0, 0
+    for ck, r in zip(p.counts, p.rice):
+        g = []
+        for _ in range(ck):
+            g.append((qs[i] << r) + sum(_bit(streams[1], at + j) << j for j in range(r)))
+            at, i = at + r, i + 1
+        out.append(g)
+    return out
+
+
+def _rice_streams(gaps, rice) -> tuple[bytes, bytes, int]:
+    """Streams 0 and 1 of §8.6 for each class's ``gaps`` and Rice parameters: ``(quotients, remainders,
+    qbits)``."""
+    qbits, rbits = [], []
+    for g, r in zip(gaps, rice):
+        for v in g:
+            qbits += [0] * (v >> r) + [1]
+            rbits += [(v >> j) & 1 for j in range(r)]
+
+    def pack_bits(bits):
+        out = bytearray((len(bits) + 7) // 8)
+        for i, v in enumerate(bits):
+            out[i // 8] |= v << (i % 8)
+        return bytes(out)
+    return pack_bits(qbits), pack_bits(rbits), len(qbits)
+
+
+def _positions_of(p, gaps, key) -> np.ndarray | None:
+    """The changed elements, in class order, that classes of the fields ``key`` (§8.6's classes, on
+    whatever field a decoder compares) give these gaps; None where a class's last rank is not below its
+    member count (§8.6 step 3: corrupt)."""
+    cls = np.searchsorted(np.array(p.thresholds, np.int64), key, side="right")
+    out = [np.empty(0, np.int64)]
+    for k, g in enumerate(gaps):
+        if g:
+            members = np.flatnonzero(cls == k)
+            ranks = np.cumsum(np.array(g, np.int64) + 1) - 1
+            if ranks[-1] >= members.size:
+                return None
+            out.append(members[ranks])
+    return np.concatenate(out)
+
+
+def _first_beyond(p, gaps, key) -> int | None:
+    """The first class whose last rank is not below its member count, with classes of the fields ``key``
+    (None: every rank inside its class)."""
+    cls = np.searchsorted(np.array(p.thresholds, np.int64), key, side="right")
+    return next((k for k, g in enumerate(gaps) if g and sum(g) + len(g) - 1 >= (cls == k).sum()), None)
+
+
+def _rhp_blocks(data):
+    return [x for x in _block_parts(data) if x[3] == RHP]
+
+
+# the wrong readings of §8.12's classes a ctx-delta-rhp vector must tell from the right one
+RHP_WRONG = {"x", "neighbour", "inverted", "h = 1 only", "tensor offset", "byte offset", "float values", "bound"}
+
+
+def assert_rhp_matters(data, base, target, previous):
+    """Every ctx-delta-rhp block of ``data`` (tensors named by ``base``'s keys) is decoded right (the
+    reference decoder, given the tensor's codes from the block's first element: mid-byte where the block
+    starts there) and its positions read from its quotient and remainder streams with classes of the
+    right key fields x' (§8.12); then with the classes a wrong decoder makes: of ``x`` (as ctx-delta-rh,
+    z = 0), of z from the element before (``neighbour``), of ``1 - z`` (``inverted``), of z = 1 only
+    where h = 1, of z from the tensor's first elements (``tensor offset``, a block after the first), from
+    the elements at the start of the block's first code byte (``byte offset``: its history starting
+    mid-byte), and from values compared as numbers (``float values``: ±0 equal, NaN unequal); and
+    ``bound``: a last threshold above §8.6's ``2^E − 1``. A reading is told apart (returned) where a
+    block's class ranks pass a member count (corrupt) or name another set of changed elements (the
+    target is not rebuilt: every decoded step is non-zero). The reference decoder read as ctx-delta-rh
+    (``x``) and with the tensor's first codes (``tensor offset``) must then fail or rebuild another block.
+    Returns the readings told apart and the number of ctx-delta-rhp blocks."""
+    from arcfmt.encodings import ctx_delta as ctx
+    from arcfmt.errors import CorruptError
+    from arcfmt.history import pack
+    n, seen = 0, set()
+    for th, _, b, _, params, streams in _rhp_blocks(data):
+        be = th.block_elems
+        bt, tt, pt = base[th.name], target[th.name], previous[th.name]
+        adt = _adt(bt)
+        big = 1 << adt.exp_bits
+        bu, tu = bt.view(adt.uint).reshape(-1), tt.view(adt.uint).reshape(-1)
+        s, e = b * be, min(bu.size, (b + 1) * be)
+        hist = history_of(bt, pt)
+        codes = pack(hist)
+        x = ctx.exponent_field(adt, bu).astype(np.int64)
+        z = (hist != 0).astype(np.int64)
+        p = ctx.Params.unpack_rc(params)
+        p.rh = p.rhp = True
+        pos = np.flatnonzero(bu[s:e] != tu[s:e])
+        gaps = _rice_gaps(p, streams)
+        key = (x + z * big)[s:e]
+        right = _positions_of(p, gaps, key)
+        cls = np.searchsorted(np.array(p.thresholds, np.int64), key[pos], side="right")
+        assert right is not None and (right == pos[np.argsort(cls, kind="stable")]).all()
+        out = np.empty(e - s, adt.uint)
+        ctx.decode(adt, p, streams, e - s, bu[s:e], out, None, (codes, s))
+        assert (out == tu[s:e]).all()
+        n += 1
+        with np.errstate(invalid="ignore"):
+            fb, fp = bt.reshape(-1).astype(np.float64), pt.reshape(-1).astype(np.float64)
+        wrong = {"x": np.zeros(e - s, np.int64), "neighbour": np.roll(z, 1)[s:e], "inverted": 1 - z[s:e],
+                 "h = 1 only": (hist[s:e] == 1).astype(np.int64), "float values": (fb != fp)[s:e].astype(np.int64)}
+        if b:
+            wrong["tensor offset"] = z[:e - s]
+        if s % 4:
+            wrong["byte offset"] = z[s - s % 4:e - s % 4]
+        told = set()
+        for what, zw in wrong.items():
+            if (zw == z[s:e]).all():
+                continue
+            got = _positions_of(p, gaps, x[s:e] + zw * big)
+            if got is None or got.size != pos.size or (np.sort(got) != pos).any():
+                told.add(what)
+        q = ctx.Params.unpack_rc(params)
+        q.rh = True   # (q.rhp False: ctx-delta-rh's params and bound)
+        try:
+            ctx.stream_lengths(adt, q, e - s)
+        except CorruptError:
+            told.add("bound")
+        else:
+            assert p.thresholds[-1:] <= [big - 1]
+        for what, rhp, at in (("x", False, s), ("tensor offset", True, 0)):
+            if what not in told:
+                continue
+            q.rhp = rhp
+            try:
+                ctx.decode(adt, q, streams, e - s, bu[s:e], out, None, (codes, at))
+            except CorruptError:
+                continue
+            assert (out != tu[s:e]).any(), f"{th.name} block {b}: a decoder with classes of {what} rebuilds it"
+        seen |= told
+    return seen, n
+
+
+ONE_BLOCK_WRONG = ("x", "neighbour", "inverted", "h = 1 only")   # what every ctx-delta-rhp vector tells
+MULTI_BLOCK_WRONG = (*ONE_BLOCK_WRONG, "tensor offset", "byte offset")   # ... and one whose blocks start mid-byte
+
+
+def ctxrhp_valid_vectors():
+    V = []
+    from arcfmt.encodings import ctx_delta as ctx
+    seen_all = set()
+
+    def y(name, desc, base, target, data=None, previous=None, covers=("7", "8.12"), wrong=ONE_BLOCK_WRONG, **kw):
+        """A one-tensor ``x`` vector given the previous step (default :func:`previous_rhp`), its file ``data``
+        or the writer's with ctx-delta-rhp forced; ``wrong``: the wrong readings of §8.12's classes it
+        must tell (:func:`assert_rhp_matters`)."""
+        previous = previous_rhp(base, target) if previous is None else previous
+        if data is None:
+            data = write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rhp", **kw)
+        seen, n = assert_rhp_matters(data, {"x": base}, {"x": target}, {"x": previous})
+        assert n and set(wrong) <= seen, (name, n, set(wrong) - seen)
+        seen_all.update(seen)
+        V.append(Vector(name, desc, list(covers), {"x": base}, data, expect_tensors={"x": target},
+                        previous={"x": previous}))
+        return data
+
+    def thresholds(data):
+        return [ctx.Params.unpack_rc(params).thresholds for *_, params, _ in _rhp_blocks(data)]
+
+    # every dtype: two blocks, of 2049 and 2047 elements (the second's history from tensor element 2049,
+    # inside a byte of the packed codes), the writer's thresholds on x' (effort max: its class DP's best;
+    # 4096 elements: the writer forced to ctx-delta-rhp gives HISTORY only to tensors of 4096 or more)
+    for i, (nm, dt) in enumerate(CTX_TYPES):
+        b, t = ctxas_case(230 + i, dt, (64, 64))
+        p = previous_rhp(b, t, 230 + i)
+        _check_history_case(b, t, p)
+        data = y(f"y_ctxrhp_{nm}", f"ctx-delta-rhp on {nm.upper()}, two blocks (block_elems 2049: the second's "
+                 "history from tensor element 2049, mid-byte in the packed codes), the writer's thresholds on the key "
+                 "fields x' = x + 2^E z: most elements that move now moved at the previous step; changes with h = "
+                 "0, 1 and 2, steps across zero (±0 included), specials", b, t, previous=p, effort="max",
+                 block_elems=2049, wrong=(*MULTI_BLOCK_WRONG, "bound"))
+        top = (1 << _adt(b).exp_bits)
+        assert len(thresholds(data)) == 2 and any(v >= top for ts in thresholds(data) for v in ts), \
+            (nm, thresholds(data))
+    # thresholds chosen by hand: below 2^E only (every element that moved in the last class), at 2^E (the
+    # elements that moved above those that did not), above it, and the last at its bound 2^(E+1) - 1
+    b, t = ctxas_case(240, BF16, (40, 75), by="rows")
+    p = previous_rhp(b, t, 240)
+    y("y_ctxrhp_thresholds_below_2e", "thresholds 112, 116, 119 (all below 2^E = 256): classes of x' put every "
+      "element that moved at the previous step in the last class, classes of x do not", b, t, previous=p,
+      data=rh_custom(b, t, p, 1, 75, thresholds=[112, 116, 119], rhp=True))
+    y("y_ctxrhp_threshold_at_2e", "thresholds 112, 116, 256, 368, 372: T_3 = 2^E puts the elements that moved "
+      "above those that did not, the last two split them by exponent again (classes 3-5 are empty of members "
+      "to a decoder comparing x)", b, t, previous=p,
+      data=rh_custom(b, t, p, 1, 75, thresholds=[112, 116, 256, 368, 372], rhp=True),
+      wrong=(*ONE_BLOCK_WRONG, "bound"))
+    y("y_ctxrhp_blocks_phase", "blocks of 701 elements (offsets 701, 1402, 2103, 2804: each block's history "
+      "starts at another place in a code byte), thresholds 116, 256, 372, rows, streams zstd-coded", b, t,
+      previous=p, data=rh_custom(b, t, p, 1, 75, thresholds=[116, 256, 372], codec="zstd", block_elems=701,
+                                 rhp=True), wrong=(*MULTI_BLOCK_WRONG, "bound"))
+    for i, (nm, dt) in enumerate((CTX_TYPES[0], CTX_TYPES[1], CTX_TYPES[3])):
+        b, t = ctxas_case(245 + i, dt, (40, 75), by="rows")
+        p = previous_rhp(b, t, 245 + i)
+        e = _adt(b).exp_bits
+        bu, pu = b.view(_adt(b).uint).reshape(-1), p.view(_adt(b).uint).reshape(-1).copy()
+        top = (bu >> _adt(b).mant_bits & ((1 << e) - 1)) == (1 << e) - 1   # exponent field 2^E - 1
+        pu[top] = bu[top] ^ 1   # (previous_for's previous value clipped at the ends of ord: equal to the base)
+        p = pu.view(b.dtype).reshape(b.shape)
+        kf = key_of(b, p)
+        ch = bu != t.view(_adt(b).uint).reshape(-1)
+        mid = max(1, int(np.median(kf[ch & (kf < 1 << e)])))
+        ts = [mid, 1 << e, (1 << e) + mid, (1 << (e + 1)) - 1]
+        assert 1 <= mid < (1 << e) - 1 and (ch & (kf == ts[-1])).sum() >= 2 and (~ch & (kf == ts[-1])).any()
+        y(f"y_ctxrhp_threshold_top_{nm}", f"{nm.upper()}, thresholds {', '.join(map(str, ts))}: the last is "
+          f"2^(E+1) - 1, its class the elements of exponent field 2^E - 1 (specials) that moved at the previous "
+          f"step, some of which change (a decoder that keeps §8.6's bound 2^E - 1 refuses the params)", b, t,
+          previous=p, data=rh_custom(b, t, p, 1, 75, thresholds=ts, rhp=True), wrong=(*ONE_BLOCK_WRONG, "bound"))
+    # the writer's own choice: pure-BF16-like steps, where the elements that moved move again
+    b, t, p = moving_again_case(250)
+    data = write_history({"w": b}, {"w": t}, {"w": p}, block_elems=4099, effort="default")
+    kinds = [enc for *_, enc, _, _ in _block_parts(data)]
+    assert kinds == [RHP] * 3, kinds
+    seen, n = assert_rhp_matters(data, {"w": b}, {"w": t}, {"w": p})
+    assert n == 3 and set(MULTI_BLOCK_WRONG) <= seen, seen
+    seen_all.update(seen)
+    V.append(Vector("y_ctxrhp_chosen", "the writer's own choice (effort default) on pure-BF16-like steps: 8 % of "
+                    "the weights moved one ulp at the previous step, 70 % of them move again, 0.4 % of the others; "
+                    "three ctx-delta-rhp blocks of 4099 elements (histories from elements 4099 and 8198, mid-byte)",
+                    ["7", "8.12", "18"], {"w": b}, data, expect_tensors={"w": t}, previous={"w": p}))
+    # a one-block tensor: the block inline in its TENS record (1.6 framing), and the same block in a BLCK record
+    b, t = ctxas_case(251, BF16, (64, 64), by="rows")
+    p = previous_rhp(b, t, 251)
+    inline = write_history({"x": b}, {"x": t}, {"x": p}, force_encoding="ctx-delta-rhp")
+    q = split(inline)
+    assert q.recs[1].type == L.TENS and q.recs[1].encoding == RHP and not any(r.type == L.BLCK for r in q.recs)
+    y("y_ctxrhp_inline", "a ctx-delta-rhp block inline in its TENS record (1.6 framing), the tensor with HISTORY",
+      b, t, previous=p, data=inline)
+    y("y_ctxrhp_blck_record", "the block of y_ctxrhp_inline in a BLCK record after its TENS record (a header "
+      "without INLINE_BLOCKS)", b, t, previous=p, data=assemble(split(inline, block_records=True)))
+    assert RHP_WRONG <= seen_all, RHP_WRONG - seen_all
+    return V
+
+
+def _rhp_fixture(seed=260):
+    """The must-reject vectors' ctx-delta-rhp data: BF16 [40, 50], signs alike along rows, a previous
+    step whose moves predict most changes (no specials: every step in range both ways)."""
+    b, t = ctxas_case(seed, BF16, (40, 50), by="rows", specials=False)
+    return b, t, previous_rhp(b, t, seed)
+
+
+def ctxrhp_reject_vectors():
+    """ctx-delta-rhp's params, positions and changes stream (§8.12: §8.9's checks with the last threshold
+    up to 2^(E+1) - 1, on the classes of x'; R-CTXRHP-PARAMS, R-CTXRHP-CHANGES), and ctx-delta-rhp where
+    the tensor has no HISTORY (§8 check 4, R-CTXRHP-TENSOR)."""
+    V = []
+    from arcfmt.encodings import ctx_delta as ctx
+    from arcfmt.errors import CorruptError
+    from arcfmt.history import pack
+    b, t, prev = _rhp_fixture()
+    base = {"x": b}
+    ts = [112, 116, 256, 372]
+    rows = rh_custom(b, t, prev, 1, 50, thresholds=ts, rhp=True)
+    one = rh_custom(b, t, prev, 0, thresholds=[256], rhp=True)
+    m = b.size
+    one_row = rh_custom(b, t, prev, 1, m, thresholds=[256], rhp=True)
+    adt = _adt(b)
+    bu, tu = b.view(adt.uint).reshape(-1), t.view(adt.uint).reshape(-1)
+    hist = history_of(b, prev)
+    codes = (pack(hist), 0)
+
+    def n(name, desc, fn, error="corrupt", src=None):
+        V.append(Vector(name, desc, ["7", "8.12"], base, _restream(fn, src or rows), error=error,
+                        previous={"x": prev}))
+
+    def block(data):
+        """The first block's params (unpacked) and decoded streams."""
+        _, _, _, enc, params, streams = _block_parts(data)[0]
+        assert enc == RHP
+        p = ctx.Params.unpack_rc(params)
+        p.rh = p.rhp = True
+        return p, streams
+
+    c = int((bu != tu).sum())
+    _sign_axis_rejects(n, "n_ctxrhp", ("nbytes", "(W + 1) c + 9"), ctx.rc_limit(adt, c), m, one, one_row,
+                       _all_ones_rc_bytes(adt, b, t, prev, [256]), "changes")
+    n("n_ctxrhp_qbits_small", "qbits = c - 1: ctx-delta's checks come first (there is no mw param)",
+      lambda streams, params: params.__setitem__(3 * params[0], c - 1))
+
+    def recode(edit_d):
+        return _rc_recode(b, t, edit_d, prev, rhp=True)
+    n("n_ctxrhp_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
+      "length contexts)", recode(_first_step(lambda x: 1 << 16)))
+    n("n_ctxrhp_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
+      recode(_first_step(lambda x: 65535 if x > 0 else -65535)))
+    n("n_ctxrhp_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
+      recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+    n("n_ctxrhp_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
+      recode(_step_to(1 << 15)))
+    n("n_ctxrhp_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
+      "smallest", recode(_step_to(-(1 << 15) - 1)))
+    n("n_ctxrhp_verification", "a well-formed ctx-delta-rhp block that rebuilds a different tensor (one step's "
+      "magnitude one larger)", recode(_first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+    # the recoded blocks decode as the reference decoder reads them, up to the fault: the class order of x'
+    p, streams = block(_restream(recode(lambda d, o: None), rows))
+    out = np.empty(m, adt.uint)
+    ctx.decode(adt, p, streams, m, bu, out, None, codes)
+    assert (out == tu).all()
+
+    # -- the last threshold past 2^(E+1) - 1: one more class, after the others, with no changes (and no
+    # members, as its threshold is above every key field): a decoder that does not check the bound
+    # decodes the block right
+    def extra_class(top):
+        def edit(streams, params):
+            k = params[0]
+            params[:] = [k + 1, *params[1:k], top, *params[k:2 * k], 0, *params[2 * k:3 * k], 0, *params[3 * k:]]
+        return edit
+    for nm, dt, seed in (("bf16", BF16, 261), ("f16", np.float16, 262), ("f8_e4m3", ml_dtypes.float8_e4m3fn, 263)):
+        if dt is BF16:
+            src, vb, vp, vt = rows, b, prev, t
+        else:
+            vb, vt, vp = _rhp_fixture_of(seed, dt)
+            e = _adt(vb).exp_bits
+            src = rh_custom(vb, vt, vp, 1, 50, thresholds=[(1 << e) - 2, 1 << e], rhp=True)
+        top = 1 << (_adt(vb).exp_bits + 1)
+        data = _restream(extra_class(top), src)
+        _, _, _, _, params, streams = _block_parts(src)[0]
+        extra_class(top)(None, params)
+        p = ctx.Params.unpack_rc(params)
+        p.rh = p.rhp = True
+        vu = vb.view(_adt(vb).uint).reshape(-1)
+        vo = np.empty(vu.size, _adt(vb).uint)
+        ctx.decode(_adt(vb), p, streams, vu.size, vu, vo, None, (pack(history_of(vb, vp)), 0))
+        assert (vo == vt.view(_adt(vb).uint).reshape(-1)).all()   # unchecked, the bound hides nothing else
+        try:
+            ctx.stream_lengths(_adt(vb), p, vu.size)
+            raise AssertionError("the threshold passes")
+        except CorruptError:
+            pass
+        V.append(Vector(f"n_ctxrhp_threshold_too_big_{nm}", f"{nm.upper()}: a last threshold 2^(E+1) = {top}, its "
+                        "class empty (no changes, no members): every other field valid, a decoder that does not "
+                        "check the bound rebuilds the target", ["7", "8.12"], {"x": vb}, data, error="corrupt",
+                        previous={"x": vp}))
+    n("n_ctxrhp_threshold_too_big_then_codec", "a last threshold 2^(E+1) = 512 (a class with no changes), and every "
+      "stream of codec 9: the params come first", _then_codec(extra_class(512)))
+
+    # -- a rank just past its class under x' (n_k of x' counts only the elements that moved, or only those that
+    # did not), still inside the class to a decoder that compares x (n_k of x is larger)
+    p, streams = block(rows)
+    gaps = _rice_gaps(p, streams)
+    key, x = key_of(b, prev), ctx.exponent_field(adt, bu).astype(np.int64)
+    kk = max((k for k in range(p.classes) if gaps[k] and 0 < (np.searchsorted(ts, key, side="right") == k).sum()
+              < (np.searchsorted(ts, x, side="right") == k).sum() - len(gaps[k])), key=lambda k: len(gaps[k]))
+    n_k = int((np.searchsorted(ts, key, side="right") == kk).sum())
+    last = sum(gaps[kk]) + len(gaps[kk]) - 1
+    gaps[kk][-1] += n_k - last   # the class's last rank made n_k
+
+    def to_class_end(streams, params):
+        s0, s1, qbits = _rice_streams(gaps, p.rice)
+        streams[0][1], streams[1][1] = s0, s1
+        params[3 * params[0]] = qbits
+    data = _restream(to_class_end, rows)
+    q, st = block(data)
+    assert _first_beyond(q, _rice_gaps(q, st), key) == kk and _first_beyond(q, _rice_gaps(q, st), x) != kk
+    try:
+        ctx.decode(adt, q, st, m, bu, out, None, codes)
+        raise AssertionError("n_ctxrhp_rank_beyond_class decodes")
+    except CorruptError as exc:
+        assert "beyond" in str(exc), exc
+    n_x = int((np.searchsorted(ts, x, side="right") == kk).sum())
+    beyond_x = _first_beyond(q, _rice_gaps(q, st), x)
+    V.append(Vector("n_ctxrhp_rank_beyond_class", f"thresholds {', '.join(map(str, ts))}: class {kk}'s last rank made "
+                    f"{n_k}, its member count with classes of x' (those that did not move): beyond its class. A "
+                    f"decoder comparing x finds it inside (n_{kk} = {n_x} there) and fails at class {beyond_x} "
+                    f"instead (T_{beyond_x} = {ts[beyond_x - 1]}: no x reaches it)", ["7", "8.12"], base, data,
+                    error="corrupt", previous={"x": prev}))
+
+    # -- the block coded as ctx-delta-rh (classes of x, thresholds below 2^E), named ctx-delta-rhp: a decoder
+    # that computes the classes from x rebuilds the target; read as §8.12 says, a class's ranks pass its
+    # member count (of x': the elements that moved leave the classes below the last)
+    rh = rh_custom(b, t, prev, 1, 50, thresholds=[112, 116, 119])
+    pr = split(rh)
+    set_first_encoding(pr, RHP)
+    data = assemble(pr)
+    q, st = block(data)
+    assert _positions_of(q, _rice_gaps(q, st), key) is None
+    q.rhp = False
+    ctx.decode(adt, q, st, m, bu, out, None, codes)   # as ctx-delta-rh: the target
+    assert (out == tu).all()
+    q.rhp = True
+    try:
+        ctx.decode(adt, q, st, m, bu, out, None, codes)
+        raise AssertionError("n_ctxrhp_coded_as_rh decodes")
+    except CorruptError as exc:
+        assert "beyond" in str(exc), exc
+    V.append(Vector("n_ctxrhp_coded_as_rh", "a ctx-delta-rh block (thresholds 112, 116, 119) named ctx-delta-rhp: a "
+                    "decoder that computes the classes from x rebuilds the target; with classes of x' (every element "
+                    "that moved in the last class) a class's last rank is beyond its member count", ["8.12"], base,
+                    data, error="corrupt", previous={"x": prev}))
+
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, RHP)
+    V.append(Vector("n_ctxrhp_on_f64", "ctx-delta-rhp is not defined for F64 (§8 check 1, before check 4: the "
+                    "tensor has no HISTORY either)", ["8", "8.12"], {"x": f64}, assemble(pf), error="unsupported"))
+
+    # -- ctx-delta-rhp in a tensor without HISTORY (§8 check 4, R-CTXRHP-TENSOR)
+    def without_history(src, meta_too=False, inline=False):
+        q = split(src)
+        q.recs[1].payload = _retens(q.recs[1].payload, True, flags=L.NEEDS_BASE | (L.INLINE_BLOCK if inline else 0),
+                                    previous_hash=None)
+        if meta_too:
+            _meta_flags(q, clear=L.META_HISTORY)
+        return assemble(q)
+
+    def nt(name, desc, covers, data, base_=base, previous_=None, **kw):
+        V.append(Vector(name, desc, covers, base_, data, error="corrupt", previous={"x": prev} if previous_ is None
+                        else previous_, **kw))
+    nt("n_ctxrhp_without_history", "META has HISTORY, tensor x has none, and its block is ctx-delta-rhp",
+       ["7", "8"], without_history(rows))
+    nt("n_ctxrhp_without_meta_history", "a file without HISTORY (META nor TENS) whose block is ctx-delta-rhp",
+       ["6", "8"], without_history(rows, True))
+    nt("n_ctxrhp_without_history_then_codec", "META has HISTORY, tensor x has none, and its ctx-delta-rhp block's "
+       "streams are of codec 9: check 4 comes before the codec ids (check 5)", ["7", "8"],
+       without_history(_restream(_then_codec(lambda streams, params: None), rows)))
+    ib, itg = ctxas_case(264, BF16, (64, 64), by="rows")
+    ip = previous_rhp(ib, itg, 264)
+    inline = write_history({"x": ib}, {"x": itg}, {"x": ip}, force_encoding="ctx-delta-rhp")
+    assert split(inline).recs[1].encoding == RHP
+    nt("n_inline_ctxrhp_without_history_then_wrong_base", "an inline ctx-delta-rhp block in a tensor without "
+       "HISTORY (META has it), and a base that does not match: §8 check 4 is among the inline block's checks, "
+       "before the base", ["7", "8", "12.3"], without_history(inline, inline=True), base_={"x": _one_off(ib)},
+       previous_={"x": ip})
+    return V
+
+
+def _rhp_fixture_of(seed, dt):
+    """:func:`_rhp_fixture` of another dtype."""
+    b, t = ctxas_case(seed, dt, (40, 50), by="rows", specials=False)
+    return b, t, previous_rhp(b, t, seed)
 
 
 # ------------------------------------------------------------------------------------ dense-delta (§8.7)
@@ -3981,6 +4487,22 @@ RULES = [  # (vector name glob, rules or conditions it exercises: SPEC.md Append
     ("n_ctxrh_step_out_of_range*", ["R-CTXRH-CHANGES"]), ("n_ctxrh_coded_as_rc", ["R-CTXRH", "R-CTXRH-CHANGES"]),
     ("n_ctxrh_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrh_on_f64", ["R-ENCODING.DTYPE"]),
     ("n_ctxrh_without_*", ["R-CTXRH-TENSOR"]),
+    # -- ctx-delta-rhp (1.10: §8.12)
+    ("y_ctxrhp_*", ["R-CTXRHP", "R-CTXRH", "R-CTXRC", "R-CTX", "R-PREVIOUS"]), ("y_ctxrhp_inline", ["R-INLINE.DECODE"]),
+    ("y_ctxrhp_threshold_top_*", ["R-CTXRHP-PARAMS"]),
+    ("y_ctxrhp_chosen", ["R-BLOCK-ORDINALS"]), ("y_ctxrhp_blocks_phase", ["R-BLOCK-ORDINALS"]),
+    ("n_ctxrhp_axis_*", ["R-CTXRHP-PARAMS"]), ("n_ctxrhp_one_*", ["R-CTXRHP-PARAMS"]),
+    ("n_ctxrhp_period_*", ["R-CTXRHP-PARAMS"]), ("n_ctxrhp_phase_*", ["R-CTXRHP-PARAMS"]),
+    ("n_ctxrhp_nbytes_*", ["R-CTXRHP-PARAMS"]), ("n_ctxrhp_qbits_*", ["R-CTXRHP-PARAMS", "R-CTX-PARAMS.QBITS"]),
+    ("n_ctxrhp_threshold_too_big*", ["R-CTXRHP-PARAMS"]),
+    ("n_ctxrhp_*_then_codec", ["R-CHECK-ORDER"]), ("n_ctxrhp_first_byte", ["R-CTXRHP-CHANGES"]),
+    ("n_ctxrhp_code_max", ["R-CTXRHP-CHANGES"]), ("n_ctxrhp_past_end", ["R-CTXRHP-CHANGES"]),
+    ("n_ctxrhp_bytes_left", ["R-CTXRHP-CHANGES"]), ("n_ctxrhp_length_*", ["R-CTXRHP-CHANGES"]),
+    ("n_ctxrhp_step_out_of_range*", ["R-CTXRHP-CHANGES"]), ("n_ctxrhp_rank_beyond_class", ["R-CTXRHP-CHANGES"]),
+    ("n_ctxrhp_coded_as_rh", ["R-CTXRHP", "R-CTXRHP-CHANGES"]),
+    ("n_ctxrhp_verification", ["R-TENSOR-HASH", "R-VERIFY-EVERY-PATH"]), ("n_ctxrhp_on_f64", ["R-ENCODING.DTYPE"]),
+    ("n_ctxrhp_without_*", ["R-CTXRHP-TENSOR"]),
+    ("n_inline_ctxrhp_without_history_then_wrong_base", ["R-INLINE.BLOCK", "R-CTXRHP-TENSOR"]),
     ("n_ctxrh_first_byte_then_previous_hash", ["R-PREVIOUS.HASH", "R-CHECK-ORDER"]),
     ("n_previous_missing_*", ["R-PREVIOUS.PRESENT"]), ("n_previous_dtype", ["R-PREVIOUS.DTYPE"]),
     ("n_previous_shape", ["R-PREVIOUS.SHAPE"]), ("n_previous_hash*", ["R-PREVIOUS.HASH"]),
@@ -4242,11 +4764,11 @@ def _dtype_name(dt):
 def generate(out_dir: str) -> None:
     vec_dir = os.path.join(out_dir, "vectors")
     os.makedirs(vec_dir, exist_ok=True)
-    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.9",
+    manifest = {"format": "arcfmt conformance vectors", "spec_version": "1.10",
                 "contract": "see conformance/README.md", "vectors": []}
     for v in (valid_vectors() + reject_vectors() + compact_reject_vectors() + inline_reject_vectors()
               + ctx_reject_vectors() + dense_reject_vectors() + ctxas_reject_vectors() + ctxrc_reject_vectors()
-              + ctxrp_reject_vectors() + ctxrh_reject_vectors() + history_vectors()):
+              + ctxrp_reject_vectors() + ctxrh_reject_vectors() + history_vectors() + ctxrhp_reject_vectors()):
         base_file = f"{v.name}.base.safetensors"
         prev_file = f"{v.name}.previous.safetensors"
         delta_file = f"{v.name}.arc" + (".gz" if v.gz else "")

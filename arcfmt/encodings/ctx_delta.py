@@ -282,37 +282,30 @@ def choose_thresholds(dt: DType, base: np.ndarray, positions: np.ndarray,
     return _thresholds(dt, base, positions, max_classes)[0]
 
 
-def _thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int,
-                previous: np.ndarray | None = None) -> tuple[list[int], float]:
+def _thresholds(dt: DType, base: np.ndarray, positions: np.ndarray, max_classes: int) -> tuple[list[int], float]:
     """:func:`choose_thresholds` and the estimated position bits of its classes (their Rice codes and
-    the params of each class after the first); with the block's ``previous`` value, on the key fields
-    of §8.12 (ctx-delta-rhp's classes)."""
+    the params of each class after the first)."""
     if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
         return [], float("inf")
     be = backend.selected()
     stride = _HIST_STRIDE if base.size >= _CHUNK else 1
-    if previous is None:
-        ne, ce = be.exponent_counts(dt, base, stride, positions)
-    else:
-        ne, ce = be.key_counts(dt, base, previous, stride, positions)
-    ne = np.maximum(ne * stride, ce)  # a sampled count never falls below the changes seen
-    cuts = be.class_cuts(ne, ce, max_classes, _CLASS_OVERHEAD_BITS)
-    return cuts, _position_bits(ne, ce, cuts)
+    ne, ce = be.exponent_counts(dt, base, stride, positions)
+    return be.class_cuts(np.maximum(ne * stride, ce), ce, max_classes, _CLASS_OVERHEAD_BITS)
 
 
-def _position_bits(ne: np.ndarray, ce: np.ndarray, cuts: Sequence[int]) -> float:
-    """The class DP's estimate (``class_cuts``) of the position bits of these classes: each class's
-    Rice bits at the better of the two parameters around its mean gap, plus the overhead of each class
-    after the first."""
-    edges = [0, *cuts, ne.size]
-    total = _CLASS_OVERHEAD_BITS * len(cuts)
-    for lo, hi in zip(edges, edges[1:]):
-        n, c = float(ne[lo:hi].sum()), float(ce[lo:hi].sum())
-        if c > 0:
-            mu = max(n - c, 0.0) / c
-            r0 = np.floor(np.log2(max(mu * np.log(2.0), 1.0)))
-            total += min(c * (1 + r + mu / 2.0 ** r) for r in (r0, r0 + 1))
-    return total
+def _key_thresholds(dt: DType, base: np.ndarray, previous: np.ndarray, positions: np.ndarray,
+                    max_classes: int) -> tuple[tuple[list[int], float], tuple[list[int], float]]:
+    """:func:`_thresholds` on the exponent fields, then on the key fields of §8.12 (ctx-delta-rhp's
+    classes, from the block's ``previous`` value), from one pass over the block."""
+    if positions.size < _MIN_CHANGES_FOR_CLASSES or max_classes <= 1:
+        return ([], float("inf")), ([], float("inf"))
+    be = backend.selected()
+    stride = _HIST_STRIDE if base.size >= _CHUNK else 1
+    ne, ce = be.key_counts(dt, base, previous, stride, positions)
+    half = ne.size >> 1   # x' = x + 2^E z: an exponent field's counts are its two key fields' added
+    found = [be.class_cuts(np.maximum(n * stride, c), c, max_classes, _CLASS_OVERHEAD_BITS)
+             for n, c in ((ne[:half] + ne[half:], ce[:half] + ce[half:]), (ne, ce))]
+    return found[0], found[1]
 
 
 @dataclass
@@ -361,8 +354,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
     elif rhp and history is not None and previous is not None and rc_axes:
         be = backend.selected()
         if thresholds is None:
-            thresholds, bits = _thresholds(dt, base, positions, max_classes)
-            keyed, keyed_bits = _thresholds(dt, base, positions, max_classes, previous)
+            (thresholds, bits), (keyed, keyed_bits) = _key_thresholds(dt, base, previous, positions, max_classes)
             if rhp == 2 or keyed_bits + HISTORY_COST_BITS < bits * (1 - rhp_gain):
                 thresholds = keyed
                 key = be.class_key(dt, base, previous=previous)
@@ -396,7 +388,7 @@ def encode(dt: DType, base: np.ndarray, target: np.ndarray, positions: np.ndarra
                 coded_streams = [coded] if used_rp else [streams[0], streams[1], coded]
                 return Encoded(p.pack(), coded_streams, rc=True, rp=used_rp, rh=used_rh, rhp=key is not None,
                                other=other)
-        if key is not None:   # its changes passed the bound: not ctx-delta-rc either, with these thresholds
+        if key is not None:   # not range-coded after all: ctx-delta's classes are the exponent fields' alone
             return encode(dt, base, target, positions, None, max_classes, dense, axes, force_signs, rc_axes, force_rc,
                           rp, history, force_rh)
     counts, rice, qbits, mw, streams, signs, _ = backend.selected().ctx_encode(
@@ -519,6 +511,15 @@ def warm_up() -> None:
         p = Params.unpack_rc(enc.params)
         p.rh = True
         decode(dt, p, enc.streams, m, base, np.empty_like(base), None, (packed, 0))
+        # ctx-delta-rhp (§8.12): its classes of the history too, chosen, coded and decoded
+        encode(dt, base, target, pos, rc_axes=sign_axes(256, 0, m), force_rc=True, history=(packed, 0),
+               rhp=1, previous=previous)   # (the choice: both class estimates)
+        enc = encode(dt, base, target, pos, [top + 1], rc_axes=sign_axes(256, 0, m), force_rc=True,
+                     history=(packed, 0), rhp=2, previous=previous)   # two classes: moved or not
+        p = Params.unpack_rc(enc.params)
+        p.rh = p.rhp = enc.rhp
+        if enc.rhp:
+            decode(dt, p, enc.streams, m, base, np.empty_like(base), None, (packed, 0))
         be.history_at(dt, np.zeros_like(packed), 0, pos, previous, base)   # a follower's record of its changes
     for width in (1, 2, 4, 8):   # a live model's staged changes (pipeline.Changes), of any dtype
         flat = np.zeros(64, f"u{width}")
@@ -647,7 +648,8 @@ class CtxDeltaAs(CtxDelta):
         return param_count(head) + (4 if head else 0)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "always", rc: str = "never",
-               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never",
+               rhp_gain: float = 0.0) -> EncodedBlock | None:
         return super().encode(block, max_classes, signs)
 
     def propose(self, block: Block, tried: list[EncodedBlock]) -> EncodedBlock | None:
@@ -691,7 +693,8 @@ class CtxDeltaRc(CtxDelta):
         return self._roles
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "always",
-               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never",
+               rhp_gain: float = 0.0) -> EncodedBlock | None:
         if self._rh == "always" and block.previous is None:
             raise InputError(f"{self.name} needs the previous step (its history, SPEC.md §7), which was not given")
         out = CtxDelta.encode(self, block, max_classes, "never", "always", self._rp, self._rh, self._rhp)
@@ -780,7 +783,8 @@ class DenseDelta(CtxDelta):
         return dense_unpack(params)
 
     def encode(self, block: Block, max_classes: int = DEFAULT_CLASSES, signs: str = "never", rc: str = "never",
-               rp: str = "never", rh: str = "never", rhp: str = "never") -> EncodedBlock | None:
+               rp: str = "never", rh: str = "never", rhp: str = "never",
+               rhp_gain: float = 0.0) -> EncodedBlock | None:
         return super().encode(block, max_classes, "never")
 
     def param_count(self, head: Sequence[int]) -> int:
@@ -805,4 +809,5 @@ class DenseDelta(CtxDelta):
         return out
 
 
-_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id, CtxDeltaRh.id, CtxDeltaRhp.id))   # the candidates DenseDelta.propose defers to
+# the candidates DenseDelta.propose defers to
+_RANGE_CODED = frozenset((CtxDeltaRc.id, CtxDeltaRp.id, CtxDeltaRh.id, CtxDeltaRhp.id))

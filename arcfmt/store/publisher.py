@@ -42,7 +42,7 @@ from ..integrity import KnownBase, model_digest, tensor_hash
 from ..parallel import run_jobs
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
-from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches
+from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches, check_readers
 from . import names as N
 from .backends import Store
 from .errors import ConflictError
@@ -186,7 +186,8 @@ class Publisher:
                  retries: int = 5, writer: str | None = None, on_commit=None, on_commit_timeout: float = 60.0,
                  on_mismatch: str = "warn",
                  sign_key=None, stream_id: str | None = None, keep_last: int | None = None,
-                 keep_keyframes: int = 0, compact_index: bool = True, history: bool = True):
+                 keep_keyframes: int = 0, compact_index: bool = True, history: bool = True,
+                 readers: tuple[int, int] | None = None):
         N.check_shard(shard, num_shards)
         self.writer = N.check_writer(writer)
         # sign_key: an Ed25519 private key (object or PEM/raw file): every step this publisher commits or
@@ -218,6 +219,9 @@ class Publisher:
         # has no keyframe (a follower that joined there holds no history); off for fleets of followers
         # older than 1.9 (and with compact_index=False, whose files are for older readers anyway)
         self.history = bool(history)
+        # the oldest format version the fleet's followers read (DeltaWriter's readers=): e.g. (1, 9) keeps
+        # the history's signs but writes no ctx-delta-rhp block (1.10, §8.12); checked by the writer
+        self.readers = check_readers(readers)   # a bad value is an InputError now, not at the first step
         # (base step, base, step) of the last delta published: the next one's previous step where its base
         # is that step (in memory, and in state_dir across processes)
         self._before: tuple[int, dict[str, np.ndarray], int] | None = None
@@ -620,7 +624,7 @@ class Publisher:
             w = DeltaWriter(hw, base_step=base_step, target_step=step, block_elems=self.block_elems,
                             compact_index=self.compact_index,
                             effort=self.effort if base is not None else self.keyframe_effort, workers=self.workers,
-                            previous=previous)
+                            previous=previous, readers=self.readers)
             w.write_tensors((n, None if base is None else base.get(n), a) for n, a in target.items())
             w.close()
         size = hw.n
