@@ -2941,6 +2941,24 @@ RH = 10   # ctx-delta-rh's encoding id (§8)
 RHP = 11  # ctx-delta-rhp's (1.10)
 
 
+def _changes_rejects(n, prefix, name, recode):
+    """The faults of a BF16 block's range-coded changes (§8.9's checks, as ctx-delta-rh and -rhp read
+    them) that ``recode`` (an edit of the steps) writes: a bit length past 16 bits, steps out of range,
+    and a well-formed block that rebuilds another tensor."""
+    n(f"{prefix}_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
+      "length contexts)", recode(_first_step(lambda x: 1 << 16)))
+    n(f"{prefix}_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
+      recode(_first_step(lambda x: 65535 if x > 0 else -65535)))
+    n(f"{prefix}_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
+      recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
+    n(f"{prefix}_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
+      recode(_step_to(1 << 15)))
+    n(f"{prefix}_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
+      "smallest", recode(_step_to(-(1 << 15) - 1)))
+    n(f"{prefix}_verification", f"a well-formed {name} block that rebuilds a different tensor (one step's "
+      "magnitude one larger)", recode(_first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+
+
 def _rh_blocks(data):
     return [x for x in _block_parts(data) if x[3] == RH]
 
@@ -3184,18 +3202,7 @@ def ctxrh_reject_vectors():
 
     def recode(edit_d):
         return _rc_recode(b, t, edit_d, prev)
-    n("n_ctxrh_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
-      "length contexts)", recode(_first_step(lambda x: 1 << 16)))
-    n("n_ctxrh_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
-      recode(_first_step(lambda x: 65535 if x > 0 else -65535)))
-    n("n_ctxrh_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
-      recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
-    n("n_ctxrh_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
-      recode(_step_to(1 << 15)))
-    n("n_ctxrh_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
-      "smallest", recode(_step_to(-(1 << 15) - 1)))
-    n("n_ctxrh_verification", "a well-formed ctx-delta-rh block that rebuilds a different tensor (one step's "
-      "magnitude one larger)", recode(_first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+    _changes_rejects(n, "n_ctxrh", "ctx-delta-rh", recode)
     # the stream as ctx-delta-rc codes it (contexts j, not 3j + h), its params those of the block: a decoder
     # that ignores the history reads it right; read as §8.11 says, its changes leave bytes over (corrupt)
     from arcfmt import twins
@@ -3844,18 +3851,7 @@ def ctxrhp_reject_vectors():
 
     def recode(edit_d):
         return _rc_recode(b, t, edit_d, prev, rhp=True)
-    n("n_ctxrhp_length_beyond_bits", "the first change's bit length goes on past 16 bits (sixteen 0 bits in its "
-      "length contexts)", recode(_first_step(lambda x: 1 << 16)))
-    n("n_ctxrhp_step_out_of_range", "the first change's step of 65535 (16 bits) leaves the BF16 range",
-      recode(_first_step(lambda x: 65535 if x > 0 else -65535)))
-    n("n_ctxrhp_step_out_of_range_last", "the last change's step made 65535 (its sign kept) leaves the BF16 range",
-      recode(lambda d, o: d.__setitem__(len(d) - 1, -65535 if d[-1] < 0 else 65535)))
-    n("n_ctxrhp_step_out_of_range_to_h", "the first change's step to v = H (32768), one above the largest",
-      recode(_step_to(1 << 15)))
-    n("n_ctxrhp_step_out_of_range_below_minus_h", "the first change's step to v = -H - 1 (-32769), one below the "
-      "smallest", recode(_step_to(-(1 << 15) - 1)))
-    n("n_ctxrhp_verification", "a well-formed ctx-delta-rhp block that rebuilds a different tensor (one step's "
-      "magnitude one larger)", recode(_first_step(lambda x: x + (1 if x > 0 else -1))), error="verification")
+    _changes_rejects(n, "n_ctxrhp", "ctx-delta-rhp", recode)
     # the recoded blocks decode as the reference decoder reads them, up to the fault: the class order of x'
     p, streams = block(_restream(recode(lambda d, o: None), rows))
     out = np.empty(m, adt.uint)
