@@ -3087,22 +3087,54 @@ def _multi_block_case():
                                                           block_elems=1024)
 
 
-def ctxrh_valid_vectors():
-    V = []
-    seen_all = set()
-
-    def y(name, desc, base, target, data=None, previous=None, covers=("7", "8.11"), wrong=(), **kw):
-        """A one-tensor ``x`` vector given the previous step (default :func:`previous_for`), its file ``data``
-        or the writer's with ctx-delta-rh forced; ``wrong``: the wrong readings of h its blocks must tell."""
-        previous = previous_for(base, target) if previous is None else previous
+def _history_vector_maker(V, seen_all, encoding, covers, previous_of, matters, wrong_default):
+    """``y(name, desc, base, target, data=None, previous=None, covers=..., wrong=..., **kw)``: a one-tensor
+    ``x`` vector given the previous step (default ``previous_of(base, target)``), its file ``data`` or the
+    writer's with ``encoding`` forced, checked by ``matters`` to tell every reading in ``wrong`` apart
+    (the readings it told go into ``seen_all``), appended to ``V``; returns the file."""
+    def y(name, desc, base, target, data=None, previous=None, covers=covers, wrong=wrong_default, **kw):
+        previous = previous_of(base, target) if previous is None else previous
         if data is None:
-            data = write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rh", **kw)
-        seen, n = assert_history_matters(data, {"x": base}, {"x": target}, {"x": previous})
+            data = write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding=encoding, **kw)
+        seen, n = matters(data, {"x": base}, {"x": target}, {"x": previous})
         assert n and set(wrong) <= seen, (name, n, set(wrong) - seen)
         seen_all.update(seen)
         V.append(Vector(name, desc, list(covers), {"x": base}, data, expect_tensors={"x": target},
                         previous={"x": previous}))
         return data
+    return y
+
+
+def _inline_pair(y, prefix, encoding, code, b, t, p):
+    """Through ``y``: a one-block tensor written with ``encoding`` forced, its block inline in its TENS
+    record (1.6 framing), and the same block in a BLCK record after it."""
+    inline = write_history({"x": b}, {"x": t}, {"x": p}, force_encoding=encoding)
+    q = split(inline)
+    assert q.recs[1].type == L.TENS and q.recs[1].encoding == code and not any(r.type == L.BLCK for r in q.recs)
+    y(f"{prefix}_inline", f"a {encoding} block inline in its TENS record (1.6 framing), the tensor with HISTORY",
+      b, t, previous=p, data=inline)
+    y(f"{prefix}_blck_record", f"the block of {prefix}_inline in a BLCK record after its TENS record (a header "
+      "without INLINE_BLOCKS)", b, t, previous=p, data=assemble(split(inline, block_records=True)))
+
+
+def _on_f64(name, encoding, code, section):
+    """A float-delta block of an F64 tensor renamed ``encoding`` (``code``): not defined for F64."""
+    f64 = np.arange(16, dtype=np.float64)
+    f64t = f64.copy()
+    f64t[3] = 7.5
+    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
+    set_first_encoding(pf, code)
+    return Vector(name, f"{encoding} is not defined for F64 (§8 check 1, before check 4: the tensor has no HISTORY "
+                  "either)", ["8", section], {"x": f64}, assemble(pf), error="unsupported")
+
+
+def ctxrh_valid_vectors():
+    V = []
+    seen_all = set()
+
+    # a one-tensor ``x`` vector given the previous step (default :func:`previous_for`), its file or the
+    # writer's with ctx-delta-rh forced; ``wrong``: the wrong readings of h its blocks must tell
+    y = _history_vector_maker(V, seen_all, "ctx-delta-rh", ("7", "8.11"), previous_for, assert_history_matters, ())
 
     for i, (nm, dt) in enumerate(CTX_TYPES):
         b, t = ctxas_case(170 + i, dt)
@@ -3142,14 +3174,7 @@ def ctxrh_valid_vectors():
       b, t, previous=b.copy())
     # one-block tensors: the block inline in its TENS record (1.6 framing), and the same block in a BLCK record
     b, t = ctxas_case(194, BF16, (30, 40), by="rows")
-    p = previous_for(b, t, 194)
-    inline = write_history({"x": b}, {"x": t}, {"x": p}, force_encoding="ctx-delta-rh")
-    q = split(inline)
-    assert q.recs[1].type == L.TENS and q.recs[1].encoding == RH and not any(r.type == L.BLCK for r in q.recs)
-    y("y_ctxrh_inline", "a ctx-delta-rh block inline in its TENS record (1.6 framing), the tensor with HISTORY",
-      b, t, previous=p, data=inline)
-    y("y_ctxrh_blck_record", "the block of y_ctxrh_inline in a BLCK record after its TENS record (a header "
-      "without INLINE_BLOCKS)", b, t, previous=p, data=assemble(split(inline, block_records=True)))
+    _inline_pair(y, "y_ctxrh", "ctx-delta-rh", RH, b, t, previous_for(b, t, 194))
     # several blocks: the writer's choice per block in a tensor with HISTORY (§18), beside a tensor without
     base, target, prev, data = _multi_block_case()
     kinds = [(th.name, blk, enc) for th, _, blk, enc, _, _ in _block_parts(data)]
@@ -3238,13 +3263,7 @@ def ctxrh_reject_vectors():
                     "as §8.11 says, the changes end with bytes left over", ["8.11"], base, data, error="corrupt",
                     previous={"x": prev}))
 
-    f64 = np.arange(16, dtype=np.float64)
-    f64t = f64.copy()
-    f64t[3] = 7.5
-    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
-    set_first_encoding(pf, RH)
-    V.append(Vector("n_ctxrh_on_f64", "ctx-delta-rh is not defined for F64 (§8 check 1, before check 4: the "
-                    "tensor has no HISTORY either)", ["8", "8.11"], {"x": f64}, assemble(pf), error="unsupported"))
+    V.append(_on_f64("n_ctxrh_on_f64", "ctx-delta-rh", RH, "8.11"))
     return V
 
 
@@ -3713,19 +3732,10 @@ def ctxrhp_valid_vectors():
     from arcfmt.encodings import ctx_delta as ctx
     seen_all = set()
 
-    def y(name, desc, base, target, data=None, previous=None, covers=("7", "8.12"), wrong=ONE_BLOCK_WRONG, **kw):
-        """A one-tensor ``x`` vector given the previous step (default :func:`previous_rhp`), its file ``data``
-        or the writer's with ctx-delta-rhp forced; ``wrong``: the wrong readings of §8.12's classes it
-        must tell (:func:`assert_rhp_matters`)."""
-        previous = previous_rhp(base, target) if previous is None else previous
-        if data is None:
-            data = write_history({"x": base}, {"x": target}, {"x": previous}, force_encoding="ctx-delta-rhp", **kw)
-        seen, n = assert_rhp_matters(data, {"x": base}, {"x": target}, {"x": previous})
-        assert n and set(wrong) <= seen, (name, n, set(wrong) - seen)
-        seen_all.update(seen)
-        V.append(Vector(name, desc, list(covers), {"x": base}, data, expect_tensors={"x": target},
-                        previous={"x": previous}))
-        return data
+    # a one-tensor ``x`` vector given the previous step (default :func:`previous_rhp`), its file or the
+    # writer's with ctx-delta-rhp forced; ``wrong``: the wrong readings of §8.12's classes it must tell
+    y = _history_vector_maker(V, seen_all, "ctx-delta-rhp", ("7", "8.12"), previous_rhp, assert_rhp_matters,
+                              ONE_BLOCK_WRONG)
 
     def thresholds(data):
         return [ctx.Params.unpack_rc(params).thresholds for *_, params, _ in _rhp_blocks(data)]
@@ -3792,14 +3802,7 @@ def ctxrhp_valid_vectors():
                     ["7", "8.12", "18"], {"w": b}, data, expect_tensors={"w": t}, previous={"w": p}))
     # a one-block tensor: the block inline in its TENS record (1.6 framing), and the same block in a BLCK record
     b, t = ctxas_case(251, BF16, (64, 64), by="rows")
-    p = previous_rhp(b, t, 251)
-    inline = write_history({"x": b}, {"x": t}, {"x": p}, force_encoding="ctx-delta-rhp")
-    q = split(inline)
-    assert q.recs[1].type == L.TENS and q.recs[1].encoding == RHP and not any(r.type == L.BLCK for r in q.recs)
-    y("y_ctxrhp_inline", "a ctx-delta-rhp block inline in its TENS record (1.6 framing), the tensor with HISTORY",
-      b, t, previous=p, data=inline)
-    y("y_ctxrhp_blck_record", "the block of y_ctxrhp_inline in a BLCK record after its TENS record (a header "
-      "without INLINE_BLOCKS)", b, t, previous=p, data=assemble(split(inline, block_records=True)))
+    _inline_pair(y, "y_ctxrhp", "ctx-delta-rhp", RHP, b, t, previous_rhp(b, t, 251))
     assert RHP_WRONG <= seen_all, RHP_WRONG - seen_all
     return V
 
@@ -3949,13 +3952,7 @@ def ctxrhp_reject_vectors():
                     "that moved in the last class) a class's last rank is beyond its member count", ["8.12"], base,
                     data, error="corrupt", previous={"x": prev}))
 
-    f64 = np.arange(16, dtype=np.float64)
-    f64t = f64.copy()
-    f64t[3] = 7.5
-    pf = split(write_separate({"x": f64}, {"x": f64t}, force_encoding="float-delta", force_codec="raw"))
-    set_first_encoding(pf, RHP)
-    V.append(Vector("n_ctxrhp_on_f64", "ctx-delta-rhp is not defined for F64 (§8 check 1, before check 4: the "
-                    "tensor has no HISTORY either)", ["8", "8.12"], {"x": f64}, assemble(pf), error="unsupported"))
+    V.append(_on_f64("n_ctxrhp_on_f64", "ctx-delta-rhp", RHP, "8.12"))
 
     # -- ctx-delta-rhp in a tensor without HISTORY (§8 check 4, R-CTXRHP-TENSOR)
     def without_history(src, meta_too=False, inline=False):
