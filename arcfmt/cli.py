@@ -141,11 +141,15 @@ def _note(args, text: str) -> None:
 
 
 def _format_version(text: str) -> tuple[int, int]:
-    """``--readers``: a format version ``MAJOR.MINOR``."""
-    major, _, minor = text.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        raise argparse.ArgumentTypeError(f"not a format version MAJOR.MINOR: {text!r}")
-    return int(major), int(minor)
+    """``--readers``: a format version ``MAJOR.MINOR`` the writer can serve (a usage error otherwise)."""
+    from .layout import MAJOR, MINOR
+    from .writer import OLDEST_READERS
+    m = re.fullmatch(r"([0-9]{1,5})\.([0-9]{1,5})", text)
+    if m is None or not OLDEST_READERS <= (int(m[1]), int(m[2])) <= (MAJOR, MINOR):
+        raise argparse.ArgumentTypeError(f"not a format version from {OLDEST_READERS[0]}.{OLDEST_READERS[1]} to "
+                                         f"{MAJOR}.{MINOR}: {text!r}")
+    return int(m[1]), int(m[2])
+
 
 
 def _count_at_least(least: int):

@@ -149,15 +149,19 @@ def _encode_into(slot: list[_Coded], *args: Any) -> None:
     slot.append(_encode_block(*args))
 
 
+OLDEST_READERS = (1, 4)   # the oldest format version whose decoders the writer can serve (a full index)
+
+
 def check_readers(readers: object) -> tuple[int, int] | None:
-    """A ``readers=`` value (the oldest format version a file's decoders have): None or ``(1, minor)``."""
+    """A ``readers=`` value (the oldest format version a file's decoders have): None or ``(1, minor)``
+    from 1.4 (prefixed names, which every file has, are 1.3; a full index serves 1.4) to this one."""
     if readers is None:
         return None
     if (not isinstance(readers, tuple) or len(readers) != 2 or readers[0] != L.MAJOR
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in readers)
-            or not 0 <= readers[1] <= L.MINOR):
-        raise InputError(f"readers must be a format version ({L.MAJOR}, minor) with minor in 0..{L.MINOR}, "
-                         f"not {readers!r}")
+            or not OLDEST_READERS[1] <= readers[1] <= L.MINOR):
+        raise InputError(f"readers must be a format version from {OLDEST_READERS[0]}.{OLDEST_READERS[1]} to "
+                         f"{L.MAJOR}.{L.MINOR}, not {readers!r}")
     return (readers[0], readers[1])
 
 
@@ -257,9 +261,10 @@ class DeltaWriter:
         tensors of the ctx-delta dtypes with a previous value of their dtype and shape carry HISTORY
         (1.9, §7) and may code their signs in its contexts (``ctx-delta-rh``, §8.11), and the file then
         needs that previous step to be read. Ignored in the modes for older readers.
-        ``readers``: the oldest format version, ``(1, minor)``, whose decoders must read the file (a fleet
-        not upgraded yet): no encoding added after it is written (e.g. ``(1, 9)``: no ``ctx-delta-rhp``,
-        §8.12), and before ``(1, 9)`` no previous step is used.
+        ``readers``: the oldest format version, ``(1, minor)`` from 1.4, whose decoders must read the file (a
+        fleet not upgraded yet): no encoding added after it is written (e.g. ``(1, 9)``: no
+        ``ctx-delta-rhp``, §8.12), and none is forced; before 1.9 no previous step is used, before 1.6 no
+        block inline, before 1.5 a full index.
         A base or previous value may be given as :class:`arcfmt.integrity.KnownBase` (array, tensor
         hash) where its holder hashed it already (a publisher's own copy of a step it wrote): the file
         names it by that hash, unhashed again; a wrong one makes a file every reader refuses."""
@@ -295,20 +300,26 @@ class DeltaWriter:
         self.stats: list[TensorStats] = []
         self.closed = False
         self.size: int | None = None  # the file's, once closed
+        readers = check_readers(readers)
+        if readers is not None:   # the framing those readers read: a full index before 1.5, no inline blocks before 1.6
+            compact_index = compact_index and readers >= (1, 5)
+            inline_blocks = inline_blocks and readers >= (1, 6)
         self._flags = records.header_flags(compact_index, inline_blocks)
         self._inline = bool(self._flags & L.INLINE_BLOCKS)
         self._readers = (1, 4) if not compact_index else (1, 5) if not inline_blocks else None
-        readers = check_readers(readers)
         if readers is not None and readers < (L.MAJOR, L.MINOR):
             self._readers = min(readers, self._readers or readers)
         if previous is not None and not isinstance(previous, Mapping):
             raise InputError("previous must be a mapping of tensor name to array")
         history = self._readers is None or self._readers >= encodings.by_name("ctx-delta-rh").since
         self._previous = previous if history else None
-        forced = None if self._force_encoding is None else encodings.find(self._force_encoding)
+        forced = None if self._force_encoding is None else encodings.get(self._force_encoding)
         if forced is not None and forced.needs_history and not history:
             raise InputError(f"{forced.name} needs the previous step (format 1.9): the modes for older readers "
                              f"(a full index, no inline blocks, readers= before 1.9) write none")
+        if forced is not None and readers is not None and forced.since > readers:
+            raise InputError(f"{forced.name} is format {forced.since[0]}.{forced.since[1]}: readers of "
+                             f"{readers[0]}.{readers[1]} cannot read it")
         self._held: records.TensorHeader | None = None   # an inline tensor's header, until its block is coded
         self._blocks = 0                  # blocks of the tensors accepted so far (§14 MAX_BLOCKS)
         self._added: list[bytes] = []     # names reserved by the write_tensors call under way
@@ -380,7 +391,7 @@ class DeltaWriter:
         if self._previous is None or base is None:
             return None, None
         forced = self._force_encoding is not None and encodings.get(self._force_encoding).needs_history
-        if not coded(dt) or (size < HISTORY_MIN_ELEMS and not forced):
+        if not coded(dt) or not size or (size < HISTORY_MIN_ELEMS and not forced):
             return None, None
         prev = self._previous.get(name)
         if prev is None:

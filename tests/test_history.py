@@ -12,7 +12,7 @@ import pytest
 from test_ctx_delta import CTX_NAMES
 
 import arcfmt
-from arcfmt import backend, twins
+from arcfmt import backend, records, twins
 from arcfmt import layout as L
 from arcfmt.encodings import ctx_delta as ctx
 from arcfmt.errors import InputError, WrongBaseError
@@ -681,11 +681,17 @@ def test_readers_says_what_older_fleets_read():
     data, _ = _write(base, target, previous=prev, readers=(1, 8))
     assert not arcfmt.DeltaReader(data).meta.history
     assert_bit_exact(arcfmt.decode(base, data), target)
-    for bad in ((1, 99), (2, 0), (1,), "1.9", (1, True), [1, 9]):
+    for bad in ((1, 99), (2, 0), (1, 3), (1,), "1.9", (1, True), [1, 9]):
         with pytest.raises(InputError, match="readers"):
             DeltaWriter(io.BytesIO(), readers=bad)
     with pytest.raises(InputError, match="needs the previous step"):
         _write(base, target, previous=prev, readers=(1, 8), force_encoding="ctx-delta-rhp")
+    with pytest.raises(InputError, match="readers of 1.9 cannot read it"):
+        _write(base, target, previous=prev, readers=(1, 9), force_encoding="ctx-delta-rhp")
+    # the framing older readers read: a full index before 1.5, no inline block before 1.6
+    for readers, compact, inline in (((1, 4), False, False), ((1, 5), True, False), ((1, 6), True, True)):
+        head = records.check_header(_write(base, target, readers=readers)[0][:L.HEADER_SIZE])
+        assert (head.compact_index, head.inline_blocks) == (compact, inline), readers
 
 
 def test_ctx_delta_rhp_thresholds_reach_the_key_fields():

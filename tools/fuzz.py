@@ -253,7 +253,9 @@ def _check_without_previous(base, data, previous) -> str | None:
     """A file written with a previous step, read without it or with another: refused as wrong_base
     (MissingPreviousError without one), or — where no tensor carries HISTORY — rebuilt as before."""
     from arcfmt.errors import MissingPreviousError, WrongBaseError
-    needs = any(DeltaReader(data).header(n).needs_history for n in DeltaReader(data).names)
+    reader = DeltaReader(data)
+    history = {n for n in reader.names if reader.header(n).needs_history}   # the tensors that read it
+    needs = bool(history)
     other = {k: np.ascontiguousarray(v).view(np.uint8).reshape(-1)[::-1].copy().view(v.dtype).reshape(v.shape)
              for k, v in previous.items()}   # bytes reversed: another value (or, rarely, the same)
     for given, want in ((None, MissingPreviousError), (other, WrongBaseError)):
@@ -264,7 +266,7 @@ def _check_without_previous(base, data, previous) -> str | None:
         except Exception:  # noqa: BLE001 - exactly what we hunt
             return f"previous {'missing' if given is None else 'other'}: wrong error:\n{traceback.format_exc()}"
         if needs and (given is None or any(np.asarray(other[k]).tobytes() != np.asarray(previous[k]).tobytes()
-                                           for k in previous)):
+                                           for k in history)):
             return f"previous {'missing' if given is None else 'other'}: a file that needs it was decoded"
     return None
 
