@@ -17,9 +17,8 @@ The interface (what both modules define):
     indices where the two unsigned arrays differ, increasing (``np.flatnonzero(base != target)``).
 ``scatter(flat, index, values)``
     ``flat[index] = values`` (the live follower writes a step's staged changes with it).
-``exponent_counts(dt, base, stride, positions, keyed=False) -> (ne, ce)``
-    elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``;
-    ``keyed``: ``base`` holds class keys, counted per key field ``x'`` of §8.12, ``2^(E+1)`` of them).
+``exponent_counts(dt, base, stride, positions) -> (ne, ce)``
+    elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (int64 arrays of ``2^E``).
 ``class_key(dt, base, history=None, previous=None) -> array``
     a ``ctx-delta-rhp`` block's class keys (§8.12; ``history``: its codes as ``(packed, offset)``, or
     ``previous``: its previous value): each element's magnitude bits shifted right by one, bit ``B − 2``
@@ -97,7 +96,7 @@ class Backend(Protocol):
                    base: np.ndarray) -> None: ...
 
     def exponent_counts(self, dt: DType, base: np.ndarray, stride: int,
-                        positions: np.ndarray, keyed: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def class_key(self, dt: DType, base: np.ndarray, history: HistoryCodes | None = None,
                   previous: np.ndarray | None = None) -> np.ndarray: ...

@@ -324,15 +324,14 @@ def scatter(flat, index, values) -> None:
     _call(_scatter, (_kind(flat), _kind(index), _kind(values)), flat, index, values)
 
 
-def exponent_counts(dt, base, stride, positions, keyed=False):
+def exponent_counts(dt, base, stride, positions):
     """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (the gather runs
     in the kernel: numpy's would hold the GIL). ``positions`` must lie inside ``base`` (the kernel does
-    not check: they come from :func:`changes`). ``keyed``: ``base`` holds class keys (:func:`class_key`),
-    counted per key field ``x'`` of §8.12 (the exponent field and the history bit above it)."""
-    size = 1 << (dt.exp_bits + keyed)
+    not check: they come from :func:`changes`)."""
+    size = 1 << dt.exp_bits
     base, positions = _input(base), _ro(positions)
     return _call(_exponent_counts, (_kind(base), _kind(positions)),
-                 base, stride, positions, dt.mant_bits - keyed, size - 1, size)
+                 base, stride, positions, dt.mant_bits, size - 1, size)
 
 
 def key_counts(dt, base, previous, stride, positions):
@@ -759,22 +758,17 @@ def _ctx_decode(base, out, qbuf, qbits, rbuf, sbuf, mbuf, mw, counts, rice, edge
     pos = ranks  # select turns each rank into its position in place
     n_classes = counts.size
     bv = np.empty(c, base.dtype)
+    keyed = key.size > 0   # ctx-delta-rhp (§8.12): the classes of the keys, the values of the base
     if n_classes == 1:
         if ranks[c - 1] >= m:
             return BEYOND
-        if copy:
-            _copy_elems(out, base, 0, m)
-        for t in range(c):
-            bv[t] = base[pos[t]]
-    elif key.size:   # ctx-delta-rhp (§8.12): the classes of the keys, the values of the base
-        if not _class_select(key, mask, edges, counts, ranks, out, False, bv):
-            return BEYOND
-        if copy:
-            _copy_elems(out, base, 0, m)
-        for t in range(c):
-            bv[t] = base[pos[t]]
-    elif not _class_select(base, mask, edges, counts, ranks, out, copy, bv):
+    elif not _class_select(key if keyed else base, mask, edges, counts, ranks, out, copy and not keyed, bv):
         return BEYOND
+    if n_classes == 1 or keyed:   # no class pass read the base: it is copied and gathered here
+        if copy:
+            _copy_elems(out, base, 0, m)
+        for t in range(c):
+            bv[t] = base[pos[t]]
     nv = np.empty(c, base.dtype)
     if rc:
         if not rp:

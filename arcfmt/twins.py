@@ -94,16 +94,14 @@ def scatter(flat, index, values) -> None:
     flat[index] = values
 
 
-def exponent_counts(dt, base, stride, positions, keyed=False):
-    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value (``keyed``: per
-    key field of class keys, :func:`class_key`)."""
+def exponent_counts(dt, base, stride, positions):
+    """Elements of ``base[::stride]`` and of ``base[positions]`` per exponent field value."""
     sample = base[::stride]
-    size = 1 << (dt.exp_bits + keyed)
-    field = _key_field if keyed else exponent_field
+    size = 1 << dt.exp_bits
     ne = np.zeros(size, np.int64)
     for s in range(0, sample.size, _CHUNK):  # in chunks: bincount widens its input to intp (8 B/element)
-        ne += np.bincount(field(dt, sample[s:s + _CHUNK]), minlength=size)
-    ce = np.bincount(field(dt, base[positions]), minlength=size)
+        ne += np.bincount(exponent_field(dt, sample[s:s + _CHUNK]), minlength=size)
+    ce = np.bincount(exponent_field(dt, base[positions]), minlength=size)
     return ne, ce
 
 
@@ -134,11 +132,6 @@ def key_counts(dt, base, previous, stride, positions):
         ne += np.bincount(fields(sb[s:s + _CHUNK], sp[s:s + _CHUNK]), minlength=size)
     ce = np.bincount(fields(base[positions], previous[positions]), minlength=size)
     return ne, ce
-
-
-def _key_field(dt, key: np.ndarray) -> np.ndarray:
-    """§8.12's ``x'`` of each class key: the exponent field, plus ``2^E`` where the element moved."""
-    return (key >> dt.uint.type(dt.mant_bits - 1)) & dt.uint.type((1 << (dt.exp_bits + 1)) - 1)
 
 
 def _classed(dt, base: np.ndarray, thresholds, key) -> tuple[np.ndarray, list[int]]:
