@@ -1120,9 +1120,13 @@ def _place_chunk(cum, before, through, w0, r, t, end, lo, hi, shared):
         seen = cum[i - 1] if i else before
         s = (w0 + i) * 64
         word = _ge_mask64(base, s, mask, lo) & ~_ge_mask64(base, s, mask, hi)
-        _found(s + _select_bit(word, r - seen), t, ranks, base, bv)
-        t += 1
-        r = ranks[t] if t < end else big
+        top = cum[i]
+        while True:   # the class's next ranks in the same word (dense classes: several) take no search
+            _found(s + _select_bit(word, r - seen), t, ranks, base, bv)
+            t += 1
+            r = ranks[t] if t < end else big
+            if r >= top:
+                break
     return r, t
 
 
