@@ -112,6 +112,47 @@ def _ge_mask64_typing(typingctx, arr, start, mask, edge):
 _ge_mask64 = cast("Callable[[np.ndarray, int, Any, Any], np.uint64]", intrinsic(_ge_mask64_typing))
 
 
+def _ge_masks64_typing(typingctx, arr, start, mask, edges, n, out):
+    """``_ge_masks64(arr, start, mask, edges, n, out)``: ``out[k] = _ge_mask64(arr, start, mask, edges[k])``
+    for ``k < n`` (``edges`` of ``arr``'s dtype, ``out`` uint64; both contiguous, at least ``n`` long).
+
+    Why: the 64 elements are loaded and masked once for every threshold. Called one threshold at a time
+    between stores to the class counts, which LLVM cannot tell from the base, each threshold loaded and
+    masked the word again (the class pass of a block with 10 classes: nine loads of the same 128 bytes)."""
+    ok = all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (arr, edges, out))
+    if not (ok and isinstance(arr.dtype, types.Integer) and not getattr(arr.dtype, "signed", True)
+            and edges.dtype == arr.dtype and out.dtype == types.uint64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        from numba.core import cgutils
+        aty, _, _, ety, _, oty = signature.args
+        a = context.make_array(aty)(context, builder, args[0])
+        e = context.make_array(ety)(context, builder, args[3])
+        o = context.make_array(oty)(context, builder, args[5])
+        elt = context.get_data_type(aty.dtype)
+        vec = ir.VectorType(elt, 64)
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), vec.as_pointer())
+        lanes = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
+        undef = ir.Constant(vec, ir.Undefined)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)),
+                                          undef, lanes)
+        v = builder.and_(builder.load(ptr, align=max(1, elt.width // 8)), splat(args[2]))
+        with cgutils.for_range(builder, args[4]) as loop:
+            edge = builder.load(builder.gep(e.data, [loop.index]))
+            ge = builder.bitcast(builder.icmp_unsigned(">=", v, splat(edge)), ir.IntType(64))
+            builder.store(ge, builder.gep(o.data, [loop.index]))
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, arr.dtype, edges, types.intp, out), codegen
+
+
+_ge_masks64 = cast("Callable[[np.ndarray, int, Any, np.ndarray, int, np.ndarray], None]",
+                   intrinsic(_ge_masks64_typing))
+
+
 def _ne_mask64_typing(typingctx, a, b, start):
     """``_ne_mask64(a, b, start)``: bit ``i`` set where ``a[start + i] != b[start + i]``, for the 64
     elements from ``start`` (inside both: contiguous 1-D arrays of one unsigned dtype). As
@@ -978,6 +1019,7 @@ def _select_n(base, mask, edges, counts, ranks, out, copy, bv):
         end[k] = off
         rk[k] = ranks[nxt[k]] if nxt[k] < end[k] else big
     cum = np.empty((n_classes, _SELECT_CHUNK), np.int64)
+    ge = np.empty(max(nt, 1), np.uint64)   # a word's bitmaps of the elements at or above each threshold
     shared = (base, mask, ranks, big, bv)
     w = 0
     while w < full_words:
@@ -989,9 +1031,10 @@ def _select_n(base, mask, edges, counts, ranks, out, copy, bv):
             before[k] = seen[k]
         for i in range(nw):      # the chunk's counts: no branch on the data
             s = (w + i) * 64
+            _ge_masks64(base, s, mask, edges, nt, ge)
             lo = ~np.uint64(0)
             for k in range(nt):
-                hi = _ge_mask64(base, s, mask, edges[k])
+                hi = ge[k]
                 seen[k] += np.int64(_popcount(lo & ~hi))
                 cum[k, i] = seen[k]
                 lo = hi
@@ -1175,14 +1218,16 @@ def _class_ranks(base, mask, edges, pos, cls):
     full = m // 64
     seen = np.zeros(n_classes, np.int64)     # each class's members before the current word
     word = np.empty(n_classes, np.uint64)    # the current word's bitmap of each class
+    ge = np.empty(max(nt, 1), np.uint64)     # its bitmaps of the elements at or above each threshold
     ranks = np.empty(c, np.int64)
     t = 0
     for w in range(full):
         s = w * 64
         lo = ~np.uint64(0)
+        _ge_masks64(base, s, mask, edges, nt, ge)
         if t < c and pos[t] < s + 64:   # a change in this word: its class's bitmap is wanted
             for k in range(nt):
-                hi = _ge_mask64(base, s, mask, edges[k])
+                hi = ge[k]
                 word[k] = lo & ~hi
                 lo = hi
             word[nt] = lo
@@ -1194,7 +1239,7 @@ def _class_ranks(base, mask, edges, pos, cls):
                 seen[k] += np.int64(_popcount(word[k]))
         else:   # none: the counts alone, in registers (storing every word's bitmaps took twice as long)
             for k in range(nt):
-                hi = _ge_mask64(base, s, mask, edges[k])
+                hi = ge[k]
                 seen[k] += np.int64(_popcount(lo & ~hi))
                 lo = hi
             seen[nt] += np.int64(_popcount(lo))
