@@ -80,6 +80,33 @@ def test_small_file_cannot_allocate_gigabytes_by_default(monkeypatch):
     assert arcfmt.decode(z, d)["z"].tobytes() == (z["z"] + 1).tobytes()
 
 
+def test_decoded_tensors_share_arenas_of_bounded_size(monkeypatch):
+    """Decoded arrays come from arenas of at most ARENA_BYTES (a larger tensor alone), each 64-byte
+    aligned within its arena, none overlapping another; the output budget is counted as before."""
+    monkeypatch.setattr(pipeline, "ARENA_BYTES", 1 << 16)
+    rng = np.random.default_rng(3)
+    sizes = [100, 5000, 8000, 40000, 3, 9000, 0, 17000]   # float32 elements: 0.4 KB .. 160 KB
+    base = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
+    target = {k: v + np.float32(1) for k, v in base.items()}
+    out = arcfmt.decode(base, arcfmt.encode(base, target))
+    assert all(out[k].tobytes() == target[k].tobytes() for k in target)
+    arenas: dict[int, list[np.ndarray]] = {}
+    for a in out.values():
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        arenas.setdefault(id(root), []).append(a)
+        assert (a.ctypes.data - root.ctypes.data) % 64 == 0
+    for views in arenas.values():
+        span = max(v.ctypes.data + v.nbytes for v in views) - min(v.ctypes.data for v in views)
+        assert span <= 1 << 16 or len(views) == 1
+    assert 1 < len(arenas) < len(sizes)   # small tensors share, large ones do not
+    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for v in out.values() if v.nbytes)
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+    with pytest.raises(LimitError, match="max_output_bytes"):
+        arcfmt.decode(None, arcfmt.encode(None, target, effort="fast"), max_output_bytes=200000)
+
+
 def test_unchanged_tensor_whose_target_hash_differs_is_refused_in_place():
     """All blocks unchanged but a target hash that is not the base's: never reported as applied."""
     import arcfmt.records as R
