@@ -416,8 +416,8 @@ def _flush(ready: list[_T], failed: list[Any] | None = None) -> Iterator[_T]:
 
 class ArraySink:
     """New arrays: each tensor's output is allocated within the caller's budget and yielded as
-    ``(name, array)`` once verified. ``headers``: allocate these up front in one arena (a whole
-    decode faults its pages in once, with huge pages where the kernel gives them)."""
+    ``(name, array)`` once verified. ``headers``: allocate these up front, in a few arenas
+    (:func:`allocate_all`: small tensors share pages, and a process decoding again reuses them)."""
 
     def __init__(self, budget: int, headers: Sequence[records.TensorHeader] | None = None) -> None:
         self.budget = [budget]
