@@ -78,6 +78,23 @@ def _intrinsic2(defn: Callable[[Any, Any, Any], tuple[Any, Any]]) -> Callable[[n
     return cast("Callable[[np.uint64, np.uint64], np.uint64]", intrinsic(defn))
 
 
+def _masked_word(context, builder, aty, arr, start, mask):
+    """Codegen of the word intrinsics: the 64 elements of ``arr`` (a C array of type ``aty``) from
+    ``start``, one vector load ``and`` ``mask``; and ``splat``, which makes a vector of one scalar."""
+    from llvmlite import ir  # type: ignore[import-untyped]
+    a = context.make_array(aty)(context, builder, arr)
+    elt = context.get_data_type(aty.dtype)
+    vec = ir.VectorType(elt, 64)
+    ptr = builder.bitcast(builder.gep(a.data, [start]), vec.as_pointer())
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
+    undef = ir.Constant(vec, ir.Undefined)
+
+    def splat(x):
+        return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)),
+                                      undef, lanes)
+    return builder.and_(builder.load(ptr, align=max(1, elt.width // 8)), splat(mask)), splat
+
+
 def _ge_mask64_typing(typingctx, arr, start, mask, edge):
     """``_ge_mask64(arr, start, mask, edge)``: bit ``b`` set where ``(arr[start + b] & mask) >= edge``
     (unsigned), for the 64 elements from ``start`` (all inside ``arr``, a contiguous 1-D array).
@@ -91,21 +108,9 @@ def _ge_mask64_typing(typingctx, arr, start, mask, edge):
         return None
 
     def codegen(context, builder, signature, args):
-        from llvmlite import ir  # type: ignore[import-untyped]
-        aty = signature.args[0]
-        a = context.make_array(aty)(context, builder, args[0])
-        elt = context.get_data_type(aty.dtype)
-        vec = ir.VectorType(elt, 64)
-        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), vec.as_pointer())
-        v = builder.load(ptr, align=max(1, elt.width // 8))
-        lanes = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
-        undef = ir.Constant(vec, ir.Undefined)
-
-        def splat(x):
-            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)),
-                                          undef, lanes)
-        ge = builder.icmp_unsigned(">=", builder.and_(v, splat(args[2])), splat(args[3]))
-        return builder.bitcast(ge, ir.IntType(64))
+        from llvmlite import ir
+        v, splat = _masked_word(context, builder, signature.args[0], args[0], args[1], args[2])
+        return builder.bitcast(builder.icmp_unsigned(">=", v, splat(args[3])), ir.IntType(64))
     return types.uint64(arr, types.intp, arr.dtype, arr.dtype), codegen
 
 
@@ -128,19 +133,9 @@ def _ge_masks64_typing(typingctx, arr, start, mask, edges, n, out):
         from llvmlite import ir
         from numba.core import cgutils
         aty, _, _, ety, _, oty = signature.args
-        a = context.make_array(aty)(context, builder, args[0])
         e = context.make_array(ety)(context, builder, args[3])
         o = context.make_array(oty)(context, builder, args[5])
-        elt = context.get_data_type(aty.dtype)
-        vec = ir.VectorType(elt, 64)
-        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), vec.as_pointer())
-        lanes = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
-        undef = ir.Constant(vec, ir.Undefined)
-
-        def splat(x):
-            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)),
-                                          undef, lanes)
-        v = builder.and_(builder.load(ptr, align=max(1, elt.width // 8)), splat(args[2]))
+        v, splat = _masked_word(context, builder, aty, args[0], args[1], args[2])
         with cgutils.for_range(builder, args[4]) as loop:
             edge = builder.load(builder.gep(e.data, [loop.index]))
             ge = builder.bitcast(builder.icmp_unsigned(">=", v, splat(edge)), ir.IntType(64))
