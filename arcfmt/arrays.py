@@ -45,9 +45,9 @@ def as_numpy(x: object) -> np.ndarray:
 
 def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:
     """(dtype, shape, flat unsigned-integer view in row-major order) of an input array."""
-    a = as_numpy(x)
+    a = x if type(x) is np.ndarray else as_numpy(x)
     dt = from_numpy(a.dtype)
-    shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
+    shape = a.shape  # (Python ints) before ascontiguousarray, which makes 0-d arrays 1-d
     flat = np.ascontiguousarray(a).reshape(-1)
     if flat.dtype.byteorder == ">":
         raise InputError("big-endian arrays are not supported")
@@ -79,7 +79,10 @@ def is_mapped(a: object) -> bool:
     """
     x = a
     for _ in range(32):
-        if x is None:
+        if type(x) is np.ndarray:   # a plain array (no memmap itself): what it views decides
+            x = x.base
+            continue
+        if x is None or type(x) is bytes:   # (no base, or a file read into memory)
             return False
         if isinstance(x, np.memmap):
             return getattr(x, "_mmap", None) is not None and x.mode in ("r", "r+", "readonly", "readwrite")

@@ -220,6 +220,7 @@ _load64 = cast("Callable[[np.ndarray, int], np.uint64]", intrinsic(_load64_typin
 
 # The kernels (with the argument types that vary) called on the main thread so far (see :func:`_call`).
 _loaded: set[tuple[Any, ...]] = set()
+_main_ident = [threading.main_thread().ident]   # the main thread's ident, as :func:`_call` last found it
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
@@ -235,9 +236,14 @@ def _ro(a: np.ndarray) -> np.ndarray:
 def _input(a: np.ndarray) -> np.ndarray:
     """``a`` as the kernels read a block: C-contiguous and aligned (else copied, rather than compiled
     for: only views of odd layouts are either) and read-only (:func:`_ro`)."""
-    if not (a.flags.c_contiguous and a.flags.aligned):
+    flags = a.flags   # (a new object at each ``.flags``: read once)
+    if not (flags.c_contiguous and flags.aligned):
         a = np.require(a, requirements=("C", "A"))
-    return _ro(a)
+        flags = a.flags
+    if flags.writeable:   # _ro, inline
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 def _kind(a: np.ndarray) -> tuple[int, int, int]:
@@ -257,8 +263,11 @@ def _call(kernel, key: tuple[Any, ...], *args):
     them), as does the main thread once a key is loaded. (A key per wrapper, not one built from every
     argument: that cost 4 µs a call, 10 % of a small tensor's decode.)
     """
-    if threading.get_ident() != threading.main_thread().ident:
-        return kernel(*args)
+    ident = threading.get_ident()
+    if ident != _main_ident[0]:   # cached: main_thread() is a lookup and a call (a fork's child has a new one)
+        if ident != threading.main_thread().ident:
+            return kernel(*args)
+        _main_ident[0] = ident
     key = (kernel, *key)
     if key in _loaded:
         return kernel(*args)
@@ -435,7 +444,8 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         if len(_decode_args) >= 4096:
             _decode_args.clear()
         args = _decode_args[(dt.code, p.rhp, *p.thresholds)] = _args(dt, p.thresholds, p.rhp)  # never written to
-    if not (out.flags.c_contiguous and out.flags.aligned):   # the kernel writes contiguous memory only
+    out_flags = out.flags
+    if not (out_flags.c_contiguous and out_flags.aligned):   # the kernel writes contiguous memory only
         flat = out.copy() if out is base else np.empty(out.shape, out.dtype)
         status = ctx_decode(dt, p, streams, m, flat if out is base else base, flat, positions, history)
         if status == OK:
@@ -451,7 +461,7 @@ def ctx_decode(dt, p, streams, m, base, out, positions=None, history=None) -> in
         streams = (b"", b"", streams[0])
     # the streams are read-only uint8 (_bytes_array), counts and rice new int64 arrays, the rest by dtype
     return _call(
-        _ctx_decode, (dt.code, base.flags.num, out.flags.num, positions.flags.num), base, out,
+        _ctx_decode, (dt.code, base.flags.num, out_flags.num, positions.flags.num), base, out,
         _bytes_array(streams[0]), p.qbits, _bytes_array(streams[1]), _bytes_array(streams[2]),
         _NO_BYTES if p.rc else _bytes_array(streams[3]), p.mag_width,
         np.array(p.counts, np.int64), np.array(p.rice, np.int64), *args, separate, positions, p.dense,

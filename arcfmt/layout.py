@@ -24,7 +24,6 @@ every count it loops over is bounded by the bytes available.
 """
 from __future__ import annotations
 
-import os
 import re
 import struct as _struct
 from collections import namedtuple
@@ -127,6 +126,11 @@ def read_varint(next_byte: Callable[[], int]) -> int:
     raise CorruptError("varint longer than 10 bytes")
 
 
+def _short(what: str) -> str:
+    """The message of a structure cut short (made only when raised: a reader parses records by the thousand)."""
+    return f"{what}: structure runs past the end of its bytes"
+
+
 def _varint_at(buf: BytesLike, pos: int, what: str) -> tuple[int, int]:
     """The varint at ``buf[pos]`` and the position after it: ``read_varint``'s checks and messages.
 
@@ -150,7 +154,7 @@ def _varint_at(buf: BytesLike, pos: int, what: str) -> tuple[int, int]:
 
     def next_byte() -> int:
         if at[0] >= len(buf):
-            raise CorruptError(f"{what}: structure runs past the end of its bytes")
+            raise CorruptError(_short(what))
         at[0] += 1
         return buf[at[0] - 1]
     return read_varint(next_byte), at[0]
@@ -163,6 +167,8 @@ def varint_bytes(v: int) -> bytes:
     """The canonical varint of ``v`` (SPEC.md §1); InputError outside 0..2**64-1."""
     if 0 <= v < 0x80:   # most params and lengths of small blocks: a writer builds thousands a step
         return _ONE_BYTE_VARINTS[v]
+    if 0 < v < 0x4000:   # most of the rest (class counts, short streams' lengths): two bytes, no loop
+        return bytes((v & 0x7F | 0x80, v >> 7))
     if not 0 <= v < 1 << 64:
         raise InputError(f"value {v} does not fit a varint (0..2**64-1)")
     out = bytearray()
@@ -353,7 +359,6 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
     name (``b""`` for the first) in a file with PREFIXED_NAMES; None in one without. ``history``: the
     file's META has HISTORY (1.9), so a tensor with the flag has ``previous_hash``."""
     buf = payload if isinstance(payload, (bytes, bytearray)) else bytes(payload)
-    short = f"{what}: structure runs past the end of its bytes"
     k, pos = (0, 0) if prev is None else _varint_at(buf, 0, what)
     if prev is not None and k > len(prev):
         raise CorruptError(f"{what}: name shares {k} bytes with the previous tensor's name, which has "
@@ -362,7 +367,7 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
     if n > MAX_NAME_BYTES - k:   # as §7 writes it: no sum of two u64 (k <= MAX_NAME_BYTES by now)
         raise LimitError(f"tensor name of {k + n} bytes exceeds MAX_NAME_BYTES ({MAX_NAME_BYTES})")
     if pos + n + 2 > len(buf):
-        raise CorruptError(short)
+        raise CorruptError(_short(what))
     name = bytes(buf[pos:pos + n])
     if prev is not None and k:
         name = prev[:k] + name
@@ -377,26 +382,39 @@ def parse_tensor_payload(payload: BytesLike, what: str, prev: bytes | None = Non
         dims.append(v)
     block_elems, pos = _varint_at(buf, pos, what)
     if pos >= len(buf):
-        raise CorruptError(short)
+        raise CorruptError(_short(what))
     flags = buf[pos]
     pos += 1
     base_hash: int | None = None
     if flags & NEEDS_BASE:
         if pos + 8 > len(buf):
-            raise CorruptError(short)
+            raise CorruptError(_short(what))
         base_hash = _U64.unpack_from(buf, pos)[0]
         pos += 8
     previous_hash: int | None = None
     if history and flags & TENS_HISTORY:
         if pos + 8 > len(buf):
-            raise CorruptError(short)
+            raise CorruptError(_short(what))
         previous_hash = _U64.unpack_from(buf, pos)[0]
         pos += 8
     if pos + 8 > len(buf):
-        raise CorruptError(short)
+        raise CorruptError(_short(what))
     target_hash = _U64.unpack_from(buf, pos)[0]
     pos += 8
     return TensorFields(name, dtype, ndim, dims, block_elems, flags, base_hash, target_hash, pos, previous_hash)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """How many first bytes ``a`` and ``b`` share: a binary search of slice compares (a writer asks
+    once per tensor; ``os.path.commonprefix`` walks the names a byte at a time in Python)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_elems: int, flags: int,
@@ -408,7 +426,7 @@ def build_tensor_payload(name: bytes, dtype: int, dims: Sequence[int], block_ele
     if prev is None:
         parts = [varint_bytes(len(name)), name]
     else:
-        k = len(os.path.commonprefix((prev, name)))
+        k = _shared_prefix(prev, name)
         parts = [varint_bytes(k), varint_bytes(len(name) - k), name[k:]]
     parts.append(bytes((dtype, len(dims))))
     parts += [varint_bytes(d) for d in dims]
@@ -463,26 +481,43 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
         tensor, pos = _varint_at(buf, pos, what)
         block, pos = _varint_at(buf, pos, what)
     if pos >= n:
-        raise CorruptError(f"{what}: structure runs past the end of its bytes")
+        raise CorruptError(_short(what))
     encoding = buf[pos]
     pos += 1
     params: list[int] = []
+    add = params.append
     count = param_count(encoding, params)
     while len(params) < count:
-        if pos < n and buf[pos] < 0x80:  # a one-byte varint (most params): _varint_at's first case, inline
-            params.append(buf[pos])
-            pos += 1
-        else:
-            v, pos = _varint_at(buf, pos, what)
-            params.append(v)
-        if len(params) == count:   # as many as it said: ask again, with these (the count may depend on them)
-            count = param_count(encoding, params)
+        for _ in range(count - len(params)):
+            # one- and two-byte varints (nearly every param): _varint_at's first cases, inline
+            b = buf[pos] if pos < n else 0x80
+            if b < 0x80:
+                add(b)
+                pos += 1
+                continue
+            c = buf[pos + 1] if pos + 1 < n else 0
+            if 0 < c < 0x80:
+                add((b & 0x7F) | c << 7)
+                pos += 2
+            else:
+                v, pos = _varint_at(buf, pos, what)
+                add(v)
+        count = param_count(encoding, params)   # as many as it said: ask again (it may depend on these)
     streams = []
     for _ in range(stream_count(encoding, params)):
-        if pos >= n:
-            raise CorruptError(f"{what}: structure runs past the end of its bytes")
-        codec = buf[pos]
-        length, pos = _varint_at(buf, pos + 1, what)
+        if pos + 2 >= n:   # (the codec and a one- or two-byte length, inline: most streams' lengths)
+            if pos >= n:
+                raise CorruptError(_short(what))
+            codec = buf[pos]
+            length, pos = _varint_at(buf, pos + 1, what)
+        else:
+            codec, b, c = buf[pos], buf[pos + 1], buf[pos + 2]
+            if b < 0x80:
+                length, pos = b, pos + 2
+            elif 0 < c < 0x80:
+                length, pos = (b & 0x7F) | c << 7, pos + 3
+            else:
+                length, pos = _varint_at(buf, pos + 1, what)
         streams.append((codec, length))
     return BlockFields(tensor, block, encoding, params, streams, pos)
 
@@ -493,7 +528,7 @@ def build_block_head(tensor: int | None, block: int | None, encoding: int, param
     an inline block's (``tensor`` and ``block`` None) starts at ``encoding``."""
     parts = [] if tensor is None or block is None else [varint_bytes(tensor), varint_bytes(block)]
     parts.append(bytes((encoding,)))
-    parts += [varint_bytes(p) for p in params]
+    parts += map(varint_bytes, params)
     for codec, length in streams:
         parts += [bytes((codec,)), varint_bytes(length)]
     return b"".join(parts)
@@ -641,6 +676,6 @@ def parse(struct: Construct, data: bytes, what: str, **params: object) -> Contai
     try:
         return struct.parse(data, **params)
     except StreamError as exc:
-        raise CorruptError(f"{what}: structure runs past the end of its bytes") from exc
+        raise CorruptError(_short(what)) from exc
     except ConstructError as exc:
         raise CorruptError(f"{what}: {exc}") from exc

@@ -93,6 +93,8 @@ def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
 def check_previous(th: records.TensorHeader, base_u: np.ndarray | None, previous: object) -> Any:
     """§12.3 step 1 for a tensor with HISTORY (1.9), after its base: where its block codes come from
     (:class:`arcfmt.history.Source`), or None for a tensor without HISTORY."""
+    if th.previous_hash is None:   # no HISTORY: nothing to check (and no import to run, tensor by tensor)
+        return None
     from .history import checked
     return checked(th, base_u, previous)
 
@@ -135,16 +137,15 @@ def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: n
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
         return None  # in place: the bytes are already there
-    where = f"tensor {th.name!r} block {b}"
-    streams = records.decode_block_streams(payload, info, where)
-    codes = None
-    if history is not None and encodings.get(info.encoding).needs_history:
-        codes = history.codes(*th.block_range(b))   # made here, on the decoding thread, before the block
     try:
+        streams = records.decode_block_streams(payload, info)
+        codes = None
+        if history is not None and encodings.get(info.encoding).needs_history:
+            codes = history.codes(*th.block_range(b))   # made here, on the decoding thread, before the block
         return encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out,
                                       changes=changes, history=codes)
-    except ArcError as exc:
-        raise type(exc)(f"{where}: {exc}") from None
+    except ArcError as exc:   # named here, only when raised (a block's name is a repr and a format)
+        raise type(exc)(f"tensor {th.name!r} block {b}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------- items
@@ -211,10 +212,20 @@ def _failed(exc: Exception) -> Loaded:
     raise exc
 
 
-def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[[], Loaded]]:
+def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterable[Callable[[], Loaded]]:
     """``loaders``, each already called: up to AHEAD_BLOCKS at a time, before any of them is decoded.
     A loader's failure is handed to its own block's job (raised in block order, as if loaded there),
     and the blocks after it are loaded where they are decoded, as before."""
+    if isinstance(loaders, list) and len(loaders) == 1:   # most tensors: one block, no batch to make
+        try:
+            return [functools.partial(_given, loaders[0]())]
+        except Exception as exc:  # noqa: BLE001 - raised by the block's job, as below
+            return [functools.partial(_failed, exc)]
+    return _batches_loaded(loaders)
+
+
+def _batches_loaded(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[[], Loaded]]:
+    """:func:`_loaded_ahead` of any number of loaders."""
     it = iter(loaders)
     while True:
         batch: list[Callable[[], Loaded]] = []
@@ -331,6 +342,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
         while pending:
             complete_one()
 
+    barrier = getattr(sink, "needs_drain", None)
     try:
         for item in items:
             if item is DRAIN:
@@ -338,7 +350,6 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 yield from _flush(ready, failed)
                 continue
             th = item.th
-            barrier = getattr(sink, "needs_drain", None)
             if not failed and barrier is not None and barrier(th):  # e.g. the sink's next file starts here
                 drain()
                 yield from _flush(ready, failed)
@@ -347,6 +358,7 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             t = _Tensor(item, _Aside(th) if failed else sink.open(th))
             if th.block_count == 0 and verified(t, tensor_hash(np.empty(0, th.dtype.uint))) and not failed:
                 ready.append(t.out.commit())
+            post = getattr(t.out, "decoded", None)   # the sink's own per-block work, if any
             for b, load in enumerate(_loaded_ahead(item.loaders)):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
@@ -358,15 +370,13 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
                 shared = e - s >= SHARED_MIN_ELEMS and threads
                 if not pending and not shared:   # nothing in flight: decode and finish it here, no job
                     try:
-                        _decode_job(th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None),
-                                    item.history)
+                        _decode_job(th, b, load, base_block, arr, hashed, post, item.history)
                     except Exception as exc:  # noqa: BLE001 - block_failed holds or re-raises it
                         block_failed(t, b, arr, exc)
                     else:
                         completed(t, b, arr, base_block, hashed)
                 else:
-                    job = Job(_decode_job, (th, b, load, base_block, arr, hashed, getattr(t.out, "decoded", None),
-                                            item.history))
+                    job = Job(_decode_job, (th, b, load, base_block, arr, hashed, post, item.history))
                     pending.append((t, b, job, arr, base_block, hashed))
                     in_flight[0] += arr.nbytes
                     pool.submit(job, shared=shared)

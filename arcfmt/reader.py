@@ -211,9 +211,10 @@ class DeltaReader:
                                f"{'does not give' if th.inline_at is not None else 'gives'} its block the size 0")
         return th, payload
 
-    def _inline_block(self, name: str) -> LoadedBlock:
-        """The tensor's inline block (§7), checked: the last of its TENS record's checks."""
-        th = self.header(name)
+    def _inline_block(self, name: str, th: records.TensorHeader | None = None) -> LoadedBlock:
+        """The tensor's inline block (§7), checked: the last of its TENS record's checks (``th``: its
+        header, where the caller has it)."""
+        th = th or self.header(name)
         payload = self._inline.pop(name, None)
         if payload is None:   # loaded before: read again
             payload = self._read_tensor(name)[1]
@@ -222,10 +223,11 @@ class DeltaReader:
         return LoadedBlock(records.parse_block(payload, th, self._ordinal[name], 0, where, e.blocks[0].encoding),
                            payload)
 
-    def _check_inline_block(self, name: str) -> None:
+    def _check_inline_block(self, name: str, th: records.TensorHeader | None = None) -> None:
         """Check the tensor's inline block now, if it has one not yet checked (it is held until loaded)."""
-        if self.header(name).inline_at is not None and name not in self._checked:
-            self._checked[name] = self._inline_block(name)
+        th = th or self.header(name)
+        if th.inline_at is not None and name not in self._checked:
+            self._checked[name] = self._inline_block(name, th)
 
     def release_blocks(self, names) -> None:
         """Forget the inline blocks read (and checked) with these tensors' headers; each is read again
@@ -343,7 +345,7 @@ class DeltaReader:
             # each TENS record's checks, before its base (§7, §12.1 step 6)
             for i, th in enumerate(headers):
                 try:
-                    self._check_inline_block(th.name)
+                    self._check_inline_block(th.name, th)
                 except Exception as exc:  # noqa: BLE001 - raised in file order below
                     inline_failed = (i, exc)
                     break
@@ -425,7 +427,7 @@ class DeltaReader:
         wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous)
         headers = [self.header(n) for n in wanted]
         sink = pipeline.ArraySink(self.output_budget(headers), headers)
-        order = sorted(wanted, key=lambda n: -self.header(n).size)  # largest first: threads finish together
+        order = [h.name for h in sorted(headers, key=lambda h: -h.size)]  # largest first: threads finish together
         # more shared blocks in flight than run's default: their buffers are the arena, allocated
         # already, so this costs only their loaded payloads, and the helpers never wait for this
         # thread to hand them the next block (measured against twice ``workers``: decodes of the

@@ -451,7 +451,8 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     return BlockInfo(tensor, block, head.encoding, head.params, streams, head._end)
 
 
-def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> list[BytesLike]:
+def decode_block_streams(payload: BytesLike, info: BlockInfo) -> list[BytesLike]:
+    """A loaded block's streams, decoded (errors name the stream; the caller names the block)."""
     out = []
     pos = info.data_offset
     mv = memoryview(payload)
@@ -459,7 +460,7 @@ def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str) -> lis
         try:
             out.append(codecs.decode(s.codec, mv[pos: pos + s.stored], s.decoded))
         except (CorruptError, LimitError) as exc:
-            raise type(exc)(f"{where}: stream {k}: {exc}") from None
+            raise type(exc)(f"stream {k}: {exc}") from None
         pos += s.stored
     return out
 

@@ -48,6 +48,23 @@ def test_gil_share_reports_a_share_and_its_projection(traj):
         assert r["projected_speedup"] == pytest.approx(1 / (g + (1 - g) / 8))
 
 
+def test_py_work_counts_the_same_python_twice_and_names_where_it_runs(traj):
+    runs = []
+    for _ in range(2):
+        p = _tool("py_work.py", traj, "--pairs", "1", "--top", "3", "--json")
+        assert p.returncode == 0, p.stderr
+        runs.append({r["phase"]: r for r in json.loads(p.stdout)})
+    for phase in ("encode", "decode"):
+        a, b = runs[0][phase], runs[1][phase]
+        assert a["tensors"] == 2 and a["bytecodes"] > 0 and a["calls"] > 0
+        assert (a["bytecodes"], a["calls"]) == (b["bytecodes"], b["calls"])   # a count, not a timing
+        assert a["bytecodes_per_tensor"] == a["bytecodes"] / 2
+        assert len(a["top"]) == 3 and sum(c for _, c in a["top"]) <= a["bytecodes_per_tensor"]
+        assert all(f.count(":") == 1 for f, _ in a["top"])   # file:function
+    # the decode parses every tensor's record: the reader's parse shows among its functions
+    assert any(f.startswith("layout.py:") for f, _ in runs[0]["decode"]["top"])
+
+
 def test_kernel_ab_against_this_tree_and_against_a_wrong_kernel(traj, tmp_path):
     p = _tool("kernel_ab.py", ROOT, traj, "--pairs", "2", "--rounds", "2")
     assert p.returncode == 0, p.stderr

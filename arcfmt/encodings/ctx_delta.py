@@ -71,6 +71,11 @@ def defined_for(dt: DType) -> bool:
     return dt.name in DTYPES
 
 
+def _as_list(p: Sequence[int]) -> list[int]:
+    """``p`` as a list, copied only where it is not one: its slices are new lists, the Params' own."""
+    return p if isinstance(p, list) else list(p)
+
+
 @dataclass
 class Params:
     thresholds: list[int]  # K-1 exponent-field thresholds, strictly increasing
@@ -107,23 +112,26 @@ class Params:
     @classmethod
     def unpack(cls, p: Sequence[int]) -> Params:
         """ctx-delta's params, or ctx-delta-as's (four more: the sign coding, §8.8)."""
-        k = p[0]
-        signs = (p[3 * k + 2], p[3 * k + 3], p[3 * k + 4], p[3 * k + 5]) if len(p) > 3 * k + 2 else None
-        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], p[3 * k + 1], signs=signs)
+        q = _as_list(p)
+        k = q[0]
+        signs = (q[3 * k + 2], q[3 * k + 3], q[3 * k + 4], q[3 * k + 5]) if len(q) > 3 * k + 2 else None
+        return cls(q[1:k], q[k:2 * k], q[2 * k:3 * k], q[3 * k], q[3 * k + 1], signs=signs)
 
     @classmethod
     def unpack_rc(cls, p: Sequence[int]) -> Params:
         """ctx-delta-rc's params (§8.9): ctx-delta's without ``mw``, then ``axis, P, phase, nbytes``."""
-        k = p[0]
-        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), p[3 * k], 0,
-                   signs=(p[3 * k + 1], p[3 * k + 2], p[3 * k + 3], p[3 * k + 4]), rc=True)
+        q = _as_list(p)
+        k = q[0]
+        return cls(q[1:k], q[k:2 * k], q[2 * k:3 * k], q[3 * k], 0,
+                   signs=(q[3 * k + 1], q[3 * k + 2], q[3 * k + 3], q[3 * k + 4]), rc=True)
 
     @classmethod
     def unpack_rp(cls, p: Sequence[int]) -> Params:
         """ctx-delta-rp's params (§8.10): ctx-delta-rc's without ``qbits``."""
-        k = p[0]
-        return cls(list(p[1:k]), list(p[k:2 * k]), list(p[2 * k:3 * k]), 0, 0,
-                   signs=(p[3 * k], p[3 * k + 1], p[3 * k + 2], p[3 * k + 3]), rc=True, rp=True)
+        q = _as_list(p)
+        k = q[0]
+        return cls(q[1:k], q[k:2 * k], q[2 * k:3 * k], 0, 0,
+                   signs=(q[3 * k], q[3 * k + 1], q[3 * k + 2], q[3 * k + 3]), rc=True, rp=True)
 
 
 def param_count(head: Sequence[int]) -> int:
