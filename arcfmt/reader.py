@@ -27,7 +27,7 @@ from .errors import (
     TruncatedError,
     os_error,
 )
-from .parallel import SHARED_MIN_ELEMS, Batch, Job
+from .parallel import SHARED_MIN_ELEMS, Batch, Job, default_workers
 
 DECODE_WINDOW_PER_WORKER = 8  # shared blocks in flight per thread in a decode into new arrays
 
@@ -108,7 +108,7 @@ class DeltaReader:
         if it was parsed from the very INDX payload and offset this reader reads and checks."""
         self.source = open_source(source)
         self.max_output_bytes = max_output_bytes
-        self.workers = workers or min(8, os.cpu_count() or 1)
+        self.workers = workers or default_workers()
         size = self.source.size
         if size < L.HEADER_SIZE:
             records.check_header(self.source.read(0, size))

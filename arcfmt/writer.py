@@ -1,7 +1,6 @@
 """Streaming writer: tensors in, an arcfmt file out, front to back in one pass (never seeks)."""
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from .dtypes import from_numpy
 from .errors import InputError, LimitError
 from .history import coded
 from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
-from .parallel import run_jobs
+from .parallel import default_workers, run_jobs
 
 # An encoded block: the encoding's output and each stream's (codec, stored bytes)
 _Coded = tuple[encodings.EncodedBlock, list[tuple[int, bytes]]]
@@ -291,7 +290,7 @@ class DeltaWriter:
         self._pos = 0
         self._block_elems = block_elems
         self._effort = effort
-        self._workers = workers or min(8, os.cpu_count() or 1)
+        self._workers = workers or default_workers()
         self._entries: list[records.IndexEntry] = []
         self._others: list[records.OtherRecord] = []
         self._names: set[bytes] = set()

@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..history import History, Recorder, unchanged
 from ..integrity import KnownBase, model_digest
+from ..parallel import default_workers
 from ..reader import DeltaReader
 from ..safetensors_io import INDEX_NAME, open_checkpoint
 from ..staging import OLD_TAG, Stage, open_private, recover
@@ -245,7 +246,7 @@ class Follower:
         self.max_output_bytes = None if max_output_bytes is None else retry.check_count(max_output_bytes,
                                                                                         "max_output_bytes")
         self.overhead = retry.check_number(overhead, "overhead", finite=False)
-        self.workers = workers or min(8, os.cpu_count() or 1)
+        self.workers = workers or default_workers()
         self.progress = progress
         parent, base = os.path.split(self.into) if self.into is not None else (tempfile.gettempdir(), "")
         self._parent = parent

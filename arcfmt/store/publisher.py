@@ -39,7 +39,7 @@ from .. import records
 from ..arrays import as_numpy, as_uint
 from ..errors import ArcError, InputError
 from ..integrity import KnownBase, model_digest, tensor_hash
-from ..parallel import run_jobs
+from ..parallel import default_workers, run_jobs
 from ..reader import DeltaReader
 from ..safetensors_io import open_checkpoint, write_file
 from ..writer import DEFAULT_BLOCK_ELEMS, ON_MISMATCH, DeltaWriter, check_mismatches, check_readers
@@ -155,7 +155,7 @@ def _copy_step(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own
             out[n] = o
         else:
             out[n] = np.array(a, copy=True)
-    run_jobs(jobs, workers or min(8, os.cpu_count() or 1), elems)
+    run_jobs(jobs, workers or default_workers(), elems)
     return out
 
 
