@@ -137,15 +137,24 @@ def decode_block(th: records.TensorHeader, b: int, loaded: Loaded, base_block: n
     info, payload = loaded
     if out is base_block and encodings.keeps_base(info.encoding):
         return None  # in place: the bytes are already there
+    # the block's name is made only when an error is raised (a repr and a format: per block, it showed)
     try:
         streams = records.decode_block_streams(payload, info)
-        codes = None
-        if history is not None and encodings.get(info.encoding).needs_history:
-            codes = history.codes(*th.block_range(b))   # made here, on the decoding thread, before the block
+    except (CorruptError, LimitError) as exc:
+        raise _named(exc, th, b) from None
+    codes = None
+    if history is not None and encodings.get(info.encoding).needs_history:
+        codes = history.codes(*th.block_range(b))   # made here, on the decoding thread, before the block
+    try:
         return encodings.decode_block(th.dtype, info.encoding, info.params, streams, out.size, base_block, out,
                                       changes=changes, history=codes)
-    except ArcError as exc:   # named here, only when raised (a block's name is a repr and a format)
-        raise type(exc)(f"tensor {th.name!r} block {b}: {exc}") from None
+    except ArcError as exc:
+        raise _named(exc, th, b) from None
+
+
+def _named(exc: ArcError, th: records.TensorHeader, b: int) -> ArcError:
+    """``exc`` again, its message after the block's name."""
+    return type(exc)(f"tensor {th.name!r} block {b}: {exc}")
 
 
 # --------------------------------------------------------------------------------------- items
@@ -231,12 +240,13 @@ def _batches_loaded(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callabl
         batch: list[Callable[[], Loaded]] = []
         held = 0
         while len(batch) < AHEAD_BLOCKS and held < AHEAD_BYTES:
-            try:
-                load = next(it)
-                loaded = load()
-            except StopIteration:
+            load = next(it, None)
+            if load is None:
                 break
-            except Exception as exc:  # noqa: BLE001 - raised by the block's job, in order
+            try:
+                loaded = load()
+            except Exception as exc:  # noqa: BLE001 - raised by the block's job, in order (a loader's
+                # StopIteration too: taken for the loaders' end, it dropped the tensor without a word)
                 yield from batch
                 yield functools.partial(_failed, exc)
                 yield from it

@@ -451,8 +451,9 @@ def parse_block(payload: BytesLike, th: TensorHeader, tensor: int, block: int, w
     return BlockInfo(tensor, block, head.encoding, head.params, streams, head._end)
 
 
-def decode_block_streams(payload: BytesLike, info: BlockInfo) -> list[BytesLike]:
-    """A loaded block's streams, decoded (errors name the stream; the caller names the block)."""
+def decode_block_streams(payload: BytesLike, info: BlockInfo, where: str | None = None) -> list[BytesLike]:
+    """A loaded block's streams, decoded; a corrupt or over-limit stream's error names it, after
+    ``where`` (the block, when the caller has its name made; else the caller adds it)."""
     out = []
     pos = info.data_offset
     mv = memoryview(payload)
@@ -460,7 +461,7 @@ def decode_block_streams(payload: BytesLike, info: BlockInfo) -> list[BytesLike]
         try:
             out.append(codecs.decode(s.codec, mv[pos: pos + s.stored], s.decoded))
         except (CorruptError, LimitError) as exc:
-            raise type(exc)(f"stream {k}: {exc}") from None
+            raise type(exc)(f"stream {k}: {exc}" if where is None else f"{where}: stream {k}: {exc}") from None
         pos += s.stored
     return out
 

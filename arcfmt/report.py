@@ -155,10 +155,7 @@ def _base_mapping(base):
 
 def _block_streams(reader: DeltaReader, name: str, b: int):
     lb = reader.load_block(name, b)
-    try:
-        return lb.info, records.decode_block_streams(lb.payload, lb.info)
-    except ArcError as exc:
-        raise type(exc)(f"tensor {name!r} block {b}: {exc}") from None
+    return lb.info, records.decode_block_streams(lb.payload, lb.info, f"tensor {name!r} block {b}")
 
 
 def _changed_in_streams(reader: DeltaReader, name: str, b: int, enc) -> int:

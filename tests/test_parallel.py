@@ -310,6 +310,27 @@ def test_blocks_loaded_ahead_fail_in_block_order():
     assert calls[-2:] == [3, 4]
     many = list(pipeline._loaded_ahead([ok(i) for i in range(20)]))
     assert len(many) == 20 and [f()[0] for f in many] == list(range(20))
+    one = list(pipeline._loaded_ahead([ok(7)]))        # one block (most tensors): loaded at once too
+    assert calls[-1] == 7 and [f()[0] for f in one] == [7]
+    with pytest.raises(ValueError, match="block 2"):
+        list(pipeline._loaded_ahead([bad]))[0]()
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_loader_raising_stopiteration_is_a_failure_not_the_end(blocks):
+    """A loader's StopIteration is its block's failure, raised by the block's job: once taken for the
+    end of the loaders, it dropped the tensor from the output without an error."""
+    from arcfmt import pipeline
+
+    def stop():
+        raise StopIteration
+
+    loads = [(lambda b=b: (b, memoryview(b"x"))) for b in range(blocks - 1)] + [stop]
+    out = list(pipeline._loaded_ahead(loads))
+    assert len(out) == blocks
+    assert [f()[0] for f in out[:-1]] == list(range(blocks - 1))
+    with pytest.raises(StopIteration):
+        out[-1]()
 
 
 def _stalled_big_then_small(monkeypatch, smalls: int, stall_s: float):

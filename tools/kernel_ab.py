@@ -63,7 +63,7 @@ def blocks(files: list[str]) -> list[tuple]:
                 if lb.info.encoding not in ctx or base_u is None:
                     continue
                 s, e = th.block_range(k)
-                streams = records.decode_block_streams(lb.payload, lb.info)
+                streams = records.decode_block_streams(lb.payload, lb.info, name)
                 params = encodings.get(lb.info.encoding).unpack(lb.info.params)
                 out.append((th.dtype, params, streams, e - s, base_u[s:e]))
     return out

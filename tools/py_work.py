@@ -93,10 +93,17 @@ def measure(traj: str, pairs: int, top: int) -> list[dict]:
     return rows
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, not {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trajectories", nargs="+", metavar="TRAJ_DIR")
-    ap.add_argument("--pairs", type=int, default=1, help="the last N step pairs of each trajectory")
+    ap.add_argument("--pairs", type=_positive, default=1, help="the last N step pairs of each trajectory")
     ap.add_argument("--top", type=int, default=0, help="the N functions that execute the most bytecodes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
