@@ -63,6 +63,29 @@ def test_py_work_counts_the_same_python_twice_and_names_where_it_runs(traj):
         assert all(f.count(":") == 1 for f, _ in a["top"])   # file:function
     # the decode parses every tensor's record: the reader's parse shows among its functions
     assert any(f.startswith("layout.py:") for f, _ in runs[0]["decode"]["top"])
+    # and it counts one decode: here, a plain tracer's count of the same (warm) decode agrees
+    import arcfmt
+    from arcfmt.safetensors_io import open_checkpoint
+
+    files = sorted(os.path.join(traj, f) for f in os.listdir(traj))
+    prev, cur = ({k: np.array(v) for k, v in open_checkpoint(f).tensors().items()} for f in files[-2:])
+    delta = arcfmt.encode(prev, cur)
+    ops = [0]
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            ops[0] += 1
+        return tracer
+    for _ in range(3):
+        ops[0] = 0
+        sys.settrace(tracer)
+        try:
+            arcfmt.decode(prev, delta, workers=1)
+        finally:
+            sys.settrace(None)
+    assert ops[0] == pytest.approx(runs[0]["decode"]["bytecodes"], rel=0.05)
 
 
 def test_kernel_ab_against_this_tree_and_against_a_wrong_kernel(traj, tmp_path):
