@@ -239,11 +239,7 @@ def _input(a: np.ndarray) -> np.ndarray:
     flags = a.flags   # (a new object at each ``.flags``: read once)
     if not (flags.c_contiguous and flags.aligned):
         a = np.require(a, requirements=("C", "A"))
-        flags = a.flags
-    if flags.writeable:   # _ro, inline
-        a = a.view()
-        a.flags.writeable = False
-    return a
+    return _ro(a)
 
 
 def _kind(a: np.ndarray) -> tuple[int, int, int]:

@@ -505,19 +505,10 @@ def parse_block_head(payload: BytesLike, what: str, param_count: Callable[[int, 
         count = param_count(encoding, params)   # as many as it said: ask again (it may depend on these)
     streams = []
     for _ in range(stream_count(encoding, params)):
-        if pos + 2 >= n:   # (the codec and a one- or two-byte length, inline: most streams' lengths)
-            if pos >= n:
-                raise CorruptError(_short(what))
-            codec = buf[pos]
-            length, pos = _varint_at(buf, pos + 1, what)
-        else:
-            codec, b, c = buf[pos], buf[pos + 1], buf[pos + 2]
-            if b < 0x80:
-                length, pos = b, pos + 2
-            elif 0 < c < 0x80:
-                length, pos = (b & 0x7F) | c << 7, pos + 3
-            else:
-                length, pos = _varint_at(buf, pos + 1, what)
+        if pos >= n:
+            raise CorruptError(_short(what))
+        codec = buf[pos]
+        length, pos = _varint_at(buf, pos + 1, what)
         streams.append((codec, length))
     return BlockFields(tensor, block, encoding, params, streams, pos)
 

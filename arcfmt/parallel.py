@@ -9,6 +9,7 @@ it (woken one at a time, for one queued job), callers on another (woken when a j
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import deque
@@ -21,14 +22,10 @@ SHARED_MIN_ELEMS = 1 << 18
 
 NEW, RUNNING, DONE = 0, 1, 2
 
-_CPUS: list[int] = []   # os.cpu_count(), once: glibc reads /sys for it at every call (~17 µs a decode)
-
-
+@functools.cache   # once: glibc reads /sys for os.cpu_count() at every call (~17 µs a decode)
 def default_workers() -> int:
     """The threads a reader, writer or publisher uses when the caller names none: the cores, at most 8."""
-    if not _CPUS:
-        _CPUS.append(os.cpu_count() or 1)
-    return min(8, _CPUS[0])
+    return min(8, os.cpu_count() or 1)
 
 
 class Job:

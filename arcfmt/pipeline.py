@@ -226,11 +226,17 @@ def _loaded_ahead(loaders: Iterable[Callable[[], Loaded]]) -> Iterable[Callable[
     A loader's failure is handed to its own block's job (raised in block order, as if loaded there),
     and the blocks after it are loaded where they are decoded, as before."""
     if isinstance(loaders, list) and len(loaders) == 1:   # most tensors: one block, no batch to make
-        try:
-            return [functools.partial(_given, loaders[0]())]
-        except Exception as exc:  # noqa: BLE001 - raised by the block's job, as below
-            return [functools.partial(_failed, exc)]
+        return [_called(loaders[0])]
     return _batches_loaded(loaders)
+
+
+def _called(load: Callable[[], Loaded]) -> functools.partial[Loaded]:
+    """``load`` called now: what its block's job calls instead — its result, or its failure raised then
+    (a StopIteration too: taken for the loaders' end, it once dropped a tensor without a word)."""
+    try:
+        return functools.partial(_given, load())
+    except Exception as exc:  # noqa: BLE001 - raised by the block's job, in order
+        return functools.partial(_failed, exc)
 
 
 def _batches_loaded(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callable[[], Loaded]]:
@@ -243,16 +249,13 @@ def _batches_loaded(loaders: Iterable[Callable[[], Loaded]]) -> Iterator[Callabl
             load = next(it, None)
             if load is None:
                 break
-            try:
-                loaded = load()
-            except Exception as exc:  # noqa: BLE001 - raised by the block's job, in order (a loader's
-                # StopIteration too: taken for the loaders' end, it dropped the tensor without a word)
+            done = _called(load)
+            batch.append(done)
+            if done.func is _failed:   # the blocks after it are loaded where they are decoded
                 yield from batch
-                yield functools.partial(_failed, exc)
                 yield from it
                 return
-            held += len(loaded[1])
-            batch.append(functools.partial(_given, loaded))
+            held += len(done.args[0][1])
         if not batch:
             return
         yield from batch
