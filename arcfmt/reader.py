@@ -10,7 +10,7 @@ import io
 import operator
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -297,13 +297,17 @@ class DeltaReader:
         return lb.info, lb.payload
 
     def selection(self, base, names=None, *, workers: int = 1, keyframe: bool = False,
-                  previous: Mapping | None = None) -> tuple[list, dict, bool]:
+                  previous: Mapping | None = None,
+                  early: Callable[[list[records.TensorHeader]], None] | None = None) -> tuple[list, dict, bool]:
         """``(names, checked bases, whole)`` for ``names`` (all when None): every wanted tensor's
         header and base are checked (§12.1 step 6), and — when every tensor is wanted — the digests
         (§12.3 step 4), all before any block is decoded; ``previous`` (name → previous value or
         :class:`~arcfmt.history.History`) serves tensors with HISTORY (1.9). ``workers`` threads hash the bases (xxhash
         and a memory map's page faults run outside the GIL); the first failure in file order wins
-        (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order."""
+        (§12.1 step 6, R-CHECK-ORDER); ``names`` come back in the caller's order. ``early``: called
+        with the wanted headers (file order) once every one is read and the large bases are queued
+        for the helpers, while the rest of the checks are still to be made (see :class:`pipeline.Early`);
+        it must raise nothing."""
         wanted = self.names if names is None else list(dict.fromkeys(names))
         for n in wanted:
             self._entry(n)
@@ -341,6 +345,10 @@ class DeltaReader:
                              and th.size >= SHARED_MIN_ELEMS), key=lambda i: -headers[i].size)
             for i in shared:
                 batch.submit(jobs[i])
+            if shared:
+                batch.handoff()   # the checks below are Python: let a helper take the GIL and start now
+            if early is not None and failed is None:   # behind the bases' hashes in the helpers' queue
+                early(headers)
             # while the helpers hash the large bases, this thread checks the inline blocks: the last of
             # each TENS record's checks, before its base (§7, §12.1 step 6)
             for i, th in enumerate(headers):
@@ -420,23 +428,63 @@ class DeltaReader:
         ``previous``: the previous step (name → array or :class:`~arcfmt.history.History`), which the
         tensors with HISTORY need (1.9, §7).
 
-        All base tensors (and, for the whole file, the digests) are checked before any block is
-        decoded; blocks decode in parallel threads. Torch base tensors give torch tensors back;
+        All base tensors (and, for the whole file, the digests) are checked before any block's
+        result is used; meanwhile the helpers start on the largest tensors' blocks, and nothing of
+        them is exposed or reported unless every check passes. Blocks decode in parallel threads.
+        Torch base tensors give torch tensors back;
         ``framework``/``device`` as for :func:`arcfmt.decode`.
         """
-        wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous)
-        headers = [self.header(n) for n in wanted]
-        sink = pipeline.ArraySink(self.output_budget(headers), headers)
-        order = [h.name for h in sorted(headers, key=lambda h: -h.size)]  # largest first: threads finish together
+        given = {} if base is None else base
         # more shared blocks in flight than run's default: their buffers are the arena, allocated
         # already, so this costs only their loaded payloads, and the helpers never wait for this
         # thread to hand them the next block (measured against twice ``workers``: decodes of the
-        # small models 3-11 % faster)
-        done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers,
-                                 window=DECODE_WINDOW_PER_WORKER * self.workers))
+        # small models 3-11 % faster); as many are started early, while the checks are made
+        window = DECODE_WINDOW_PER_WORKER * self.workers
+        started: list[pipeline.Early] = []
+
+        def start_early(headers: list[records.TensorHeader]) -> None:
+            early = self._start_early(headers, given, window)
+            if early is not None:
+                started.append(early)
+
+        try:
+            wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous,
+                                              early=start_early if self.workers > 1 else None)
+            headers = [self.header(n) for n in wanted]
+            early = started[0] if started else None
+            sink = early.sink if early is not None else pipeline.ArraySink(self.output_budget(headers), headers)
+            order = [h.name for h in sorted(headers, key=lambda h: -h.size)]  # largest first: threads finish together
+            done = dict(pipeline.run([self.item(n, bases[n]) for n in order], sink, workers=self.workers,
+                                     window=window, early=early))
+        finally:
+            for e in started:
+                e.close()
         from .api import as_framework
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)
+
+    def _start_early(self, headers: list[records.TensorHeader], base: Mapping,
+                     max_blocks: int) -> pipeline.Early | None:
+        """The largest tensors' blocks (at most ``max_blocks``) started while :meth:`selection` checks
+        the rest (:class:`pipeline.Early`), into an :class:`pipeline.ArraySink` of ``headers``; None
+        where the outputs exceed the budget (the same allocation after the checks raises it, in
+        its place). A tensor is started only with a base of its dtype and shape (its hash still being
+        checked), no history and no inline block (checked with its header by selection)."""
+        try:
+            sink = pipeline.ArraySink(self.output_budget(headers), headers)
+        except (LimitError, MemoryError):   # raised after the checks, if they pass
+            return None
+        early = pipeline.Early(sink, self.workers, max_blocks)
+        for th in sorted(headers, key=lambda h: -h.size):
+            if early.left <= 0 or th.size < SHARED_MIN_ELEMS:   # (a tensor's first blocks, at the end)
+                break
+            if th.inline_at is not None or th.needs_history:
+                continue
+            base_u = pipeline.base_structure(th, base.get(th.name)) if th.needs_base else None
+            if th.needs_base and base_u is None:
+                continue
+            early.start(self.item(th.name, base_u))
+        return early
 
     def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None, previous=None):
         """One tensor, rebuilt and verified: random access to a single tensor of the file.

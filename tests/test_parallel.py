@@ -463,3 +463,187 @@ def test_large_bases_are_hashed_first_on_every_thread(monkeypatch):
                                      th.target_hash)
     with pytest.raises(ReservedBitsError):
         arcfmt.decode({**base, "c": base["c"] ^ np.uint16(2)}, assemble(p), workers=2)
+
+
+def _two_sizes(seed: int = 11):
+    """A large tensor (its blocks shared, started early) after a small one, and a file of their step."""
+    import numpy as np
+
+    import arcfmt
+
+    rng = np.random.default_rng(seed)
+    base = {"small": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
+            "large": rng.integers(0, 1 << 14, 2 * SHARED_MIN_ELEMS, dtype=np.uint16)}
+    target = {k: v ^ np.uint16(1) for k, v in base.items()}
+    return base, target, arcfmt.encode(base, target, block_elems=SHARED_MIN_ELEMS)
+
+
+def test_large_blocks_start_while_the_checks_are_made(monkeypatch):
+    """A decode on two threads starts the largest tensors' blocks while the calling thread still checks
+    the other tensors (§12.1 step 6): the small tensor's base check waits here until a large block
+    has started, which it does without any check being skipped, and the output is the target."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import pipeline
+
+    base, target, delta = _two_sizes()
+    began = threading.Event()
+    seen: list[bool] = []
+    decode_job, check = pipeline._decode_job, pipeline.check_base
+
+    def decoding(th, *args):
+        if th.name == "large":
+            began.set()
+        return decode_job(th, *args)
+
+    wait_s = [10.0]
+
+    def checking(th, b):
+        if th.name == "small":
+            seen.append(began.wait(wait_s[0]))
+        return check(th, b)
+
+    monkeypatch.setattr(pipeline, "_decode_job", decoding)
+    monkeypatch.setattr(pipeline, "check_base", checking)
+    out = arcfmt.decode(base, delta, workers=2)
+    assert seen == [True]
+    assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
+    began.clear()
+    seen.clear()
+    wait_s[0] = 0.3
+    out = arcfmt.decode(base, delta, workers=1)   # one thread: no block before every check is made
+    assert seen == [False] and began.is_set()
+    assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
+
+
+def test_a_block_started_early_never_outranks_a_check(monkeypatch):
+    """A damaged block of the large tensor, decoded while the checks run: a failing check of a tensor
+    after it in the file is what is reported (step 6 before step 7), the block's own failure only when
+    every check passed; and the decode returns only once no helper is still writing its buffers."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import pipeline
+    from arcfmt.errors import ArcError, WrongBaseError
+    from support.records import assemble, split
+
+    base, _, delta = _two_sizes(12)
+    p = split(delta, block_records=True)
+    j = [i for i, r in enumerate(p.recs) if r.type == b"BLCK"][-1]   # the large tensor's last block
+    payload = bytearray(p.recs[j].payload)
+    payload[-1] ^= 0xFF   # its last stream byte: fails its block's checks or its tensor's hash
+    p.recs[j].payload = bytes(payload)
+    damaged = assemble(p)
+    # the small tensor comes first in the file: move the large one's check after it by a wrong small base
+    wrong_small = {**base, "small": base["small"] ^ np.uint16(2)}
+    finished: list[float] = []
+    decode_job = pipeline._decode_job
+
+    def slow(th, *args):
+        try:
+            time.sleep(0.05)
+            return decode_job(th, *args)
+        finally:
+            finished.append(time.monotonic())
+
+    monkeypatch.setattr(pipeline, "_decode_job", slow)
+    for _ in range(3):
+        finished.clear()
+        with pytest.raises(WrongBaseError, match="'small'"):
+            arcfmt.decode(wrong_small, damaged, workers=2)
+        returned = time.monotonic()
+        assert all(t <= returned for t in finished)
+        with pytest.raises(ArcError) as good_bases:
+            arcfmt.decode(base, damaged, workers=2)
+        with pytest.raises(type(good_bases.value)) as one_thread:
+            arcfmt.decode(base, damaged, workers=1)
+        assert str(good_bases.value) == str(one_thread.value)
+
+
+def test_handoff_returns_once_a_helper_has_started():
+    """``Batch.handoff`` returns as soon as a helper has taken one of the batch's queued jobs (it needs
+    the GIL for that, which the caller's Python would hold); with every helper busy elsewhere it gives
+    up after its timeout, and the job still runs."""
+    from arcfmt.parallel import NEW
+
+    batch = Batch(2)
+    try:
+        job = Job(time.sleep, (0.05,))
+        batch.submit(job)
+        batch.handoff(timeout=10)
+        assert job.state != NEW
+        batch.wait(job)
+    finally:
+        batch.close()
+
+    from arcfmt import parallel
+
+    release = threading.Event()
+    n = len(parallel._helpers.threads)   # (earlier tests may have started more than one)
+    other = Batch(n + 1)
+    busy = [Job(release.wait, (10,)) for _ in range(n)]
+    for j in busy:
+        other.submit(j)
+    batch = Batch(2)
+    try:
+        deadline = time.monotonic() + 10
+        while any(j.state == NEW for j in busy) and time.monotonic() < deadline:   # every helper taken
+            time.sleep(0.01)
+        job = Job(lambda: None, ())
+        batch.submit(job)
+        t = time.monotonic()
+        batch.handoff(timeout=0.1)
+        assert 0.09 <= time.monotonic() - t < 5 and job.state == NEW
+        batch.wait(job)   # run here
+        assert job.state == DONE
+    finally:
+        release.set()
+        batch.close()
+        for j in busy:
+            other.wait(j)
+        other.close()
+
+
+def test_a_tensor_started_in_part_is_finished_by_run(monkeypatch):
+    """Early starts at most its window's blocks: a tensor of more gets its first ones started while
+    the checks are made and the rest from :func:`run`, in block order (its hash is fed in order); a
+    damaged block on either side of the cut is reported as one thread reports it."""
+    import numpy as np
+
+    import arcfmt
+    from arcfmt import pipeline, reader
+    from arcfmt.errors import ArcError
+    from support.records import assemble, split
+
+    monkeypatch.setattr(reader, "DECODE_WINDOW_PER_WORKER", 1)   # two blocks early, on two threads
+    rng = np.random.default_rng(5)
+    base = {"small": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
+            "large": rng.integers(0, 1 << 14, 3 * SHARED_MIN_ELEMS, dtype=np.uint16)}
+    target = {k: v ^ np.uint16(1) for k, v in base.items()}
+    delta = arcfmt.encode(base, target, block_elems=SHARED_MIN_ELEMS)
+    taken: list[int] = []
+    take = pipeline.Early.take
+
+    def counted(self, name):
+        started = take(self, name)
+        if started is not None:
+            taken.append(len(started.blocks))
+        return started
+
+    monkeypatch.setattr(pipeline.Early, "take", counted)
+    out = arcfmt.decode(base, delta, workers=2)
+    assert taken == [2]
+    assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
+    blocks = [i for i, r in enumerate(split(delta, block_records=True).recs) if r.type == b"BLCK"]
+    for j in (blocks[-3], blocks[-1]):   # the large tensor's first (started early) and last (by run)
+        p = split(delta, block_records=True)
+        payload = bytearray(p.recs[j].payload)
+        payload[-1] ^= 0xFF
+        p.recs[j].payload = bytes(payload)
+        damaged = assemble(p)
+        with pytest.raises(ArcError) as two:
+            arcfmt.decode(base, damaged, workers=2)
+        with pytest.raises(type(two.value)) as one:
+            arcfmt.decode(base, damaged, workers=1)
+        assert str(two.value) == str(one.value)
