@@ -119,7 +119,8 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
 
     Yields ``(name, array)`` for every tensor that changed — the pairs a vLLM-style
     ``load_weights`` takes — after it has been updated. Every base tensor (and, for the whole file,
-    both digests) is checked before anything is decoded; then each tensor's changed blocks are
+    both digests) is checked before any decoded byte is used (with two threads or more, the largest
+    tensors' blocks start decoding into private memory meanwhile); each tensor's changed blocks are
     rebuilt into private memory and verified against the file's hash *before* any byte of the live
     array is overwritten (blocks whose encoding is ``unchanged`` are never touched). A tensor whose
     dtype or shape changes, or that is new, is yielded as a fresh array instead (the caller must
@@ -128,7 +129,44 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
     it are untouched. ``previous``: as for :func:`decode`.
     """
     reader = DeltaReader(delta, workers=workers, max_output_bytes=max_output_bytes)
-    wanted, bases, _ = reader.selection(arrays, names, workers=reader.workers, previous=previous)
+    started: list[pipeline.Early] = []
+
+    def start_early(headers: list) -> None:
+        """As ``decode`` does, into the sink below made of the arrays that will pass its checks."""
+        live = {}
+        for th in headers:
+            view = _live_view(arrays, th) if th.needs_base else None
+            if view is not None:
+                live[th.name] = view
+        sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(
+            reader.output_budget([th for th in headers if th.name not in live])))
+        started.append(reader.start_early(sink, headers, arrays, 2 * reader.workers,
+                                          lambda th: th.name in live and reader.changes(th.name)))
+
+    try:
+        yield from _apply_live(reader, arrays, names, previous, start_early, started)
+    finally:
+        for e in started:
+            e.close()
+
+
+def _live_view(arrays: Mapping, th: Any) -> Any:
+    """The live array of ``th`` as a writeable flat unsigned view, if it is one of its dtype and shape
+    (else None: the checks will say what is wrong)."""
+    try:
+        view = as_numpy(arrays[th.name])
+    except (KeyError, InputError):
+        return None
+    if not (view.flags.c_contiguous and view.flags.writeable) or pipeline.base_structure(th, view) is None:
+        return None
+    return view.reshape(-1).view(th.dtype.uint)
+
+
+def _apply_live(reader: DeltaReader, arrays: Mapping, names, previous, start_early: Callable[[list], None],
+                started: list[pipeline.Early]) -> Iterator[tuple[str, Any]]:
+    """:func:`apply_in_place` once its reader is open and its early start ready."""
+    wanted, bases, _ = reader.selection(arrays, names, workers=reader.workers, previous=previous,
+                                        early=start_early if reader.workers > 1 else None)
     live = {}
     for n in wanted:
         if bases[n] is None:
@@ -137,8 +175,14 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
         if not (view.flags.c_contiguous and view.flags.writeable):
             raise InputError(f"tensor {n!r}: the live array must be C-contiguous and writeable")
         live[n] = view.reshape(-1).view(reader.header(n).dtype.uint)
-    fresh = [reader.header(n) for n in wanted if n not in live]
-    sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(reader.output_budget(fresh)))
+    early = started[0] if started else None
+    sink: pipeline.Sink[Any]
+    if early is not None and isinstance(early.sink, pipeline.LiveSink) and early.sink.live.keys() == live.keys():
+        sink = early.sink
+    else:   # (the same arrays pass both ways; a sink made of others starts nothing)
+        early = None
+        fresh = [reader.header(n) for n in wanted if n not in live]
+        sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(reader.output_budget(fresh)))
     items = []
     for n in wanted:
         if n in live and not reader.changes(n):
@@ -149,7 +193,7 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
             continue
         items.append(reader.item(n, bases[n]))
     torch_out = wants_torch(arrays, None)
-    for name, arr in pipeline.run(items, sink, workers=reader.workers):
+    for name, arr in pipeline.run(items, sink, workers=reader.workers, early=early):
         if torch_out and name not in live:
             arr = as_framework({name: arr}, arrays)[name]
         yield name, arr

@@ -443,9 +443,11 @@ class DeltaReader:
         started: list[pipeline.Early] = []
 
         def start_early(headers: list[records.TensorHeader]) -> None:
-            early = self._start_early(headers, given, window)
-            if early is not None:
-                started.append(early)
+            try:
+                sink = pipeline.ArraySink(self.output_budget(headers), headers)
+            except (LimitError, MemoryError):   # raised after the checks, if they pass
+                return
+            started.append(self.start_early(sink, headers, given, window))
 
         try:
             wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous,
@@ -463,22 +465,18 @@ class DeltaReader:
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)
 
-    def _start_early(self, headers: list[records.TensorHeader], base: Mapping,
-                     max_blocks: int) -> pipeline.Early | None:
-        """The largest tensors' blocks (at most ``max_blocks``) started while :meth:`selection` checks
-        the rest (:class:`pipeline.Early`), into an :class:`pipeline.ArraySink` of ``headers``; None
-        where the outputs exceed the budget (the same allocation after the checks raises it, in
-        its place). A tensor is started only with a base of its dtype and shape (its hash still being
-        checked), no history and no inline block (checked with its header by selection)."""
-        try:
-            sink = pipeline.ArraySink(self.output_budget(headers), headers)
-        except (LimitError, MemoryError):   # raised after the checks, if they pass
-            return None
+    def start_early(self, sink: pipeline.Sink[Any], headers: list[records.TensorHeader], base: Mapping,
+                    max_blocks: int, wanted: Callable[[records.TensorHeader], bool] | None = None) -> pipeline.Early:
+        """The largest tensors' first blocks (at most ``max_blocks`` in all) started into ``sink``, for
+        :func:`pipeline.run` to complete, while :meth:`selection` checks the rest (its ``early``
+        callback: :class:`pipeline.Early`). A tensor is started only with a base of its dtype and
+        shape in ``base`` (its hash still being checked), no history, no inline block (checked with
+        its header by selection), and where ``wanted(header)`` says so."""
         early = pipeline.Early(sink, self.workers, max_blocks)
         for th in sorted(headers, key=lambda h: -h.size):
             if early.left <= 0 or th.size < SHARED_MIN_ELEMS:   # (a tensor's first blocks, at the end)
                 break
-            if th.inline_at is not None or th.needs_history:
+            if th.inline_at is not None or th.needs_history or (wanted is not None and not wanted(th)):
                 continue
             base_u = pipeline.base_structure(th, base.get(th.name)) if th.needs_base else None
             if th.needs_base and base_u is None:

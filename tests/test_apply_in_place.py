@@ -65,3 +65,28 @@ def test_torch_tensors_in_place():
     live["frozen"].view(torch.int16).copy_(torch.from_numpy(base["frozen"].view(np.int16)))
     list(arcfmt.apply_in_place(live, delta))
     assert live["embed"].view(torch.int16).numpy().tobytes() == target["embed"].tobytes()
+
+
+def test_two_threads_start_the_large_blocks_early_and_touch_nothing_before_the_checks(monkeypatch):
+    """With two threads the large tensor's blocks decode (into private memory) while the small one's base
+    is still being checked; every live array is updated exactly as with one thread, and a wrong small
+    base still leaves every live array as it was, whatever the early blocks did."""
+    from support.data import EarlyProbe, large_after_small
+
+    base, target, delta = large_after_small(21)
+    probe = EarlyProbe(monkeypatch)
+    live = {k: v.copy() for k, v in base.items()}
+    ids = {k: id(v) for k, v in live.items()}
+    got = list(arcfmt.apply_in_place(live, delta, workers=2))
+    assert probe.seen == [True]
+    assert sorted(n for n, _ in got) == ["large", "small"] and all(id(a) == ids[n] for n, a in got)
+    assert all(np.array_equal(live[k], target[k]) for k in target)
+
+    live = {k: v.copy() for k, v in base.items()}
+    live["small"][0] ^= 2
+    before = {k: v.copy() for k, v in live.items()}
+    probe.reset()
+    with pytest.raises(arcfmt.WrongBaseError, match="'small'"):
+        list(arcfmt.apply_in_place(live, delta, workers=2))
+    assert probe.seen == [True]   # the large blocks were decoded meanwhile, and nothing of them reached it
+    assert all(np.array_equal(live[k], before[k]) for k in live)

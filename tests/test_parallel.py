@@ -465,19 +465,6 @@ def test_large_bases_are_hashed_first_on_every_thread(monkeypatch):
         arcfmt.decode({**base, "c": base["c"] ^ np.uint16(2)}, assemble(p), workers=2)
 
 
-def _two_sizes(seed: int = 11):
-    """A large tensor (its blocks shared, started early) after a small one, and a file of their step."""
-    import numpy as np
-
-    import arcfmt
-
-    rng = np.random.default_rng(seed)
-    base = {"small": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
-            "large": rng.integers(0, 1 << 14, 2 * SHARED_MIN_ELEMS, dtype=np.uint16)}
-    target = {k: v ^ np.uint16(1) for k, v in base.items()}
-    return base, target, arcfmt.encode(base, target, block_elems=SHARED_MIN_ELEMS)
-
-
 def test_large_blocks_start_while_the_checks_are_made(monkeypatch):
     """A decode on two threads starts the largest tensors' blocks while the calling thread still checks
     the other tensors (§12.1 step 6): the small tensor's base check waits here until a large block
@@ -485,35 +472,16 @@ def test_large_blocks_start_while_the_checks_are_made(monkeypatch):
     import numpy as np
 
     import arcfmt
-    from arcfmt import pipeline
+    from support.data import EarlyProbe, large_after_small
 
-    base, target, delta = _two_sizes()
-    began = threading.Event()
-    seen: list[bool] = []
-    decode_job, check = pipeline._decode_job, pipeline.check_base
-
-    def decoding(th, *args):
-        if th.name == "large":
-            began.set()
-        return decode_job(th, *args)
-
-    wait_s = [10.0]
-
-    def checking(th, b):
-        if th.name == "small":
-            seen.append(began.wait(wait_s[0]))
-        return check(th, b)
-
-    monkeypatch.setattr(pipeline, "_decode_job", decoding)
-    monkeypatch.setattr(pipeline, "check_base", checking)
+    base, target, delta = large_after_small(11)
+    probe = EarlyProbe(monkeypatch)
     out = arcfmt.decode(base, delta, workers=2)
-    assert seen == [True]
+    assert probe.seen == [True]
     assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
-    began.clear()
-    seen.clear()
-    wait_s[0] = 0.3
+    probe.reset(wait_s=0.3)
     out = arcfmt.decode(base, delta, workers=1)   # one thread: no block before every check is made
-    assert seen == [False] and began.is_set()
+    assert probe.seen == [False] and probe.began.is_set()
     assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
 
 
@@ -526,9 +494,10 @@ def test_a_block_started_early_never_outranks_a_check(monkeypatch):
     import arcfmt
     from arcfmt import pipeline
     from arcfmt.errors import ArcError, WrongBaseError
+    from support.data import large_after_small
     from support.records import assemble, split
 
-    base, _, delta = _two_sizes(12)
+    base, _, delta = large_after_small(12)
     p = split(delta, block_records=True)
     j = [i for i, r in enumerate(p.recs) if r.type == b"BLCK"][-1]   # the large tensor's last block
     payload = bytearray(p.recs[j].payload)
@@ -614,14 +583,11 @@ def test_a_tensor_started_in_part_is_finished_by_run(monkeypatch):
     import arcfmt
     from arcfmt import pipeline, reader
     from arcfmt.errors import ArcError
+    from support.data import large_after_small
     from support.records import assemble, split
 
     monkeypatch.setattr(reader, "DECODE_WINDOW_PER_WORKER", 1)   # two blocks early, on two threads
-    rng = np.random.default_rng(5)
-    base = {"small": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
-            "large": rng.integers(0, 1 << 14, 3 * SHARED_MIN_ELEMS, dtype=np.uint16)}
-    target = {k: v ^ np.uint16(1) for k, v in base.items()}
-    delta = arcfmt.encode(base, target, block_elems=SHARED_MIN_ELEMS)
+    base, target, delta = large_after_small(5, large_blocks=3)
     taken: list[int] = []
     take = pipeline.Early.take
 

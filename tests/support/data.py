@@ -234,3 +234,51 @@ def medium_model():
     target["new"] = (rng.standard_normal(50)).astype(np.float16)
     delta = arcfmt.encode(base, target, block_elems=128, effort="default", workers=1)
     return base, target, delta
+
+
+def large_after_small(seed: int, large_blocks: int = 2):
+    """``(base, target, delta)``: a small tensor, then a large one of ``large_blocks`` blocks that a
+    two-thread decode shares with its helpers and starts while it still checks the small one."""
+    import arcfmt
+    from arcfmt.parallel import SHARED_MIN_ELEMS
+
+    rng = np.random.default_rng(seed)
+    base = {"small": rng.integers(0, 1 << 14, 64, dtype=np.uint16),
+            "large": rng.integers(0, 1 << 14, large_blocks * SHARED_MIN_ELEMS, dtype=np.uint16)}
+    target = {k: v ^ np.uint16(1) for k, v in base.items()}
+    return base, target, arcfmt.encode(base, target, block_elems=SHARED_MIN_ELEMS)
+
+
+class EarlyProbe:
+    """Patches the decode pipeline so a test sees the early start: ``began`` is set once a block of
+    ``large`` is decoded, and the base check of ``small`` waits for it (``wait_s``) and notes in
+    ``seen`` whether it came — what a two-thread decode starts while the checks are made."""
+
+    def __init__(self, monkeypatch, wait_s: float = 10.0) -> None:
+        import threading
+
+        from arcfmt import pipeline
+
+        self.began = threading.Event()
+        self.seen: list[bool] = []
+        self.wait_s = wait_s
+        decode_job, check = pipeline._decode_job, pipeline.check_base
+
+        def decoding(th, *args):
+            if th.name == "large":
+                self.began.set()
+            return decode_job(th, *args)
+
+        def checking(th, b):
+            if th.name == "small":
+                self.seen.append(self.began.wait(self.wait_s))
+            return check(th, b)
+
+        monkeypatch.setattr(pipeline, "_decode_job", decoding)
+        monkeypatch.setattr(pipeline, "check_base", checking)
+
+    def reset(self, wait_s: float | None = None) -> None:
+        self.began.clear()
+        self.seen.clear()
+        if wait_s is not None:
+            self.wait_s = wait_s
