@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import pipeline
-from .arrays import as_numpy
+from .arrays import numpy_view
 from .errors import InputError
 from .reader import DeltaReader
 from .writer import DEFAULT_BLOCK_ELEMS, DeltaWriter, check_mismatches
@@ -138,10 +138,10 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
             view = _live_view(arrays, th) if th.needs_base else None
             if view is not None:
                 live[th.name] = view
-        sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(
+        sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(   # (fresh arrays: allocated in run)
             reader.output_budget([th for th in headers if th.name not in live])))
-        started.append(reader.start_early(sink, headers, arrays, 2 * reader.workers,
-                                          lambda th: th.name in live and reader.changes(th.name)))
+        started.append(pipeline.Early(sink, reader.workers, 2 * reader.workers))   # closed below, always
+        reader.start_early(started[-1], headers, arrays, lambda th: th.name in live and reader.changes(th.name))
 
     try:
         yield from _apply_live(reader, arrays, names, previous, start_early, started)
@@ -152,14 +152,14 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
 
 def _live_view(arrays: Mapping, th: Any) -> Any:
     """The live array of ``th`` as a writeable flat unsigned view, if it is one of its dtype and shape
-    (else None: the checks will say what is wrong)."""
+    (else None, whatever the object: the checks will say what is wrong, in their turn)."""
     try:
-        view = as_numpy(arrays[th.name])
-    except (KeyError, InputError):
+        view = numpy_view(arrays[th.name])
+        if view is None or not view.flags.writeable or pipeline.base_structure(th, view) is None:
+            return None
+        return view.reshape(-1).view(th.dtype.uint)
+    except Exception:  # noqa: BLE001 - not one to start on
         return None
-    if not (view.flags.c_contiguous and view.flags.writeable) or pipeline.base_structure(th, view) is None:
-        return None
-    return view.reshape(-1).view(th.dtype.uint)
 
 
 def _apply_live(reader: DeltaReader, arrays: Mapping, names, previous, start_early: Callable[[list], None],
@@ -171,9 +171,9 @@ def _apply_live(reader: DeltaReader, arrays: Mapping, names, previous, start_ear
     for n in wanted:
         if bases[n] is None:
             continue
-        view = as_numpy(arrays[n])
-        if not (view.flags.c_contiguous and view.flags.writeable):
-            raise InputError(f"tensor {n!r}: the live array must be C-contiguous and writeable")
+        view = numpy_view(arrays[n])   # never a copy: the update must land in the caller's memory
+        if view is None or not (view.flags.c_contiguous and view.flags.writeable):
+            raise InputError(f"tensor {n!r}: the live array must be C-contiguous and writeable, in CPU memory")
         live[n] = view.reshape(-1).view(reader.header(n).dtype.uint)
     early = started[0] if started else None
     sink: pipeline.Sink[Any]

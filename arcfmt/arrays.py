@@ -16,10 +16,13 @@ from .errors import InputError
 def _torch_to_numpy(t: Any) -> np.ndarray:  # t: a torch.Tensor (torch is optional, and unannotated)
     import ml_dtypes
     import torch  # only reached when a torch tensor was passed in
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
+    try:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+    except Exception as exc:  # noqa: BLE001 - a tensor with no data here (device "meta"), or none torch can move
+        raise InputError(f"cannot read a torch tensor on {t.device} ({type(exc).__name__}: {exc})") from None
     special = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
     for name, npdt in (("float8_e4m3fn", ml_dtypes.float8_e4m3fn), ("float8_e5m2", ml_dtypes.float8_e5m2)):
         if hasattr(torch, name):
@@ -41,6 +44,19 @@ def as_numpy(x: object) -> np.ndarray:
     if isinstance(x, (np.generic, int, float, bool)):
         return np.asarray(x)
     raise InputError(f"expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def numpy_view(x: object) -> np.ndarray | None:
+    """``x``'s own memory as a numpy array — a numpy array as it is, a contiguous CPU torch tensor
+    viewed — or None where :func:`as_numpy` would have to copy (a torch tensor on another device, or
+    not contiguous) or for anything else: what may be written through, or read without a copy."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu" or not x.is_contiguous():  # type: ignore[attr-defined]
+            return None
+        return _torch_to_numpy(x)
+    return None
 
 
 def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:

@@ -29,7 +29,7 @@ import xxhash
 
 from . import backend, encodings, records
 from . import layout as L
-from .arrays import PAGE, as_numpy, as_uint, is_mapped, release
+from .arrays import PAGE, as_uint, is_mapped, numpy_view, release
 from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
@@ -91,19 +91,16 @@ def check_base(th: records.TensorHeader, base: object) -> np.ndarray | None:
 
 
 def base_structure(th: records.TensorHeader, base: object) -> np.ndarray | None:
-    """The base's flat unsigned view when it is a C-contiguous array of the file's dtype and shape, its
-    hash not yet checked; else None (never raises, copies nothing): what :class:`Early` may decode
-    against while :func:`check_base` still runs, which alone decides — and reports — whether it is
-    the right base."""
-    if base is None:
-        return None
+    """The base's flat unsigned view when it is a C-contiguous array of the file's dtype and shape in
+    its own memory, its hash not yet checked; else None (copies nothing, and raises nothing, whatever
+    the object: its errors are :func:`check_base`'s to report, in their turn): what :class:`Early` may
+    decode against while check_base still runs, which alone decides whether it is the right base."""
     try:
-        a = base.array if isinstance(base, KnownBase) else base
-        a = a if type(a) is np.ndarray else as_numpy(a)
-        if not a.flags.c_contiguous:
+        a = numpy_view(base.array if isinstance(base, KnownBase) else base)
+        if a is None or not a.flags.c_contiguous:
             return None
         dt, shape, u = as_uint(a)
-    except ArcError:
+    except Exception:  # noqa: BLE001 - not a base to start on; check_base reports it in its turn
         return None
     return u if dt is th.dtype and tuple(shape) == th.shape else None
 

@@ -392,14 +392,16 @@ class DeltaReader:
         """§12.3 step 4, from the tensor headers (see :func:`arcfmt.pipeline.check_digests`)."""
         pipeline.check_digests([self.header(n) for n in self.names], self.index)
 
-    def output_budget(self, headers) -> int:
+    def output_budget(self, headers, backed=None) -> int:
         """Bytes of output this reader may allocate for ``headers``: ``max_output_bytes`` when the
         caller gave it; by default the tensors backed by a base of the same size (the caller holds
-        that much already) plus a bound scaled to the file (:func:`pipeline.default_output_budget`)."""
+        that much already) plus a bound scaled to the file (:func:`pipeline.default_output_budget`).
+        ``backed``: those tensors, where not every one that needs a base is known to have it (before
+        the bases are checked)."""
         if self.max_output_bytes is not None:
             return self.max_output_bytes
-        backed = sum(h.size * h.dtype.itemsize for h in headers if h.needs_base)
-        return backed + pipeline.default_output_budget(self.source.size)
+        held = sum(h.size * h.dtype.itemsize for h in (headers if backed is None else backed) if h.needs_base)
+        return held + pipeline.default_output_budget(self.source.size)
 
     def decode_tensor(self, name: str, base_u: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         """Rebuild and verify one tensor as a flat unsigned view, into ``out`` when given.
@@ -443,11 +445,19 @@ class DeltaReader:
         started: list[pipeline.Early] = []
 
         def start_early(headers: list[records.TensorHeader]) -> None:
+            # outputs allocated now are backed by what the caller holds: every base of its tensor's size
+            # (not yet checked), or none of it starts (a base missing or of another shape is the
+            # error these checks will report: nothing to start for)
+            backed = [th for th in headers
+                      if th.needs_base and pipeline.base_structure(th, given.get(th.name)) is not None]
+            if len(backed) < sum(th.needs_base for th in headers):
+                return
             try:
-                sink = pipeline.ArraySink(self.output_budget(headers), headers)
+                sink = pipeline.ArraySink(self.output_budget(headers, backed), headers)
             except (LimitError, MemoryError):   # raised after the checks, if they pass
                 return
-            started.append(self.start_early(sink, headers, given, window))
+            started.append(pipeline.Early(sink, self.workers, window))   # closed below, whatever happens next
+            self.start_early(started[-1], headers, given)
 
         try:
             wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous,
@@ -465,14 +475,14 @@ class DeltaReader:
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)
 
-    def start_early(self, sink: pipeline.Sink[Any], headers: list[records.TensorHeader], base: Mapping,
-                    max_blocks: int, wanted: Callable[[records.TensorHeader], bool] | None = None) -> pipeline.Early:
-        """The largest tensors' first blocks (at most ``max_blocks`` in all) started into ``sink``, for
+    def start_early(self, early: pipeline.Early, headers: list[records.TensorHeader], base: Mapping,
+                    wanted: Callable[[records.TensorHeader], bool] | None = None) -> None:
+        """The largest tensors' first blocks started by ``early`` (as many as it may), for
         :func:`pipeline.run` to complete, while :meth:`selection` checks the rest (its ``early``
-        callback: :class:`pipeline.Early`). A tensor is started only with a base of its dtype and
-        shape in ``base`` (its hash still being checked), no history, no inline block (checked with
-        its header by selection), and where ``wanted(header)`` says so."""
-        early = pipeline.Early(sink, self.workers, max_blocks)
+        callback). A tensor is started only with a base of its dtype and shape in ``base`` (its hash
+        still being checked), no history, no inline block (checked with its header by selection), and
+        where ``wanted(header)`` says so. The caller holds ``early`` before this is called, and closes
+        it whatever this raises (a Ctrl-C while a block loads)."""
         for th in sorted(headers, key=lambda h: -h.size):
             if early.left <= 0 or th.size < SHARED_MIN_ELEMS:   # (a tensor's first blocks, at the end)
                 break
@@ -482,7 +492,6 @@ class DeltaReader:
             if th.needs_base and base_u is None:
                 continue
             early.start(self.item(th.name, base_u))
-        return early
 
     def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None, previous=None):
         """One tensor, rebuilt and verified: random access to a single tensor of the file.

@@ -90,3 +90,32 @@ def test_two_threads_start_the_large_blocks_early_and_touch_nothing_before_the_c
         list(arcfmt.apply_in_place(live, delta, workers=2))
     assert probe.seen == [True]   # the large blocks were decoded meanwhile, and nothing of them reached it
     assert all(np.array_equal(live[k], before[k]) for k in live)
+
+
+def test_live_torch_tensors_are_written_in_place_or_refused():
+    """A live torch tensor whose memory numpy cannot view (not contiguous) is refused before anything is
+    written — it used to be updated through a copy, the caller's tensor left as it was — and a base
+    torch cannot read here (device "meta") is the caller's error, reported in its turn: the same
+    error with one thread and two."""
+    torch = pytest.importorskip("torch")
+    from support.data import large_after_small
+
+    base = {"w": np.arange(64 * 64, dtype=np.float32).reshape(64, 64)}
+    delta = arcfmt.encode(base, {"w": base["w"] + 1})
+    for workers in (1, 2):
+        live = {"w": torch.from_numpy(np.ascontiguousarray(base["w"].T)).t()}   # same values, not contiguous
+        with pytest.raises(arcfmt.InputError, match="C-contiguous"):
+            list(arcfmt.apply_in_place(live, delta, workers=workers))
+        assert torch.equal(live["w"], torch.from_numpy(base["w"]))
+
+    small_base, _, delta = large_after_small(4)
+    given = {"small": small_base["small"] + np.uint16(1),   # first in the file, and wrong
+             "large": torch.empty(small_base["large"].size, dtype=torch.int16, device="meta")}
+    for workers in (1, 2):
+        with pytest.raises(arcfmt.WrongBaseError, match="'small'"):
+            arcfmt.decode(given, delta, workers=workers)
+        with pytest.raises(arcfmt.WrongBaseError, match="'small'"):
+            list(arcfmt.apply_in_place(given, delta, workers=workers))
+    given["small"] = small_base["small"]
+    with pytest.raises(arcfmt.InputError, match="meta"):
+        arcfmt.decode(given, delta, workers=2)

@@ -613,3 +613,66 @@ def test_a_tensor_started_in_part_is_finished_by_run(monkeypatch):
         with pytest.raises(type(two.value)) as one:
             arcfmt.decode(base, damaged, workers=1)
         assert str(two.value) == str(one.value)
+
+
+def test_an_early_start_allocates_only_what_the_given_bases_back():
+    """A small file that declares large tensors, decoded without their bases: the early start may not
+    take the outputs as backed by bases not given (it starts only where every base is there, of its
+    tensor's size), so nothing near their size is allocated before the wrong base is reported — the
+    same as one thread."""
+    import tracemalloc
+
+    import numpy as np
+
+    import arcfmt
+    from arcfmt.errors import WrongBaseError
+
+    base = {f"t{i}": np.zeros(1 << 22, np.uint16) for i in range(8)}   # 8 MiB each, unchanged
+    delta = arcfmt.encode(base, base)
+    assert len(delta) < 8192
+    for workers in (1, 2):
+        tracemalloc.start()
+        try:
+            with pytest.raises(WrongBaseError, match="'t0'"):
+                arcfmt.decode(None, delta, workers=workers)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20, (workers, peak)
+
+
+def test_an_interrupt_during_the_early_start_leaves_no_helper_running(monkeypatch):
+    """A Ctrl-C (or any exception) while the early start loads a block: the decode raises it, and only
+    once the blocks it had started are done — no helper writes into its buffers after it returned."""
+    import arcfmt
+    from arcfmt import pipeline
+    from arcfmt.reader import DeltaReader
+    from support.data import large_after_small
+
+    base, _, delta = large_after_small(9, large_blocks=3)
+    big = {**base, "large2": base["large"].copy()}
+    delta = arcfmt.encode(big, {k: v ^ 1 for k, v in big.items()}, block_elems=SHARED_MIN_ELEMS)
+    running: set = set()
+    decode_job = pipeline._decode_job
+
+    def slow(th, b, *args):
+        running.add((th.name, b))
+        try:
+            time.sleep(0.3)
+            return decode_job(th, b, *args)
+        finally:
+            running.discard((th.name, b))
+
+    monkeypatch.setattr(pipeline, "_decode_job", slow)
+    reader = DeltaReader(delta, workers=2)
+    load = reader._load
+
+    def interrupted(name, b):   # the second tensor started: the first one's blocks are on their way
+        if name == "large2":
+            raise KeyboardInterrupt
+        return load(name, b)
+
+    reader._load = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        reader.decode_all(big)
+    assert running == set()
