@@ -485,6 +485,30 @@ def test_large_blocks_start_while_the_checks_are_made(monkeypatch):
     assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
 
 
+def _with_block_damaged(delta: bytes, which: int) -> bytes:
+    """``delta`` with the last stream byte of its block ``which`` (of every block, in file order, written
+    as records) flipped: that block fails its checks, or its tensor its hash."""
+    from support.records import assemble, split
+
+    p = split(delta, block_records=True)
+    j = [i for i, r in enumerate(p.recs) if r.type == b"BLCK"][which]
+    payload = bytearray(p.recs[j].payload)
+    payload[-1] ^= 0xFF
+    p.recs[j].payload = bytes(payload)
+    return assemble(p)
+
+
+def _reported_as_one_thread_reports_it(base, damaged: bytes) -> None:
+    import arcfmt
+    from arcfmt.errors import ArcError
+
+    with pytest.raises(ArcError) as two:
+        arcfmt.decode(base, damaged, workers=2)
+    with pytest.raises(type(two.value)) as one:
+        arcfmt.decode(base, damaged, workers=1)
+    assert str(two.value) == str(one.value)
+
+
 def test_a_block_started_early_never_outranks_a_check(monkeypatch):
     """A damaged block of the large tensor, decoded while the checks run: a failing check of a tensor
     after it in the file is what is reported (step 6 before step 7), the block's own failure only when
@@ -493,17 +517,11 @@ def test_a_block_started_early_never_outranks_a_check(monkeypatch):
 
     import arcfmt
     from arcfmt import pipeline
-    from arcfmt.errors import ArcError, WrongBaseError
+    from arcfmt.errors import WrongBaseError
     from support.data import large_after_small
-    from support.records import assemble, split
 
     base, _, delta = large_after_small(12)
-    p = split(delta, block_records=True)
-    j = [i for i, r in enumerate(p.recs) if r.type == b"BLCK"][-1]   # the large tensor's last block
-    payload = bytearray(p.recs[j].payload)
-    payload[-1] ^= 0xFF   # its last stream byte: fails its block's checks or its tensor's hash
-    p.recs[j].payload = bytes(payload)
-    damaged = assemble(p)
+    damaged = _with_block_damaged(delta, -1)   # the large tensor's last block
     # the small tensor comes first in the file: move the large one's check after it by a wrong small base
     wrong_small = {**base, "small": base["small"] ^ np.uint16(2)}
     finished: list[float] = []
@@ -523,11 +541,7 @@ def test_a_block_started_early_never_outranks_a_check(monkeypatch):
             arcfmt.decode(wrong_small, damaged, workers=2)
         returned = time.monotonic()
         assert all(t <= returned for t in finished)
-        with pytest.raises(ArcError) as good_bases:
-            arcfmt.decode(base, damaged, workers=2)
-        with pytest.raises(type(good_bases.value)) as one_thread:
-            arcfmt.decode(base, damaged, workers=1)
-        assert str(good_bases.value) == str(one_thread.value)
+        _reported_as_one_thread_reports_it(base, damaged)
 
 
 def test_handoff_returns_once_a_helper_has_started():
@@ -582,9 +596,7 @@ def test_a_tensor_started_in_part_is_finished_by_run(monkeypatch):
 
     import arcfmt
     from arcfmt import pipeline, reader
-    from arcfmt.errors import ArcError
     from support.data import large_after_small
-    from support.records import assemble, split
 
     monkeypatch.setattr(reader, "DECODE_WINDOW_PER_WORKER", 1)   # two blocks early, on two threads
     base, target, delta = large_after_small(5, large_blocks=3)
@@ -601,18 +613,8 @@ def test_a_tensor_started_in_part_is_finished_by_run(monkeypatch):
     out = arcfmt.decode(base, delta, workers=2)
     assert taken == [2]
     assert all(np.array_equal(out[k].view(np.uint16), target[k]) for k in target)
-    blocks = [i for i, r in enumerate(split(delta, block_records=True).recs) if r.type == b"BLCK"]
-    for j in (blocks[-3], blocks[-1]):   # the large tensor's first (started early) and last (by run)
-        p = split(delta, block_records=True)
-        payload = bytearray(p.recs[j].payload)
-        payload[-1] ^= 0xFF
-        p.recs[j].payload = bytes(payload)
-        damaged = assemble(p)
-        with pytest.raises(ArcError) as two:
-            arcfmt.decode(base, damaged, workers=2)
-        with pytest.raises(type(two.value)) as one:
-            arcfmt.decode(base, damaged, workers=1)
-        assert str(two.value) == str(one.value)
+    for which in (-3, -1):   # the large tensor's first block (started early) and its last (by run)
+        _reported_as_one_thread_reports_it(base, _with_block_damaged(delta, which))
 
 
 def test_an_early_start_allocates_only_what_the_given_bases_back():
