@@ -141,7 +141,7 @@ def apply_in_place(arrays: Mapping, delta, *, workers=None, names=None,
         sink = pipeline.LiveSink(live, arrays, pipeline.ArraySink(   # (fresh arrays: allocated in run)
             reader.output_budget([th for th in headers if th.name not in live])))
         started.append(pipeline.Early(sink, reader.workers, 2 * reader.workers))   # closed below, always
-        reader.start_early(started[-1], headers, arrays, lambda th: th.name in live and reader.changes(th.name))
+        reader.start_early(started[-1], headers, {n: v for n, v in live.items() if reader.changes(n)})
 
     try:
         yield from _apply_live(reader, arrays, names, previous, start_early, started)

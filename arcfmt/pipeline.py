@@ -459,15 +459,16 @@ def run(items: Iterable[Item | _Drain], sink: Sink[_T], *, workers: int = 1,
             # the first failure in file order, and never committed
             started = None if early is None else early.take(th.name)
             t = _Tensor(item, started.out if started is not None else _Aside(th) if failed else sink.open(th))
-            loaders = item.loaders
-            if started is not None:   # its first blocks are on their way: the rest as usual
+            first = 0   # its first blocks started early are on their way: the rest as usual
+            if started is not None:
                 for b, block in enumerate(started.blocks):
                     queued(t, b, *block)
-                loaders = list(loaders)[len(started.blocks):]
+                first = len(started.blocks)
             if th.block_count == 0 and verified(t, tensor_hash(np.empty(0, th.dtype.uint))) and not failed:
                 ready.append(t.out.commit())
             post = getattr(t.out, "decoded", None)   # the sink's own per-block work, if any
-            for b, load in enumerate(_loaded_ahead(loaders), len(started.blocks) if started is not None else 0):
+            loaders = list(item.loaders)[first:] if first else item.loaders
+            for b, load in enumerate(_loaded_ahead(loaders), first):
                 s, e = th.block_range(b)
                 base_block = None if item.base_u is None else item.base_u[s:e]
                 enc = None if item.encodings is None else item.encodings[b]

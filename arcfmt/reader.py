@@ -392,16 +392,14 @@ class DeltaReader:
         """§12.3 step 4, from the tensor headers (see :func:`arcfmt.pipeline.check_digests`)."""
         pipeline.check_digests([self.header(n) for n in self.names], self.index)
 
-    def output_budget(self, headers, backed=None) -> int:
+    def output_budget(self, headers) -> int:
         """Bytes of output this reader may allocate for ``headers``: ``max_output_bytes`` when the
         caller gave it; by default the tensors backed by a base of the same size (the caller holds
-        that much already) plus a bound scaled to the file (:func:`pipeline.default_output_budget`).
-        ``backed``: those tensors, where not every one that needs a base is known to have it (before
-        the bases are checked)."""
+        that much already) plus a bound scaled to the file (:func:`pipeline.default_output_budget`)."""
         if self.max_output_bytes is not None:
             return self.max_output_bytes
-        held = sum(h.size * h.dtype.itemsize for h in (headers if backed is None else backed) if h.needs_base)
-        return held + pipeline.default_output_budget(self.source.size)
+        backed = sum(h.size * h.dtype.itemsize for h in headers if h.needs_base)
+        return backed + pipeline.default_output_budget(self.source.size)
 
     def decode_tensor(self, name: str, base_u: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         """Rebuild and verify one tensor as a flat unsigned view, into ``out`` when given.
@@ -448,16 +446,18 @@ class DeltaReader:
             # outputs allocated now are backed by what the caller holds: every base of its tensor's size
             # (not yet checked), or none of it starts (a base missing or of another shape is the
             # error these checks will report: nothing to start for)
-            backed = [th for th in headers
-                      if th.needs_base and pipeline.base_structure(th, given.get(th.name)) is not None]
-            if len(backed) < sum(th.needs_base for th in headers):
-                return
+            views = {}
+            for th in headers:
+                u = pipeline.base_structure(th, given.get(th.name)) if th.needs_base else None
+                if th.needs_base and u is None:
+                    return
+                views[th.name] = u
             try:
-                sink = pipeline.ArraySink(self.output_budget(headers, backed), headers)
+                sink = pipeline.ArraySink(self.output_budget(headers), headers)
             except (LimitError, MemoryError):   # raised after the checks, if they pass
                 return
             started.append(pipeline.Early(sink, self.workers, window))   # closed below, whatever happens next
-            self.start_early(started[-1], headers, given)
+            self.start_early(started[-1], headers, views)
 
         try:
             wanted, bases, _ = self.selection(base, names, workers=self.workers, previous=previous,
@@ -475,23 +475,20 @@ class DeltaReader:
 
         return as_framework({n: done[n] for n in wanted}, base, framework, device)
 
-    def start_early(self, early: pipeline.Early, headers: list[records.TensorHeader], base: Mapping,
-                    wanted: Callable[[records.TensorHeader], bool] | None = None) -> None:
+    def start_early(self, early: pipeline.Early, headers: list[records.TensorHeader],
+                    views: Mapping[str, np.ndarray | None]) -> None:
         """The largest tensors' first blocks started by ``early`` (as many as it may), for
         :func:`pipeline.run` to complete, while :meth:`selection` checks the rest (its ``early``
-        callback). A tensor is started only with a base of its dtype and shape in ``base`` (its hash
-        still being checked), no history, no inline block (checked with its header by selection), and
-        where ``wanted(header)`` says so. The caller holds ``early`` before this is called, and closes
-        it whatever this raises (a Ctrl-C while a block loads)."""
+        callback). ``views``: the tensors to start, each with its base's flat view of its dtype and
+        shape (:func:`pipeline.base_structure`, its hash still being checked; None: it needs none).
+        One with history or an inline block (checked with its header by selection) is not started.
+        The caller holds ``early`` before this is called, and closes it whatever this raises (a
+        Ctrl-C while a block loads)."""
         for th in sorted(headers, key=lambda h: -h.size):
             if early.left <= 0 or th.size < SHARED_MIN_ELEMS:   # (a tensor's first blocks, at the end)
                 break
-            if th.inline_at is not None or th.needs_history or (wanted is not None and not wanted(th)):
-                continue
-            base_u = pipeline.base_structure(th, base.get(th.name)) if th.needs_base else None
-            if th.needs_base and base_u is None:
-                continue
-            early.start(self.item(th.name, base_u))
+            if th.name in views and th.inline_at is None and not th.needs_history:
+                early.start(self.item(th.name, views[th.name]))
 
     def decode(self, name: str, base=None, *, framework: str | None = None, device: Any = None, previous=None):
         """One tensor, rebuilt and verified: random access to a single tensor of the file.
