@@ -48,8 +48,7 @@ More: README.md (a tour, the command line, streams), SPEC.md (Part I the file fo
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     ArcError,
@@ -96,28 +95,16 @@ if TYPE_CHECKING:
     FORMAT_VERSION: tuple[int, int]
 
 
+def _format_version() -> tuple[int, int]:   # the version every file is written as (SPEC.md §16)
+    from .layout import MAJOR, MINOR
+    return (MAJOR, MINOR)
+
+
 if not TYPE_CHECKING:   # type checkers see the imports above, and an unknown name stays an error
-    def __getattr__(name: str) -> Any:
-        if name == "FORMAT_VERSION":      # the version every file is written as (SPEC.md §16)
-            from .layout import MAJOR, MINOR
-            value: Any = (MAJOR, MINOR)
-        elif name in _LAZY:
-            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        elif name.isidentifier() and not name.startswith("_"):   # a submodule (``arcfmt.layout``)
-            try:
-                value = importlib.import_module(f".{name}", __name__)
-            except ModuleNotFoundError as exc:
-                if exc.name != f"{__name__}.{name}":
-                    raise
-                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-        else:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        globals()[name] = value
-        return value
+    from .lazy import module_attributes
 
-
-def __dir__() -> list[str]:
-    return sorted((set(globals()) | set(__all__)) - {"importlib", "TYPE_CHECKING", "Any", "annotations"})
+    __getattr__, __dir__ = module_attributes(__name__, _LAZY, {"FORMAT_VERSION": _format_version})
+    del module_attributes
 
 
 def main() -> int:

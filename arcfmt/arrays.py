@@ -35,10 +35,29 @@ def _torch_to_numpy(t: Any) -> np.ndarray:  # t: a torch.Tensor (torch is option
     return out
 
 
+class Stored:
+    """A tensor as a file stores it: its arcfmt dtype, shape and flat unsigned-integer view (of a
+    memory map, say). What :func:`as_uint` would make of it, so a file's BF16 or FP8 tensor reaches the
+    transforms without its numpy float dtype ever being built (which imports ml_dtypes: see
+    :mod:`arcfmt.dtypes`); :func:`as_numpy` gives the typed view where a caller needs one."""
+
+    __slots__ = ("dtype", "shape", "flat")
+
+    def __init__(self, dtype: DType, shape: tuple[int, ...], flat: np.ndarray) -> None:
+        assert flat.dtype == dtype.uint and flat.ndim == 1, "a stored tensor is a flat unsigned view"
+        self.dtype, self.shape, self.flat = dtype, shape, flat
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes)
+
+
 def as_numpy(x: object) -> np.ndarray:
     """A numpy array for ``x`` without copying when possible (torch tensors are viewed, not cast)."""
     if isinstance(x, np.ndarray):
         return x
+    if isinstance(x, Stored):
+        return x.flat.view(x.dtype.numpy).reshape(x.shape)
     if type(x).__module__.startswith("torch"):
         return _torch_to_numpy(x)
     if isinstance(x, (np.generic, int, float, bool)):
@@ -52,6 +71,8 @@ def numpy_view(x: object) -> np.ndarray | None:
     not contiguous) or for anything else: what may be written through, or read without a copy."""
     if isinstance(x, np.ndarray):
         return x
+    if isinstance(x, Stored):
+        return as_numpy(x)
     if type(x).__module__.startswith("torch"):
         if x.device.type != "cpu" or not x.is_contiguous():  # type: ignore[attr-defined]
             return None
@@ -61,6 +82,8 @@ def numpy_view(x: object) -> np.ndarray | None:
 
 def as_uint(x: object) -> tuple[DType, tuple[int, ...], np.ndarray]:
     """(dtype, shape, flat unsigned-integer view in row-major order) of an input array."""
+    if isinstance(x, Stored):
+        return x.dtype, x.shape, x.flat
     a = x if type(x) is np.ndarray else as_numpy(x)
     dt = from_numpy(a.dtype)
     shape = a.shape  # (Python ints) before ascontiguousarray, which makes 0-d arrays 1-d

@@ -48,11 +48,11 @@ def encode_checkpoints(base_path: str | None, target_path: str, out, *, base_ste
         out = outputs.check_output(out, [base_path, target_path, previous_path], force)
     try:
         target = open_checkpoint(target_path)
-        base = open_checkpoint(base_path).tensors() if base_path is not None else {}
-        previous = open_checkpoint(previous_path).tensors() if previous_path is not None else None
+        base = open_checkpoint(base_path).stored() if base_path is not None else {}
+        previous = open_checkpoint(previous_path).stored() if previous_path is not None else None
     except OSError as exc:
         raise os_error(exc, "read", exc.filename or target_path) from None
-    tensors = target.tensors()
+    tensors = target.stored()
     if base_path is not None:
         check_mismatches(base, tensors, on_mismatch, stacklevel=stacklevel)
 
@@ -155,7 +155,7 @@ def apply_delta(base_path: str, delta, out_path: str | None = None, *, in_place:
                                previous_path=previous_path)
     reader = delta if isinstance(delta, DeltaReader) else DeltaReader(delta, workers=workers,
                                                                       max_output_bytes=max_output_bytes)
-    plan = plan_apply(base, reader, None if previous is None else previous.tensors())
+    plan = plan_apply(base, reader, None if previous is None else previous.stored())
     parent = os.path.dirname(os.path.abspath(dest))
     need = sum(lay.size for lay in plan.layouts) + sum(os.path.getsize(f.path) for f in plan.copies if not in_place)
     free = _free_bytes(parent)
@@ -199,7 +199,7 @@ def plan_apply(base: Checkpoint, reader: DeltaReader, previous: dict | None = No
     """Check every base tensor (and previous value, ``previous``, where a tensor needs it) and the
     digests, and lay the output out as the base is laid out: each base file keeps its tensors (those
     the delta has), new tensors go into the last file."""
-    base_arrays = base.tensors()
+    base_arrays = base.stored()
     _, bases, _ = reader.selection(base_arrays, workers=reader.workers, previous=previous)
     headers = [reader.header(n) for n in reader.names]
     pipeline.check_budget(headers, reader.output_budget(headers), "this delta")

@@ -355,7 +355,7 @@ def _already_target(base_path: str, reader) -> bool:
     from .safetensors_io import open_checkpoint
 
     try:
-        tensors = open_checkpoint(base_path).tensors()
+        tensors = open_checkpoint(base_path).stored()
         for name in reader.names:
             th = reader.header(name)
             arr = tensors.get(name)

@@ -29,7 +29,7 @@ import xxhash
 
 from . import backend, encodings, records
 from . import layout as L
-from .arrays import PAGE, as_uint, is_mapped, numpy_view, release
+from .arrays import PAGE, Stored, as_uint, is_mapped, numpy_view, release
 from .dtypes import DType
 from .errors import ArcError, CorruptError, LimitError, VerificationError, WrongBaseError
 from .integrity import DigestEntry, KnownBase, model_digest, tensor_hash
@@ -96,8 +96,9 @@ def base_structure(th: records.TensorHeader, base: object) -> np.ndarray | None:
     the object: its errors are :func:`check_base`'s to report, in their turn): what :class:`Early` may
     decode against while check_base still runs, which alone decides whether it is the right base."""
     try:
-        a = numpy_view(base.array if isinstance(base, KnownBase) else base)
-        if a is None or not a.flags.c_contiguous:
+        x = base.array if isinstance(base, KnownBase) else base
+        a = x if isinstance(x, Stored) else numpy_view(x)
+        if a is None or (isinstance(a, np.ndarray) and not a.flags.c_contiguous):
             return None
         dt, shape, u = as_uint(a)
     except Exception:  # noqa: BLE001 - not a base to start on; check_base reports it in its turn

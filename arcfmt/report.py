@@ -149,7 +149,7 @@ def _base_mapping(base):
     if isinstance(base, (str, os.PathLike)):
         from .safetensors_io import open_checkpoint
 
-        return open_checkpoint(os.fspath(base)).tensors(), os.fspath(base)
+        return open_checkpoint(os.fspath(base)).stored(), os.fspath(base)
     raise InputError(f"base must be a mapping of name to array or a checkpoint path, not {type(base).__name__}")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes
+from .arrays import Stored, as_numpy, as_uint
 from .errors import InputError, SafetensorsError, UnsupportedError, os_error
 from .layout import MAX_DIMS, MAX_TENSOR_ELEMS
 
@@ -45,12 +46,17 @@ class SafetensorsFile:
 
     def array(self, spec: TensorSpec) -> np.ndarray:
         """A read-only memory-mapped view of one tensor (nothing is read until it is used)."""
+        return as_numpy(self.stored(spec))
+
+    def stored(self, spec: TensorSpec) -> Stored:
+        """One tensor as stored: its flat unsigned view, read-only and memory-mapped (nothing is read
+        until it is used), with its dtype and shape."""
         if spec.end == spec.begin:
-            return np.zeros(spec.shape, spec.dtype.numpy)
+            return Stored(spec.dtype, spec.shape, np.zeros(0, spec.dtype.uint))
         if self._mmap is None:
             self._mmap = np.memmap(self.path, np.uint8, mode="r")
         raw = self._mmap[self.data_start + spec.begin: self.data_start + spec.end]
-        return raw.view(spec.dtype.numpy).reshape(spec.shape)
+        return Stored(spec.dtype, spec.shape, raw.view(spec.dtype.uint))
 
 
 # ------------------------------------------------------------------------------------ the header frame
@@ -173,6 +179,11 @@ class Checkpoint:
         """name → read-only memory-mapped array, in file order."""
         return {t.name: f.array(t) for f in self.files for t in f.tensors}
 
+    def stored(self) -> dict[str, Stored]:
+        """name → the tensor as stored (:class:`arcfmt.arrays.Stored`), in file order: what the
+        transforms take, without building a numpy float dtype (no ml_dtypes import)."""
+        return {t.name: f.stored(t) for f in self.files for t in f.tensors}
+
     def file_of(self) -> dict:
         return {t.name: f for f in self.files for t in f.tensors}
 
@@ -249,8 +260,6 @@ def layout_specs(items) -> list:
 def file_parts(tensors: dict, metadata: dict | None = None) -> list:
     """The bytes of a safetensors file of ``name → array``, in order: its framed header, then each
     tensor's data (buffers, not copied)."""
-    from .arrays import as_uint
-
     items = []
     flat = {}
     for name, a in tensors.items():

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import codecs, encodings, records
 from . import layout as L
-from .arrays import as_numpy, as_uint, is_mapped, release
+from .arrays import Stored, as_numpy, as_uint, is_mapped, release
 from .dtypes import from_numpy
 from .errors import InputError, LimitError
 from .history import coded
@@ -69,6 +69,8 @@ def keyframe_mismatches(base: Mapping, target: Mapping) -> list[str]:
 
 def _dtype_shape(x: Any) -> tuple[Any, tuple[int, ...]]:
     """An array's arcfmt dtype and shape without touching its data (a GPU tensor is not copied)."""
+    if isinstance(x, Stored):
+        return x.dtype, tuple(x.shape)
     if not isinstance(x, np.ndarray) and hasattr(x, "new_empty"):   # torch: an empty one of its dtype
         return from_numpy(as_numpy(x.new_empty((0,))).dtype), tuple(int(d) for d in x.shape)
     a = as_numpy(x)

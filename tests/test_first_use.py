@@ -14,7 +14,7 @@ import pytest
 import arcfmt
 from arcfmt import backend
 from arcfmt.demo import make_model_pair, save_sharded
-from support.cli import run
+from support.cli import QUIET_ENV, run
 
 
 @pytest.fixture
@@ -141,3 +141,37 @@ def test_after_warm_up_nothing_compiles(tmp_path):
     child = subprocess.run([sys.executable, "-c", WARM_THEN_USE, str(tmp_path)], capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, child.stdout + child.stderr
+
+
+FILE_COMMANDS = r"""
+import sys
+from arcfmt.cli import main
+d = sys.argv[1]
+for argv in (["encode", d + "/a", d + "/b", "-o", d + "/d.arc"],
+             ["encode", d + "/a", d + "/b", "-o", d + "/p.arc", "--previous", d + "/p"],
+             ["apply", d + "/a", d + "/d.arc", "-o", d + "/c"],
+             ["apply", d + "/a", d + "/p.arc", "-o", d + "/e", "--previous", d + "/p"],
+             ["inspect", d + "/d.arc"], ["report", d + "/d.arc", "--base", d + "/a", "-o", d + "/r.html"],
+             ["apply", d + "/a", d + "/d.arc", "--in-place"],
+             *(["publish", d + "/stream", "--step", str(k), "--state", d + "/state", d + "/" + m]
+               for k, m in ((1, "a"), (2, "b"), (3, "a"))),
+             *(["follow", d + "/stream", "--into", d + "/f", "--until", str(k)] for k in (1, 3))):
+    assert main(argv) == 0, argv
+print(sorted(m for m in sys.modules if m.split(".")[0] == "ml_dtypes"))
+"""
+
+
+def test_commands_on_files_never_import_ml_dtypes(tmp_path):
+    """Its import registers hundreds of ufunc loops (0.55-0.7 s with ml_dtypes 0.7): a command that only
+    moves a BF16 checkpoint's bytes between files (a trainer's ``arcfmt publish`` every step) must not
+    pay it at every start."""
+    base, target = make_model_pair(seed=6, layers=1, d=64, vocab=300)
+    assert any(a.dtype.name == "bfloat16" for a in base.values())
+    previous = {n: a.copy() for n, a in base.items()}
+    previous[next(iter(previous))] = target[next(iter(target))]
+    for name, model in (("p", previous), ("a", base), ("b", target)):
+        save_sharded(tmp_path / name, model)
+    child = subprocess.run([sys.executable, "-c", FILE_COMMANDS, str(tmp_path)], capture_output=True, text=True,
+                           timeout=300, env={**__import__("os").environ, **QUIET_ENV})
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip().splitlines()[-1] == "[]", child.stdout[-2000:]

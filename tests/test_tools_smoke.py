@@ -153,3 +153,13 @@ def test_bench_without_an_encoding_never_writes_it(tmp_path):
     assert runs[True]["methods"]["arcfmt"]["bytes"] > runs[False]["methods"]["arcfmt"]["bytes"]
     p = _tool("bench.py", str(tmp_path), "--peers", "", "--without", "nope")
     assert p.returncode == 2 and "no encoding 'nope'" in p.stderr
+
+
+def test_startup_times_every_command_and_names_what_it_imported(traj):
+    p = _tool("startup.py", traj, "--runs", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)["results"]["this"]
+    assert set(res) == {"version", "apply", "encode", "publish keyframe", "publish delta", "publish delta+previous"}
+    assert all(r["min_s"] > 0 for r in res.values())
+    assert all("ml_dtypes" not in r["imports"].split() for r in res.values())   # what this tree must not pay
+    assert "numba" not in res["version"]["imports"] and "arcfmt.store.publisher" in res["publish delta"]["imports"]

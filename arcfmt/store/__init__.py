@@ -13,17 +13,43 @@ Modules: ``publisher`` and ``follower`` (the two sides), ``mirror`` (a regional 
 (bounded range reads, the spool),
 ``retry`` (the one retry layer, deadlines), ``errors``.
 """
-from .errors import ConflictError, MissingError, NoStreamError, SignatureError, TransportError
-from .follower import Follower, StepUpdate
-from .inventory import StepInfo, StreamStatus, status
-from .mirror import Mirror, MirrorResult
-from .objects import MAJOR as STREAM_MAJOR
-from .objects import MINOR as STREAM_MINOR
-from .prune import PruneResult, prune
-from .publisher import CommitResult, Publisher, PublishResult
-from .ranges import FetchStats
+from __future__ import annotations
 
-STREAM_VERSION = (STREAM_MAJOR, STREAM_MINOR)
+from typing import TYPE_CHECKING
+
+# Imported when first used (arcfmt.lazy): the command imports ``arcfmt.store.retry`` for every
+# command, which used to load the publisher, the follower and every backend with it.
+_LAZY = dict(
+    ConflictError="errors", MissingError="errors", NoStreamError="errors", SignatureError="errors",
+    TransportError="errors", Follower="follower", StepUpdate="follower", StepInfo="inventory",
+    StreamStatus="inventory", status="inventory", Mirror="mirror", MirrorResult="mirror", PruneResult="prune",
+    prune="prune", CommitResult="publisher", Publisher="publisher", PublishResult="publisher",
+    FetchStats="ranges",
+)
+
+if TYPE_CHECKING:
+    from .errors import ConflictError, MissingError, NoStreamError, SignatureError, TransportError
+    from .follower import Follower, StepUpdate
+    from .inventory import StepInfo, StreamStatus, status
+    from .mirror import Mirror, MirrorResult
+    from .prune import PruneResult, prune
+    from .publisher import CommitResult, Publisher, PublishResult
+    from .ranges import FetchStats
+
+    STREAM_VERSION: tuple[int, int]
+
+
+def _stream_version() -> tuple[int, int]:   # the stream layout this package publishes (SPEC.md S11)
+    from .objects import MAJOR, MINOR
+    return (MAJOR, MINOR)
+
+
+if not TYPE_CHECKING:   # type checkers see the imports above, and an unknown name stays an error
+    from ..lazy import module_attributes
+
+    __getattr__, __dir__ = module_attributes(__name__, _LAZY, {"STREAM_VERSION": _stream_version})
+    del module_attributes
+
 
 __all__ = ["Publisher", "Follower", "StepUpdate", "Mirror", "MirrorResult", "PublishResult", "CommitResult",
            "FetchStats", "ConflictError", "MissingError", "SignatureError", "TransportError", "STREAM_VERSION"]

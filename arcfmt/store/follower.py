@@ -608,7 +608,7 @@ class Follower:
             base = {}
             if state is not None and state.get("files"):
                 assert self.into is not None
-                base = open_checkpoint(self.into).tensors()
+                base = open_checkpoint(self.into).stored()   # checked as bytes: no float dtype built
             plans, verified_model = self._prepare(m, kind, base)
             changed, count = self._write_folder(m, plans, state, kind)
             extra = {}

@@ -36,7 +36,7 @@ import xxhash
 
 from .. import layout as FL
 from .. import records
-from ..arrays import as_numpy, as_uint
+from ..arrays import Stored, as_numpy, as_uint
 from ..errors import ArcError, InputError
 from ..integrity import KnownBase, model_digest, tensor_hash
 from ..parallel import default_workers, run_jobs
@@ -133,7 +133,7 @@ def _load_tensors(obj, what: str):
     if isinstance(obj, Mapping):
         return obj, None
     if isinstance(obj, (str, os.PathLike)):
-        return open_checkpoint(os.fspath(obj)).tensors(), os.fspath(obj)
+        return open_checkpoint(os.fspath(obj)).stored(), os.fspath(obj)
     raise InputError(f"{what} must be a mapping of tensor name to array, or a safetensors path")
 
 
@@ -143,20 +143,26 @@ class _Own(dict):
 
 def _copy_step(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own:
     """A copy of ``arrays`` the publisher owns, into ``spare``'s buffers where a name has one of the same
-    dtype and shape (in parallel: copies run outside the GIL)."""
+    dtype and shape (in parallel: copies run outside the GIL). A file's tensors (:class:`Stored`) are
+    copied as their bytes and stay stored ones: nothing builds their numpy float dtype."""
     out = _Own()
     jobs, elems = [], []
     for n, a in arrays.items():
-        a = as_numpy(a)
+        a = a if isinstance(a, Stored) else as_numpy(a)
         o = None if spare is None else spare.get(n)
-        if o is not None and o.shape == a.shape and o.dtype == a.dtype and o.flags.writeable:
-            jobs.append((np.copyto, o, a))
-            elems.append(a.size)
+        if o is not None and type(o) is type(a) and o.shape == a.shape and o.dtype == a.dtype \
+                and _data(o).flags.writeable:
+            jobs.append((np.copyto, _data(o), _data(a)))
+            elems.append(_data(a).size)
             out[n] = o
         else:
-            out[n] = np.array(a, copy=True)
+            out[n] = Stored(a.dtype, a.shape, a.flat.copy()) if isinstance(a, Stored) else np.array(a, copy=True)
     run_jobs(jobs, workers or default_workers(), elems)
     return out
+
+
+def _data(a: np.ndarray | Stored) -> np.ndarray:
+    return a.flat if isinstance(a, Stored) else a
 
 
 def _with_hashes(arrays: Mapping, hashes: dict[str, int] | None) -> Mapping:
@@ -279,7 +285,7 @@ class Publisher:
         if self._before is None and isinstance(before, dict):
             self._before = self._load_before(before, st["step"])
             self._before_history = before.get("history") is True   # (states before this field: False)
-        return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).tensors()
+        return st["step"], open_checkpoint(os.path.join(self.state_dir, name)).stored()
 
     def _load_before(self, before: dict, step: int):
         """The state's ``before`` entry: ``(its step, its tensors, step)`` if it names a regular file of
@@ -294,7 +300,7 @@ class Publisher:
         path = os.path.join(self.state_dir, name)
         with contextlib.suppress(ArcError, OSError):
             if stat.S_ISREG(os.lstat(path).st_mode):
-                tensors = open_checkpoint(path).tensors()
+                tensors = open_checkpoint(path).stored()
                 if _digest_of(tensors) == digest:
                     return (b_step, tensors, step)
         return None
@@ -388,7 +394,7 @@ class Publisher:
         else:
             make_kf = bool(keyframe) or base_map is None
 
-        model_bytes = sum(int(as_numpy(a).nbytes) for a in target.values())
+        model_bytes = sum(int((a if isinstance(a, Stored) else as_numpy(a)).nbytes) for a in target.values())
         # the previous step: only behind a base this publisher remembers having made as a delta itself,
         # where S8.2's chain goes on
         previous = None
