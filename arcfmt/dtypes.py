@@ -95,7 +95,7 @@ def from_numpy(dt: npt.DTypeLike) -> DType:
         raise InputError(f"big-endian arrays are not supported ({dt}); "
                          f"convert with .astype('{dt.newbyteorder('<').str}')")
     key = dt.newbyteorder("=") if dt.byteorder in "<>" else dt
-    if key not in _BY_NUMPY and "ml_dtypes" in sys.modules:   # an ml_dtypes array: its module is loaded
+    if key not in _BY_NUMPY and sys.modules.get("ml_dtypes") is not None:   # an ml_dtypes array: it is loaded
         _BY_NUMPY.update((d.numpy, d) for d in _TABLE if d.numpy_name in _EXTENSION)
     try:
         return _BY_NUMPY[key]

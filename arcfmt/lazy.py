@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,4 +35,18 @@ def module_attributes(package: str, names: Mapping[str, str], computed: Mapping[
     def __dir__() -> list[str]:
         module = sys.modules[package]
         return sorted((set(vars(module)) | set(module.__all__)) - {"TYPE_CHECKING", "annotations"})
+
+    public = frozenset(names) | frozenset(computed)
+
+    class Package(types.ModuleType):
+        """A public name wins over the submodule of the same name (``arcfmt.store.prune``, the
+        function): importing a submodule binds it in its package, which an eager ``from .prune import
+        prune`` used to undo; here the public value is loaded on first use instead."""
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in public and isinstance(value, types.ModuleType):
+                return
+            super().__setattr__(name, value)
+
+    sys.modules[package].__class__ = Package
     return __getattr__, __dir__

@@ -360,3 +360,15 @@ def test_cli_encode_prints_the_warning_once(tmp_path):
                        capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("'f32' (not in the base)") == 1, p.stderr   # one warning, however the CLI shows it
+
+
+def test_a_lazy_public_name_wins_over_its_submodule():
+    """``arcfmt.store.prune`` is the function even once the submodule of that name was imported first
+    (the publisher imports it after every commit with ``keep_last``): a new interpreter, so the order is
+    this one."""
+    code = ("import arcfmt.store.prune, arcfmt.store as s, inspect\n"
+            "print(inspect.isfunction(s.prune), s.STREAM_MAJOR, s.STREAM_MINOR) ")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    from arcfmt.store import STREAM_VERSION
+    assert p.stdout.split() == ["True", str(STREAM_VERSION[0]), str(STREAM_VERSION[1])]

@@ -505,3 +505,30 @@ def test_a_local_listing_bounds_folders_and_entries_as_it_reads(tmp_path):
     with pytest.raises(LimitError, match="objects"):
         LocalBackend(None).list(str(flat), limit=30)
     assert len(LocalBackend(None).list(str(flat), limit=40)) == 40
+
+
+@pytest.mark.parametrize("source", ["array", "memmap", "stored"])
+def test_the_publishers_copy_of_a_step_goes_into_the_last_ones_buffers(tmp_path, source):
+    """Whatever the step arrives as — arrays, memory-mapped arrays (``np.load(mmap_mode=...)``,
+    ``Checkpoint.tensors()``) or a file's stored tensors — the copy the publisher keeps reuses the
+    buffers of the one it no longer needs (a fresh copy faults every page in again each step)."""
+    import numpy as np
+
+    from arcfmt.safetensors_io import open_checkpoint, write_file
+    from arcfmt.store.publisher import _copy_step
+
+    path = str(tmp_path / "m.safetensors")
+
+    def step(k):
+        a = np.arange(5000, dtype=np.float32) + k
+        if source == "array":
+            return {"a": a}
+        write_file(path, {"a": a})
+        ck = open_checkpoint(path)
+        return ck.tensors() if source == "memmap" else ck.stored()
+
+    first = _copy_step(step(0), None, 1)
+    second = _copy_step(step(1), first, 1)
+    assert second["a"] is first["a"]
+    got = second["a"].flat if source == "stored" else second["a"]
+    assert got.tobytes() == (np.arange(5000, dtype=np.float32) + 1).tobytes()

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from .ranges import FetchStats
 
     STREAM_VERSION: tuple[int, int]
+    STREAM_MAJOR: int
+    STREAM_MINOR: int
 
 
 def _stream_version() -> tuple[int, int]:   # the stream layout this package publishes (SPEC.md S11)
@@ -44,10 +46,14 @@ def _stream_version() -> tuple[int, int]:   # the stream layout this package pub
     return (MAJOR, MINOR)
 
 
+_COMPUTED = {"STREAM_VERSION": _stream_version, "STREAM_MAJOR": lambda: _stream_version()[0],
+             "STREAM_MINOR": lambda: _stream_version()[1]}
+
+
 if not TYPE_CHECKING:   # type checkers see the imports above, and an unknown name stays an error
     from ..lazy import module_attributes
 
-    __getattr__, __dir__ = module_attributes(__name__, _LAZY, {"STREAM_VERSION": _stream_version})
+    __getattr__, __dir__ = module_attributes(__name__, _LAZY, _COMPUTED)
     del module_attributes
 
 

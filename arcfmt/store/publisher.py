@@ -150,8 +150,8 @@ def _copy_step(arrays: Mapping, spare: _Own | None, workers: int | None) -> _Own
     for n, a in arrays.items():
         a = a if isinstance(a, Stored) else as_numpy(a)
         o = None if spare is None else spare.get(n)
-        if o is not None and type(o) is type(a) and o.shape == a.shape and o.dtype == a.dtype \
-                and _data(o).flags.writeable:
+        if o is not None and isinstance(o, Stored) == isinstance(a, Stored) and o.shape == a.shape \
+                and o.dtype == a.dtype and _data(o).flags.writeable:
             jobs.append((np.copyto, _data(o), _data(a)))
             elems.append(_data(a).size)
             out[n] = o
